@@ -1,0 +1,42 @@
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/variant.h>
+
+#include "decode_attention.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+NB_MODULE(_ext, m) {
+  m.doc() = "DecodeAttention: fused one-pass decode attention for MLX";
+  m.attr("MAX_HEAD_DIM") = attn_kernels::kMaxHeadDim;
+  m.def(
+      "measure_read_bandwidth",
+      &attn_kernels::measure_read_bandwidth,
+      "bytes"_a = size_t{1} << 30,
+      "repeats"_a = 5,
+      "Best read rate in bytes/s of the CPU kernel's threads streaming over `bytes` of memory.");
+  m.def(
+      "decode_attention",
+      &attn_kernels::decode_attention,
+      "queries"_a,
+      "keys"_a,
+      "values"_a,
+      "scale"_a,
+      "mask"_a = nb::none(),
+      "causal"_a = false,
+      nb::kw_only(),
+      "stream"_a = nb::none(),
+      R"(Grouped-query attention over flattened heads, one pass of online softmax.
+
+Args:
+    queries: (rows, L, D), rows = batch * query heads.
+    keys, values: (kv_rows, S, D), kv_rows = batch * key/value heads; strided views are read
+        in place.
+    scale: multiplier of the dot products.
+    mask: optional (rows, L, S), additive float or boolean (True keeps a key).
+    causal: query i sees keys <= S - L + i (no mask tensor is built).
+
+Returns:
+    (rows, L, D) in the queries' dtype. A row whose mask removes every key is all zeros.)");
+}

@@ -1,0 +1,172 @@
+#include "decode_attention.h"
+
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+#include "mlx/backend/cpu/encoder.h"
+
+namespace attn_kernels {
+
+namespace {
+
+std::string shape_str(const mx::array& a) {
+  std::ostringstream os;
+  os << "(";
+  for (int i = 0; i < a.ndim(); ++i) {
+    os << (i ? ", " : "") << a.shape(i);
+  }
+  os << (a.ndim() == 1 ? ",)" : ")");
+  return os.str();
+}
+
+[[noreturn]] void fail(const std::string& message) {
+  throw std::invalid_argument("[decode_attention] " + message);
+}
+
+bool is_float(mx::Dtype t) {
+  return t == mx::float32 || t == mx::float16 || t == mx::bfloat16;
+}
+
+ElementType element_type(mx::Dtype t) {
+  if (t == mx::float32) return ElementType::float32;
+  if (t == mx::float16) return ElementType::float16;
+  if (t == mx::bfloat16) return ElementType::bfloat16;
+  return ElementType::boolean;
+}
+
+void copy_strides(const mx::array& a, int64_t* dst) {
+  for (int i = 0; i < 3; ++i) {
+    dst[i] = a.strides()[i];
+  }
+}
+
+}  // namespace
+
+mx::array decode_attention(
+    const mx::array& queries,
+    const mx::array& keys,
+    const mx::array& values,
+    float scale,
+    const std::optional<mx::array>& mask,
+    bool causal,
+    mx::StreamOrDevice s) {
+  for (auto [name, a] : {std::pair{"queries", &queries}, {"keys", &keys}, {"values", &values}}) {
+    if (a->ndim() != 3) {
+      fail(std::string(name) + " must have 3 dimensions (rows, length, head_dim), got shape " +
+           shape_str(*a));
+    }
+    if (!is_float(a->dtype())) {
+      std::ostringstream os;
+      os << name << " must be float32, float16 or bfloat16, got " << a->dtype();
+      fail(os.str());
+    }
+  }
+  if (keys.dtype() != queries.dtype() || values.dtype() != queries.dtype()) {
+    std::ostringstream os;
+    os << "queries, keys and values must share one dtype, got " << queries.dtype() << ", "
+       << keys.dtype() << ", " << values.dtype();
+    fail(os.str());
+  }
+  if (keys.shape() != values.shape()) {
+    fail("keys and values must have the same shape, got " + shape_str(keys) + " and " +
+         shape_str(values));
+  }
+  const int rows = queries.shape(0), query_len = queries.shape(1), head_dim = queries.shape(2);
+  const int kv_rows = keys.shape(0), context = keys.shape(1);
+  if (head_dim < 1 || head_dim > kMaxHeadDim) {
+    fail("head_dim must be in [1, " + std::to_string(kMaxHeadDim) + "], got " +
+         std::to_string(head_dim));
+  }
+  if (keys.shape(2) != head_dim) {
+    fail("keys' head_dim " + std::to_string(keys.shape(2)) + " differs from queries' " +
+         std::to_string(head_dim));
+  }
+  if (kv_rows < 1 || rows % kv_rows != 0) {
+    fail("query rows (" + std::to_string(rows) + ") must be a positive multiple of key/value rows (" +
+         std::to_string(kv_rows) + "): query heads must divide evenly among key/value heads");
+  }
+  if (context < 1) {
+    fail("keys must hold at least one position, got shape " + shape_str(keys));
+  }
+  if (query_len < 1) {
+    fail("queries must hold at least one position, got shape " + shape_str(queries));
+  }
+  if (causal && mask) {
+    fail("pass either an explicit mask or causal=True, not both");
+  }
+  if (causal && query_len > context) {
+    fail("causal attention needs query length <= context, got L=" + std::to_string(query_len) +
+         " > S=" + std::to_string(context));
+  }
+  std::vector<mx::array> inputs = {queries, keys, values};
+  if (mask) {
+    const mx::Shape expected = {rows, query_len, context};
+    if (mask->shape() != expected) {
+      fail("mask must have shape (rows, L, S) = (" + std::to_string(rows) + ", " +
+           std::to_string(query_len) + ", " + std::to_string(context) + "), got " +
+           shape_str(*mask));
+    }
+    if (!is_float(mask->dtype()) && mask->dtype() != mx::bool_) {
+      std::ostringstream os;
+      os << "mask must be additive (float32/float16/bfloat16) or boolean, got " << mask->dtype();
+      fail(os.str());
+    }
+    inputs.push_back(*mask);
+  }
+  auto stream = mx::to_stream(s);
+  return mx::array(
+      queries.shape(), queries.dtype(), std::make_shared<DecodeAttention>(stream, scale, causal),
+      std::move(inputs));
+}
+
+bool DecodeAttention::is_equivalent(const mx::Primitive& other) const {
+  auto& o = static_cast<const DecodeAttention&>(other);
+  return scale_ == o.scale_ && causal_ == o.causal_;
+}
+
+DecodeProblem make_problem(
+    const std::vector<mx::array>& inputs, mx::array& out, float scale, bool causal) {
+  const auto& q = inputs[0];
+  const auto& k = inputs[1];
+  const auto& v = inputs[2];
+  DecodeProblem p{};
+  p.queries = q.data<void>();
+  p.keys = k.data<void>();
+  p.values = v.data<void>();
+  p.mask = inputs.size() > 3 ? inputs[3].data<void>() : nullptr;
+  p.out = out.data<void>();
+  p.dtype = element_type(q.dtype());
+  p.mask_dtype = inputs.size() > 3 ? element_type(inputs[3].dtype()) : ElementType::float32;
+  p.rows = q.shape(0);
+  p.query_len = q.shape(1);
+  p.head_dim = q.shape(2);
+  p.kv_rows = k.shape(0);
+  p.context = k.shape(1);
+  p.group = p.rows / p.kv_rows;
+  p.scale = scale;
+  p.causal = causal;
+  copy_strides(q, p.q_strides);
+  copy_strides(k, p.k_strides);
+  copy_strides(v, p.v_strides);
+  if (p.mask) {
+    copy_strides(inputs[3], p.m_strides);
+  }
+  return p;
+}
+
+void DecodeAttention::eval_cpu(
+    const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  auto& out = outputs[0];
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& encoder = mx::cpu::get_command_encoder(stream());
+  for (const auto& in : inputs) {
+    encoder.set_input_array(in);
+  }
+  encoder.set_output_array(out);
+  encoder.dispatch([problem = make_problem(inputs, out, scale_, causal_)]() {
+    decode_attention_cpu(problem);
+  });
+}
+
+}  // namespace attn_kernels

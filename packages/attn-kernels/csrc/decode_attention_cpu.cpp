@@ -1,0 +1,507 @@
+// The CPU kernel: per key/value head, all of its query rows walk the cache once with a running
+// max, denominator and float32 accumulator (online softmax). K and V rows are converted to float
+// once per position and shared by every query row of the group, so each byte is read once.
+#include <algorithm>
+#include <chrono>
+#include <stdexcept>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <limits>
+#include <vector>
+
+#include "decode_attention.h"
+#include "thread_pool.h"
+
+// Wider vectors where the running CPU has them: GCC/Clang build one clone per target and pick
+// at load time (ifunc), so the wheel still runs on any x86-64.
+#if defined(__x86_64__) && defined(__linux__) && (defined(__GNUC__) || defined(__clang__))
+#define MULTIVERSIONED __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define MULTIVERSIONED
+#endif
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+
+namespace attn_kernels {
+namespace {
+
+struct BFloat16 {
+  uint16_t bits;
+};
+struct Float16 {
+  uint16_t bits;
+};
+
+ALWAYS_INLINE float to_float(float x) {
+  return x;
+}
+ALWAYS_INLINE float to_float(BFloat16 x) {
+  return std::bit_cast<float>(static_cast<uint32_t>(x.bits) << 16);
+}
+ALWAYS_INLINE float to_float(Float16 x) {
+#if defined(__FLT16_MANT_DIG__)
+  return static_cast<float>(std::bit_cast<_Float16>(x.bits));
+#else
+  // IEEE half -> float by hand (no native _Float16 on this compiler).
+  const uint32_t sign = (x.bits & 0x8000u) << 16, exp = (x.bits >> 10) & 0x1f, man = x.bits & 0x3ff;
+  if (exp == 0x1f) {
+    return std::bit_cast<float>(sign | 0x7f800000u | (man << 13));
+  }
+  if (exp == 0) {
+    const float v = std::ldexp(static_cast<float>(man), -24);
+    return sign ? -v : v;
+  }
+  return std::bit_cast<float>(sign | ((exp + 112) << 23) | (man << 13));
+#endif
+}
+ALWAYS_INLINE float to_float(bool x) {
+  return x ? 0.0f : -std::numeric_limits<float>::infinity();
+}
+
+ALWAYS_INLINE void store(float* dst, float x) {
+  *dst = x;
+}
+ALWAYS_INLINE void store(BFloat16* dst, float x) {
+  uint32_t u = std::bit_cast<uint32_t>(x);
+  if (std::isnan(x)) {
+    dst->bits = 0x7fc0;
+    return;
+  }
+  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
+  dst->bits = static_cast<uint16_t>(u >> 16);
+}
+ALWAYS_INLINE void store(Float16* dst, float x) {
+#if defined(__FLT16_MANT_DIG__)
+  dst->bits = std::bit_cast<uint16_t>(static_cast<_Float16>(x));
+#else
+  // Round-to-nearest-even float -> half by hand.
+  const uint32_t u = std::bit_cast<uint32_t>(x), sign = (u >> 16) & 0x8000u;
+  const uint32_t abs = u & 0x7fffffffu;
+  if (abs >= 0x7f800000u) {
+    dst->bits = static_cast<uint16_t>(sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0u));
+    return;
+  }
+  if (abs >= 0x477ff000u) {
+    dst->bits = static_cast<uint16_t>(sign | 0x7c00u);
+    return;
+  }
+  if (abs < 0x38800000u) {
+    const float v = std::bit_cast<float>(abs) * 16777216.0f;  // 2^24: subnormal units
+    dst->bits = static_cast<uint16_t>(sign | static_cast<uint32_t>(std::nearbyint(v)));
+    return;
+  }
+  uint32_t h = abs - 0x38000000u;
+  h += 0xfffu + ((h >> 13) & 1u);
+  dst->bits = static_cast<uint16_t>(sign | (h >> 13));
+#endif
+}
+
+template <typename T>
+ALWAYS_INLINE void load_row(float* dst, const T* src, int n, int64_t stride) {
+  if (stride == 1) {
+    for (int i = 0; i < n; ++i) {
+      dst[i] = to_float(src[i]);
+    }
+  } else {
+    for (int i = 0; i < n; ++i) {
+      dst[i] = to_float(src[i * stride]);
+    }
+  }
+}
+
+// Vectors are processed in groups of kLanes floats; rows are padded to a multiple of kLanes with
+// zeros so every inner loop has a fixed trip count the compiler turns into vector code.
+constexpr int kLanes = 16;
+// Positions per online-softmax step: one block max, one rescale of the accumulators.
+constexpr int kBlock = 16;
+
+ALWAYS_INLINE int padded(int d) {
+  return (d + kLanes - 1) / kLanes * kLanes;
+}
+
+template <typename T>
+ALWAYS_INLINE void load_padded(float* dst, const T* src, int n, int n_padded, int64_t stride) {
+  load_row(dst, src, n, stride);
+  for (int i = n; i < n_padded; ++i) {
+    dst[i] = 0.0f;
+  }
+}
+
+// exp(x) for x <= 0 without a libm call, so a block of weights vectorises: 2^(x log2 e) split
+// into an integer power (exponent bits) and a degree-6 polynomial on [-ln2/2, ln2/2]
+// (relative error ~2e-7). Returns exactly 0 below -87 and for -inf.
+ALWAYS_INLINE float exp_nonpositive(float x) {
+  const float clamped = std::max(x, -87.0f);
+  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  const float n = (clamped * 1.44269504f + kRound) - kRound;
+  const float r = (clamped - n * 0.693145752f) - n * 1.42860677e-6f;
+  float poly = 1.0f / 720.0f;
+  poly = poly * r + 1.0f / 120.0f;
+  poly = poly * r + 1.0f / 24.0f;
+  poly = poly * r + 1.0f / 6.0f;
+  poly = poly * r + 0.5f;
+  poly = poly * r + 1.0f;
+  poly = poly * r + 1.0f;
+  const float scale = std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
+  return x < -87.0f ? 0.0f : poly * scale;
+}
+
+// Online-softmax state of one query vector: running max, denominator, then padded(D)
+// accumulators.
+constexpr int kStateHeader = 2;
+
+ALWAYS_INLINE int state_floats(int d) {
+  return padded(d) + kStateHeader;
+}
+
+// Floats of scratch attend_chunk needs for `vectors` query vectors of head dimension d.
+size_t scratch_floats(int vectors, int d) {
+  return static_cast<size_t>(vectors) * padded(d) + 2 * kBlock * padded(d) +
+      2 * static_cast<size_t>(vectors) * kBlock + vectors;
+}
+
+// kLanes floats as one value: GCC/Clang lower it to a zmm register, two ymm or four xmm ones
+// depending on the clone's target, and keep Tile of them in registers.
+using Lanes = float __attribute__((vector_size(kLanes * sizeof(float))));
+using UnalignedLanes = float __attribute__((vector_size(kLanes * sizeof(float)), aligned(4)));
+
+ALWAYS_INLINE Lanes load_lanes(const float* p) {
+  return *reinterpret_cast<const UnalignedLanes*>(p);
+}
+ALWAYS_INLINE void store_lanes(float* p, Lanes v) {
+  *reinterpret_cast<UnalignedLanes*>(p) = v;
+}
+// Pairwise halving: log2(kLanes) vector adds instead of a chain of kLanes scalar ones.
+ALWAYS_INLINE float sum_lanes(Lanes v) {
+  using Half = float __attribute__((vector_size(kLanes / 2 * sizeof(float))));
+  using Quarter = float __attribute__((vector_size(kLanes / 4 * sizeof(float))));
+  const Half h = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+      __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  const Quarter q = __builtin_shufflevector(h, h, 0, 1, 2, 3) + __builtin_shufflevector(h, h, 4, 5, 6, 7);
+  return (q[0] + q[2]) + (q[1] + q[3]);
+}
+
+// Up to kTile query vectors at a time share each loaded slice of K (and V).
+constexpr int kTile = 4;
+
+// scores[t][j] = q_t . k_j for a block of kBlock keys.
+template <int Tile>
+ALWAYS_INLINE void block_scores_tile(const float* q, const float* keys, float* scores, int Dp) {
+  for (int j = 0; j < kBlock; ++j) {
+    Lanes partial[Tile] = {};
+    const float* k = keys + j * Dp;
+    for (int d0 = 0; d0 < Dp; d0 += kLanes) {
+      const Lanes kv = load_lanes(k + d0);
+      for (int t = 0; t < Tile; ++t) {
+        partial[t] += load_lanes(q + t * Dp + d0) * kv;
+      }
+    }
+    for (int t = 0; t < Tile; ++t) {
+      scores[t * kBlock + j] = sum_lanes(partial[t]);
+    }
+  }
+}
+
+ALWAYS_INLINE void block_scores(const float* q, const float* keys, float* scores, int vectors, int Dp) {
+  int r = 0;
+  for (; r + kTile <= vectors; r += kTile) {
+    block_scores_tile<kTile>(q + r * Dp, keys, scores + r * kBlock, Dp);
+  }
+  for (; r < vectors; ++r) {
+    block_scores_tile<1>(q + r * Dp, keys, scores + r * kBlock, Dp);
+  }
+}
+
+// acc_t = acc_t * rescale_t + sum_j weight[t][j] * v_j, one kLanes slice at a time.
+template <int Tile>
+ALWAYS_INLINE void block_accumulate_tile(
+    const float* weights, const float* rescale, const float* values, float* state, int n, int Dp,
+    int state_size) {
+  for (int d0 = 0; d0 < Dp; d0 += kLanes) {
+    Lanes slice[Tile];
+    for (int t = 0; t < Tile; ++t) {
+      slice[t] = load_lanes(state + t * state_size + kStateHeader + d0) * rescale[t];
+    }
+    for (int j = 0; j < n; ++j) {
+      const Lanes v = load_lanes(values + j * Dp + d0);
+      for (int t = 0; t < Tile; ++t) {
+        slice[t] += weights[t * kBlock + j] * v;
+      }
+    }
+    for (int t = 0; t < Tile; ++t) {
+      store_lanes(state + t * state_size + kStateHeader + d0, slice[t]);
+    }
+  }
+}
+
+ALWAYS_INLINE void block_accumulate(
+    const float* weights, const float* rescale, const float* values, float* state, int vectors,
+    int n, int Dp, int state_size) {
+  int r = 0;
+  for (; r + kTile <= vectors; r += kTile) {
+    block_accumulate_tile<kTile>(
+        weights + r * kBlock, rescale + r, values, state + r * state_size, n, Dp, state_size);
+  }
+  for (; r < vectors; ++r) {
+    block_accumulate_tile<1>(
+        weights + r * kBlock, rescale + r, values, state + r * state_size, n, Dp, state_size);
+  }
+}
+
+// One key/value row, positions [begin, end), every query vector of its group (group * L of
+// them, sharing each K/V load). `state` holds one (max, denominator, accumulator) per vector.
+//
+// The recurrence of the chapter, taken kBlock positions at a time: new_max = max(m, block
+// scores); the rescale factor exp(m - new_max) is computed once per block and applied to the
+// denominator and every accumulator dimension; weights are exp(s - new_max).
+template <typename T>
+ALWAYS_INLINE void attend_chunk(
+    const DecodeProblem& p, int kv_row, int begin, int end, float* state, float* scratch) {
+  const int D = p.head_dim, Dp = padded(D), L = p.query_len, S = p.context;
+  const int vectors = p.group * L;
+  const int state_size = state_floats(D);
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  float* queries = scratch;  // vectors x Dp, scaled
+  float* keys_block = queries + vectors * Dp;  // kBlock x Dp
+  float* values_block = keys_block + kBlock * Dp;
+  float* scores = values_block + kBlock * Dp;  // vectors x kBlock, then weights in place
+  float* rescale = scores + vectors * kBlock;  // vectors
+
+  for (int r = 0; r < vectors; ++r) {
+    const int row = kv_row * p.group + r / L, i = r % L;
+    const T* q = static_cast<const T*>(p.queries) + row * p.q_strides[0] + i * p.q_strides[1];
+    float* qr = queries + r * Dp;
+    load_padded(qr, q, D, Dp, p.q_strides[2]);
+    for (int d = 0; d < Dp; ++d) {
+      qr[d] *= p.scale;
+    }
+    float* st = state + r * state_size;
+    st[0] = neg_inf;
+    st[1] = 0.0f;
+    std::fill(st + kStateHeader, st + state_size, 0.0f);
+  }
+
+  const T* keys = static_cast<const T*>(p.keys) + kv_row * p.k_strides[0];
+  const T* values = static_cast<const T*>(p.values) + kv_row * p.v_strides[0];
+  for (int j0 = begin; j0 < end; j0 += kBlock) {
+    const int n = std::min(kBlock, end - j0);
+    for (int j = 0; j < n; ++j) {
+      load_padded(keys_block + j * Dp, keys + (j0 + j) * p.k_strides[1], D, Dp, p.k_strides[2]);
+    }
+    bool any = false;
+    block_scores(queries, keys_block, scores, vectors, Dp);
+    for (int r = 0; r < vectors; ++r) {
+      const int row = kv_row * p.group + r / L, i = r % L;
+      float* s = scores + r * kBlock;
+      const int visible = p.causal ? std::clamp(S - L + i + 1 - j0, 0, n) : n;
+      for (int j = visible; j < kBlock; ++j) {
+        s[j] = neg_inf;
+      }
+      if (p.mask) {
+        const int64_t base = row * p.m_strides[0] + i * p.m_strides[1];
+        for (int j = 0; j < visible; ++j) {
+          const int64_t at = base + (j0 + j) * p.m_strides[2];
+          switch (p.mask_dtype) {
+            case ElementType::float32: s[j] += static_cast<const float*>(p.mask)[at]; break;
+            case ElementType::float16: s[j] += to_float(static_cast<const Float16*>(p.mask)[at]); break;
+            case ElementType::bfloat16: s[j] += to_float(static_cast<const BFloat16*>(p.mask)[at]); break;
+            case ElementType::boolean: s[j] += to_float(static_cast<const bool*>(p.mask)[at]); break;
+          }
+        }
+      }
+      float* st = state + r * state_size;
+      float block_max = neg_inf;
+      for (int j = 0; j < kBlock; ++j) {
+        block_max = std::max(block_max, s[j]);
+      }
+      if (block_max == neg_inf) {
+        rescale[r] = 1.0f;
+        std::fill(s, s + kBlock, 0.0f);  // every key of this block is hidden from this vector
+        continue;
+      }
+      const float new_max = std::max(st[0], block_max);
+      rescale[r] = exp_nonpositive(st[0] - new_max);
+      for (int j = 0; j < kBlock; ++j) {
+        s[j] = exp_nonpositive(s[j] - new_max);
+      }
+      float sum = 0.0f;
+      for (int j = 0; j < kBlock; ++j) {
+        sum += s[j];
+      }
+      st[0] = new_max;
+      st[1] = st[1] * rescale[r] + sum;
+      any = true;
+    }
+    if (!any) {
+      continue;
+    }
+    for (int j = 0; j < n; ++j) {
+      load_padded(values_block + j * Dp, values + (j0 + j) * p.v_strides[1], D, Dp, p.v_strides[2]);
+    }
+    block_accumulate(scores, rescale, values_block, state, vectors, n, Dp, state_size);
+  }
+}
+
+MULTIVERSIONED void attend_chunk_f32(
+    const DecodeProblem& p, int kv_row, int begin, int end, float* state, float* scratch) {
+  attend_chunk<float>(p, kv_row, begin, end, state, scratch);
+}
+MULTIVERSIONED void attend_chunk_f16(
+    const DecodeProblem& p, int kv_row, int begin, int end, float* state, float* scratch) {
+  attend_chunk<Float16>(p, kv_row, begin, end, state, scratch);
+}
+MULTIVERSIONED void attend_chunk_bf16(
+    const DecodeProblem& p, int kv_row, int begin, int end, float* state, float* scratch) {
+  attend_chunk<BFloat16>(p, kv_row, begin, end, state, scratch);
+}
+
+// Combines the chunk states of one query vector and writes its normalised output row.
+// A vector that saw no key (every key masked) gets zeros.
+template <typename T>
+void finish(const float* states, int chunks, int chunk_stride, int D, T* out) {
+  float max = -std::numeric_limits<float>::infinity();
+  for (int c = 0; c < chunks; ++c) {
+    max = std::max(max, states[c * chunk_stride]);
+  }
+  float denominator = 0.0f;
+  float acc[kMaxHeadDim] = {};
+  if (max != -std::numeric_limits<float>::infinity()) {
+    for (int c = 0; c < chunks; ++c) {
+      const float* st = states + c * chunk_stride;
+      const float f = std::exp(st[0] - max);
+      denominator += st[1] * f;
+      for (int d = 0; d < D; ++d) {
+        acc[d] += st[kStateHeader + d] * f;
+      }
+    }
+  }
+  const float inv = denominator > 0.0f ? 1.0f / denominator : 0.0f;
+  for (int d = 0; d < D; ++d) {
+    store(out + d, acc[d] * inv);
+  }
+}
+
+int pool_threads() {
+  if (const char* env = std::getenv("ATTN_KERNELS_NUM_THREADS")) {
+    const int n = std::atoi(env);
+    if (n > 0) {
+      return n;
+    }
+  }
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+ThreadPool& pool() {
+  static ThreadPool instance(pool_threads());
+  return instance;
+}
+
+// Below this many multiply-adds waking the pool costs more than it saves.
+constexpr int64_t kMinParallelWork = int64_t{1} << 18;
+// Context chunks are at least this long, so merging stays negligible.
+constexpr int kMinChunk = 256;
+
+template <typename T>
+void run(const DecodeProblem& p) {
+  using Chunk = void (*)(const DecodeProblem&, int, int, int, float*, float*);
+  Chunk attend = std::is_same_v<T, float> ? attend_chunk_f32
+                 : std::is_same_v<T, Float16> ? attend_chunk_f16
+                                              : attend_chunk_bf16;
+  const int D = p.head_dim, S = p.context;
+  const int vectors = p.group * p.query_len;
+  const int state_size = state_floats(D);
+  const int64_t work = int64_t{p.kv_rows} * S * vectors * D;
+  const int threads = work < kMinParallelWork ? 1 : pool().size();
+
+  // Few heads and a long cache: split the context too, so every thread has work.
+  int chunks = 1;
+  if (threads > 1 && p.kv_rows < 4 * threads) {
+    const int wanted = (4 * threads + p.kv_rows - 1) / p.kv_rows;
+    chunks = std::max(1, std::min(wanted, S / kMinChunk));
+  }
+  const int chunk_len = (S + chunks - 1) / chunks;
+  const int units = p.kv_rows * chunks;
+  // states[kv_row][vector][chunk]: one (max, denominator, accumulator) per chunk.
+  std::vector<float> states(static_cast<size_t>(units) * vectors * state_size);
+  const size_t scratch_size = scratch_floats(vectors, D);
+
+  auto attend_unit = [&](int unit) {
+    thread_local std::vector<float> scratch;
+    scratch.resize(std::max(scratch.size(), scratch_size));
+    const int kv_row = unit / chunks, c = unit % chunks;
+    const int begin = c * chunk_len, end = std::min(S, begin + chunk_len);
+    float* st = states.data() + static_cast<size_t>(unit) * vectors * state_size;
+    attend(p, kv_row, begin, end, st, scratch.data());
+  };
+  auto finish_row = [&](int kv_row) {
+    for (int r = 0; r < vectors; ++r) {
+      const int row = kv_row * p.group + r / p.query_len, i = r % p.query_len;
+      T* out = static_cast<T*>(p.out) + (static_cast<int64_t>(row) * p.query_len + i) * D;
+      const float* first =
+          states.data() + (static_cast<size_t>(kv_row) * chunks * vectors + r) * state_size;
+      finish(first, chunks, vectors * state_size, D, out);
+    }
+  };
+  if (threads == 1) {
+    for (int u = 0; u < units; ++u) {
+      attend_unit(u);
+    }
+    for (int h = 0; h < p.kv_rows; ++h) {
+      finish_row(h);
+    }
+    return;
+  }
+  pool().parallel_for(units, attend_unit);
+  pool().parallel_for(p.kv_rows, finish_row);
+}
+
+// Sums 64-bit words in independent lanes: a pure streaming read the compiler vectorises.
+MULTIVERSIONED uint64_t sum_words(const uint64_t* data, size_t n) {
+  uint64_t lanes[8] = {};
+  for (size_t i = 0; i + 8 <= n; i += 8) {
+    for (int l = 0; l < 8; ++l) {
+      lanes[l] += data[i + l];
+    }
+  }
+  uint64_t total = 0;
+  for (uint64_t x : lanes) {
+    total += x;
+  }
+  return total;
+}
+
+}  // namespace
+
+double measure_read_bandwidth(size_t bytes, int repeats) {
+  const size_t words = bytes / sizeof(uint64_t);
+  std::vector<uint64_t> buffer(words, 1);
+  const int threads = pool().size();
+  const size_t per_thread = (words / threads) / 8 * 8;
+  std::vector<uint64_t> sums(threads);
+  double best = 0.0;
+  for (int rep = 0; rep < repeats; ++rep) {
+    const auto start = std::chrono::steady_clock::now();
+    pool().parallel_for(threads, [&](int t) {
+      sums[t] = sum_words(buffer.data() + t * per_thread, per_thread);
+    });
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    best = std::max(best, static_cast<double>(per_thread * threads * sizeof(uint64_t)) / seconds);
+  }
+  if (sums[0] != per_thread) {  // keeps the reads observable
+    throw std::logic_error("measure_read_bandwidth: unexpected sum");
+  }
+  return best;
+}
+
+void decode_attention_cpu(const DecodeProblem& p) {
+  switch (p.dtype) {
+    case ElementType::float32: run<float>(p); break;
+    case ElementType::float16: run<Float16>(p); break;
+    case ElementType::bfloat16: run<BFloat16>(p); break;
+    case ElementType::boolean: break;  // rejected by the op
+  }
+}
+
+}  // namespace attn_kernels

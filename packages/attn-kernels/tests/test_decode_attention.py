@@ -1,0 +1,218 @@
+"""decode_attention_custom and the oracle against a float64 reference, on every backend here."""
+
+import itertools
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from attn_kernels import decode_attention_custom, scaled_dot_product_attention
+from conftest import TOLERANCE
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from reference import attention_f64, to_numpy
+
+DTYPES = [mx.float32, mx.float16, mx.bfloat16]
+
+
+def _gpu_available() -> bool:
+    return mx.cuda.is_available() or mx.metal.is_available()
+
+
+DEVICES = [
+    pytest.param(mx.cpu, id="cpu"),
+    pytest.param(
+        mx.gpu,
+        id="gpu",
+        marks=pytest.mark.skipif(not _gpu_available(), reason="this MLX has no GPU backend"),
+    ),
+]
+
+
+def make_inputs(seed, b, hq, hkv, length, s, d, dtype, mask_kind):
+    keys = mx.random.split(mx.random.key(seed), 4)
+    q = mx.random.normal((b, hq, length, d), key=keys[0]).astype(dtype)
+    k = mx.random.normal((b, hkv, s, d), key=keys[1]).astype(dtype)
+    v = mx.random.normal((b, hkv, s, d), key=keys[2]).astype(dtype)
+    if mask_kind == "explicit":
+        # Additive, per head and row, with some keys removed outright.
+        mask = mx.random.normal((b, hq, length, s), key=keys[3])
+        mask = mx.where(mx.random.uniform(shape=mask.shape, key=keys[3]) < 0.2, -mx.inf, mask)
+    elif mask_kind == "causal":
+        mask = "causal"
+    else:
+        mask = None
+    return q, k, v, mask
+
+
+def check(out, expected, dtype, factor=1.0):
+    tol = {key: value * factor for key, value in TOLERANCE[dtype].items()}
+    assert out.dtype == dtype
+    np.testing.assert_allclose(to_numpy(out), expected, **tol)
+
+
+# The reference grid: D=128; L in {1, 8}; GQA 1 and 4 and Qwen3-4B's 32/8; the chapter's contexts.
+GRID = [
+    (length, heads, s, mask_kind)
+    for length, heads, s, mask_kind in itertools.product(
+        [1, 8],
+        [(4, 4), (8, 2), (32, 8)],
+        [1, 31, 32, 127, 128, 129, 255, 256],
+        ["none", "causal", "explicit"],
+    )
+    if s >= length
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("length", "heads", "s", "mask_kind"), GRID)
+def test_reference_grid(device, length, heads, s, mask_kind):
+    hq, hkv = heads
+    batch = 2 if hq == 4 else 1
+    for dtype in DTYPES:
+        for seed in (s * 7 + length, s * 7 + length + 1000):
+            q, k, v, mask = make_inputs(seed, batch, hq, hkv, length, s, 128, dtype, mask_kind)
+            expected = attention_f64(q, k, v, mask=mask)
+            with mx.stream(device):
+                out = decode_attention_custom(q, k, v, mask=mask)
+                oracle = scaled_dot_product_attention(q, k, v, mask=mask)
+            check(out, expected, dtype)
+            check(oracle, expected, dtype)
+            check(out, to_numpy(oracle), dtype, factor=2.0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("s", [4096, 32768])
+@pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16])
+def test_long_context(device, s, dtype):
+    q, k, v, _ = make_inputs(s, 1, 8, 2, 1, s, 128, dtype, "none")
+    with mx.stream(device):
+        out = decode_attention_custom(q, k, v)
+        causal = decode_attention_custom(mx.concatenate([q, q], axis=2), k, v, mask="causal")
+    check(out, attention_f64(q, k, v), dtype)
+    q2 = mx.concatenate([q, q], axis=2)
+    check(causal, attention_f64(q2, k, v, mask="causal"), dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("d", [1, 40, 64, 72, 128, 200, 256])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_head_dims(device, d, dtype):
+    q, k, v, mask = make_inputs(d, 1, 6, 3, 3, 77, d, dtype, "causal")
+    with mx.stream(device):
+        out = decode_attention_custom(q, k, v, scale=0.3, mask=mask)
+    check(out, attention_f64(q, k, v, scale=0.3, mask=mask), dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_strided_views_are_read_in_place(device):
+    """Cache slices, a (B, S, H, D) layout seen as (B, H, S, D), and a transposed head dim."""
+    b, hq, hkv, s, cap, d = 2, 8, 2, 45, 64, 48
+    q, k, v, _ = make_inputs(1, b, hq, hkv, 2, s, d, mx.bfloat16, "none")
+    k_cache = mx.zeros((b, hkv, cap, d), mx.bfloat16)
+    k_cache[:, :, :s, :] = k
+    v_cache = mx.zeros((b, hkv, cap, d), mx.bfloat16)
+    v_cache[:, :, :s, :] = v
+    k_seq_major = mx.array(
+        np.ascontiguousarray(np.array(k.astype(mx.float32)).transpose(0, 2, 1, 3))
+    )
+    k_seq_major = k_seq_major.astype(mx.bfloat16).transpose(0, 2, 1, 3)
+    v_dim_major = mx.array(np.ascontiguousarray(np.array(v.astype(mx.float32)).swapaxes(-1, -2)))
+    v_dim_major = v_dim_major.astype(mx.bfloat16).swapaxes(-1, -2)
+    expected = attention_f64(q, k, v, mask="causal")
+    with mx.stream(device):
+        for kk, vv in [
+            (k_cache[:, :, :s, :], v_cache[:, :, :s, :]),
+            (k_seq_major, v_dim_major),
+        ]:
+            check(decode_attention_custom(q, kk, vv, mask="causal"), expected, mx.bfloat16)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_output_fully_written(device, dtype):
+    """Fill freed memory of the output's size with NaN first: the allocator hands it back."""
+    q, k, v, _ = make_inputs(5, 1, 32, 8, 1, 300, 128, dtype, "none")
+    mx.eval(q, k, v)
+    with mx.stream(device):
+        for _ in range(3):
+            poison = mx.full(q.shape, mx.nan, dtype=dtype)
+            mx.eval(poison)
+            del poison
+            out = decode_attention_custom(q, k, v)
+            mx.eval(out)
+            assert not mx.any(mx.isnan(out)).item()
+    check(out, attention_f64(q, k, v), dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mask_dtype", [mx.bool_, mx.float32, mx.bfloat16])
+def test_fully_masked_rows_are_zero(device, mask_dtype):
+    """A row whose mask removes every key is defined as zeros (the oracle agrees)."""
+    q, k, v, _ = make_inputs(9, 1, 4, 2, 3, 40, 32, mx.float32, "none")
+    keep = np.ones((1, 4, 3, 40), dtype=bool)
+    keep[0, 1, 2, :] = False  # head 1, row 2: nothing visible
+    keep[0, 3, 0, :20] = False
+    if mask_dtype == mx.bool_:
+        mask = mx.array(keep)
+    else:
+        mask = mx.array(np.where(keep, 0.0, -np.inf)).astype(mask_dtype)
+    with mx.stream(device):
+        out = decode_attention_custom(q, k, v, mask=mask)
+        oracle = scaled_dot_product_attention(q, k, v, mask=mask)
+    expected = attention_f64(q, k, v, mask=mask)
+    assert np.all(expected[0, 1, 2] == 0.0)
+    check(out, expected, mx.float32)
+    check(oracle, expected, mx.float32)
+    assert np.all(to_numpy(out)[0, 1, 2] == 0.0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_broadcast_mask(device):
+    q, k, v, _ = make_inputs(3, 2, 4, 1, 2, 33, 16, mx.float32, "none")
+    mask = mx.random.normal((1, 1, 2, 33))
+    with mx.stream(device):
+        out = decode_attention_custom(q, k, v, mask=mask)
+    check(out, attention_f64(q, k, v, mask=mask), mx.float32)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    batch=st.integers(1, 2),
+    kv_heads=st.integers(1, 3),
+    group=st.integers(1, 4),
+    length=st.integers(1, 5),
+    extra=st.integers(0, 90),
+    d=st.integers(1, 140),
+    dtype=st.sampled_from(DTYPES),
+    mask_kind=st.sampled_from(["none", "causal", "explicit"]),
+    seed=st.integers(0, 2**16),
+)
+def test_property_against_float64(batch, kv_heads, group, length, extra, d, dtype, mask_kind, seed):
+    s = length + extra
+    q, k, v, mask = make_inputs(
+        seed, batch, kv_heads * group, kv_heads, length, s, d, dtype, mask_kind
+    )
+    out = decode_attention_custom(q, k, v, mask=mask, stream=mx.cpu)
+    check(out, attention_f64(q, k, v, mask=mask), dtype)
+
+
+def test_no_score_sized_intermediates():
+    """At L=8, S=32768 the oracle's float32 scores are 8 MiB per head group; the kernel allocates
+    little beyond its output."""
+    q, k, v, _ = make_inputs(0, 1, 32, 8, 8, 32768, 128, mx.bfloat16, "none")
+    mx.eval(q, k, v)
+    scores_bytes = 32 * 8 * 32768 * 4
+    for fn, bound in [
+        (decode_attention_custom, scores_bytes // 16),
+        (scaled_dot_product_attention, None),
+    ]:
+        mx.clear_cache()
+        mx.reset_peak_memory()
+        before = mx.get_active_memory()
+        out = fn(q, k, v, mask="causal")
+        mx.eval(out)
+        extra = mx.get_peak_memory() - before
+        if bound is None:
+            assert extra >= scores_bytes  # the oracle does build them: the measurement sees them
+        else:
+            assert extra <= bound, f"custom kernel allocated {extra} bytes"

@@ -1,0 +1,309 @@
+"""bench-operators: attention operator sweeps, implementations interleaved in one run.
+
+Protocol: for each pass over the shapes (forward, then reverse, alternating), each shape's
+implementations are warmed up, then timed `--iterations` times; iteration i runs them in the
+i-th of all their orders (every order equally often), so drift and cache effects fall on every
+implementation alike. A sample is the wall time of `--calls-per-eval` independent calls evaluated
+together, divided by that count. Every sample is kept; medians, spread and per-pass wins are
+derived from them. Each time is reported with GB/s of K+V read and the fraction of the
+bandwidth floor (K+V bytes / measured or given read bandwidth).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import mlx.core as mx
+from attn_kernels import _ext, decode_attention_custom, scaled_dot_product_attention
+
+from llm_eval.record import SCHEMA_VERSION, collect_metadata, write_record
+
+IMPLEMENTATIONS = ("readable", "custom", "mlx")
+# H200 HBM3e copy rate measured with MLX (shared/gpu-kit/README.md); CPUs are measured in-run.
+DEFAULT_GPU_BANDWIDTH_GBS = 4300.0
+
+
+def implementation(name: str, scale: float, mask):
+    if name == "readable":
+        return lambda q, k, v: scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
+    if name == "custom":
+        return lambda q, k, v: decode_attention_custom(q, k, v, scale=scale, mask=mask)
+    if name == "mlx":
+        return lambda q, k, v: mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
+    raise ValueError(f"unknown implementation {name!r}")
+
+
+def make_shape(context, query_length, heads, gqa_ratio, head_dim, mask_kind, dtype, seed):
+    kv_heads = heads // gqa_ratio
+    keys = mx.random.split(mx.random.key(seed), 4)
+    q = mx.random.normal((1, heads, query_length, head_dim), key=keys[0]).astype(dtype)
+    k = mx.random.normal((1, kv_heads, context, head_dim), key=keys[1]).astype(dtype)
+    v = mx.random.normal((1, kv_heads, context, head_dim), key=keys[2]).astype(dtype)
+    if mask_kind == "explicit":
+        mask = mx.random.normal((1, heads, query_length, context), key=keys[3]).astype(dtype)
+    elif mask_kind == "causal":
+        mask = "causal"
+    else:
+        mask = None
+    mx.eval(q, k, v)
+    if isinstance(mask, mx.array):
+        mx.eval(mask)
+    return q, k, v, mask
+
+
+def time_sample(fn, args, calls: int) -> float:
+    start = time.perf_counter()
+    mx.eval([fn(*args) for _ in range(calls)])
+    return (time.perf_counter() - start) / calls
+
+
+def peak_bytes(fn, args) -> int:
+    """Memory an implementation allocates beyond its inputs, for one call."""
+    mx.synchronize()
+    mx.reset_peak_memory()
+    before = mx.get_active_memory()
+    mx.eval(fn(*args))
+    return max(0, mx.get_peak_memory() - before)
+
+
+def summarize(samples: list[float]) -> dict:
+    ordered = sorted(samples)
+    pick = lambda f: ordered[min(len(ordered) - 1, int(f * len(ordered)))]  # noqa: E731
+    return {
+        "median_us": statistics.median(samples) * 1e6,
+        "p10_us": pick(0.10) * 1e6,
+        "p90_us": pick(0.90) * 1e6,
+        "min_us": ordered[0] * 1e6,
+        "n": len(samples),
+    }
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="bench-operators",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--section", choices=["attention"], default="attention")
+    p.add_argument("--context", type=int, action="append", help="cached context S (repeatable)")
+    p.add_argument("--query-length", type=int, action="append", help="query length L (repeatable)")
+    p.add_argument("--heads", type=int, default=32, help="query heads (Qwen3-4B: 32)")
+    p.add_argument("--gqa-ratio", type=int, default=4, help="query heads per KV head (Qwen3-4B: 4)")
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
+    p.add_argument("--attention-mask", choices=["none", "causal", "explicit"], default="none")
+    p.add_argument(
+        "--implementations",
+        default=",".join(IMPLEMENTATIONS),
+        help="comma-separated subset of " + ",".join(IMPLEMENTATIONS),
+    )
+    p.add_argument(
+        "--context-repeats",
+        type=int,
+        default=1,
+        help="passes over the shapes, alternating forward and reverse order",
+    )
+    p.add_argument(
+        "--warmup", type=int, default=3, help="untimed calls per implementation and shape"
+    )
+    p.add_argument(
+        "--iterations",
+        type=int,
+        default=None,
+        help="timed samples per implementation, shape and pass; a multiple of the "
+        "number of implementation orders (default: that number, times 2 on GPU)",
+    )
+    p.add_argument(
+        "--calls-per-eval",
+        type=int,
+        default=None,
+        help="independent calls per timed mx.eval (default 1 on CPU, 50 on GPU)",
+    )
+    p.add_argument(
+        "--device",
+        choices=["cpu", "gpu"],
+        default="gpu" if mx.cuda.is_available() or mx.metal.is_available() else "cpu",
+    )
+    p.add_argument(
+        "--bandwidth-gbs",
+        type=float,
+        default=None,
+        help="read bandwidth for the floor (default: measured on CPU, 4300 on the H200)",
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json-output", type=Path, help="write the record here")
+    p.add_argument("--force", action="store_true", help="replace an existing --json-output")
+    args = p.parse_args(argv)
+    args.context = args.context or [128, 1024, 4096, 16384]
+    args.query_length = args.query_length or [1]
+    args.implementations = [s for s in args.implementations.split(",") if s]
+    for name in args.implementations:
+        if name not in IMPLEMENTATIONS:
+            p.error(
+                f"--implementations: unknown {name!r} (choose from {', '.join(IMPLEMENTATIONS)})"
+            )
+    orders = math.factorial(len(args.implementations))
+    if args.iterations is None:
+        args.iterations = orders * (2 if args.device == "gpu" else 1)
+    if args.iterations <= 0 or args.iterations % orders:
+        p.error(f"--iterations must be a positive multiple of {orders} (the implementation orders)")
+    if args.calls_per_eval is None:
+        args.calls_per_eval = 50 if args.device == "gpu" else 1
+    if args.heads % args.gqa_ratio:
+        p.error(f"--heads {args.heads} is not a multiple of --gqa-ratio {args.gqa_ratio}")
+    if any(s < 1 for s in args.context) or any(q < 1 for q in args.query_length):
+        p.error("--context and --query-length must be positive")
+    if args.attention_mask == "causal" and any(
+        q > s for q in args.query_length for s in args.context
+    ):
+        p.error("causal masks need every --query-length <= every --context")
+    if args.context_repeats < 1:
+        p.error("--context-repeats must be >= 1")
+    if args.json_output and args.json_output.exists() and not args.force:
+        p.error(f"{args.json_output} exists; pass --force to replace it")
+    return args
+
+
+def run(args) -> dict:
+    device = mx.gpu if args.device == "gpu" else mx.cpu
+    mx.set_default_device(device)
+    dtype = getattr(mx, args.dtype)
+    if args.bandwidth_gbs is None:
+        if args.device == "gpu":
+            args.bandwidth_gbs = DEFAULT_GPU_BANDWIDTH_GBS
+        else:
+            print("measuring CPU read bandwidth ...", file=sys.stderr)
+            args.bandwidth_gbs = _ext.measure_read_bandwidth(1 << 30, 5) / 1e9
+    scale = 1.0 / math.sqrt(args.head_dim)
+    orders = list(itertools.permutations(args.implementations))
+    shapes = [(s, q) for q in args.query_length for s in args.context]
+    results: dict[str, dict] = {}
+    execution_order = []
+    total = args.context_repeats * len(shapes)
+    done = 0
+    started = time.perf_counter()
+    for rep in range(args.context_repeats):
+        pass_shapes = shapes if rep % 2 == 0 else shapes[::-1]
+        for context, query_length in pass_shapes:
+            key = f"S={context},L={query_length}"
+            q, k, v, mask = make_shape(
+                context,
+                query_length,
+                args.heads,
+                args.gqa_ratio,
+                args.head_dim,
+                args.attention_mask,
+                dtype,
+                args.seed,
+            )
+            fns = {name: implementation(name, scale, mask) for name in args.implementations}
+            entry = results.setdefault(
+                key,
+                {
+                    "context": context,
+                    "query_length": query_length,
+                    "kv_bytes": 2 * k.nbytes,
+                    "samples_us": {n: [] for n in fns},
+                    "passes": [],
+                    "peak_extra_bytes": {},
+                },
+            )
+            for name, fn in fns.items():
+                for _ in range(args.warmup):
+                    mx.eval(fn(q, k, v))
+                if name not in entry["peak_extra_bytes"]:
+                    entry["peak_extra_bytes"][name] = peak_bytes(fn, (q, k, v))
+            pass_samples = {n: [] for n in fns}
+            for it in range(args.iterations):
+                order = orders[it % len(orders)]
+                for name in order:
+                    pass_samples[name].append(
+                        time_sample(fns[name], (q, k, v), args.calls_per_eval)
+                    )
+                execution_order.append({"pass": rep, "shape": key, "order": list(order)})
+            medians = {n: statistics.median(s) * 1e6 for n, s in pass_samples.items()}
+            entry["passes"].append(
+                {"pass": rep, "median_us": medians, "winner": min(medians, key=medians.get)}
+            )
+            for n, s in pass_samples.items():
+                entry["samples_us"][n].extend(x * 1e6 for x in s)
+            done += 1
+            elapsed = time.perf_counter() - started
+            bar = "#" * (20 * done // total)
+            print(
+                f"\r[{bar:<20}] {done}/{total} pass {rep} {key} "
+                f"({elapsed:.0f}s, ~{elapsed / done * (total - done):.0f}s left)",
+                end="" if done < total else "\n",
+                file=sys.stderr,
+                flush=True,
+            )
+    floor_gbs = args.bandwidth_gbs
+    for entry in results.values():
+        floor_us = entry["kv_bytes"] / (floor_gbs * 1e9) * 1e6
+        entry["floor_us"] = floor_us
+        entry["summary"] = {}
+        for name, samples in entry["samples_us"].items():
+            s = summarize([x / 1e6 for x in samples])
+            s["gbs"] = entry["kv_bytes"] / (s["median_us"] * 1e-6) / 1e9
+            s["floor_fraction"] = floor_us / s["median_us"]
+            s["pass_wins"] = sum(p["winner"] == name for p in entry["passes"])
+            entry["summary"][name] = s
+    config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "operator-sweep",
+        "metadata": collect_metadata(args.device),
+        "config": config,
+        "execution_order": execution_order,
+        "results": results,
+    }
+
+
+def format_table(record: dict) -> str:
+    cfg = record["config"]
+    names = cfg["implementations"]
+    head = "| S | L | floor µs | " + " | ".join(f"{n} µs (GB/s, floor %)" for n in names)
+    if "custom" in names:
+        head += " | " + " | ".join(f"custom vs {n}" for n in names if n != "custom")
+    head += " |"
+    lines = [head, "|" + "---:|" * (head.count("|") - 1)]
+    for entry in record["results"].values():
+        sm = entry["summary"]
+        row = f"| {entry['context']} | {entry['query_length']} | {entry['floor_us']:.1f} | "
+        row += " | ".join(
+            f"{sm[n]['median_us']:.1f} ({sm[n]['gbs']:.1f}, {100 * sm[n]['floor_fraction']:.0f}%)"
+            for n in names
+        )
+        if "custom" in names:
+            passes = len(entry["passes"])
+            row += " | " + " | ".join(
+                f"{sm[n]['median_us'] / sm['custom']['median_us']:.2f}x "
+                f"(wins {sum(p['median_us']['custom'] < p['median_us'][n] for p in entry['passes'])}/{passes})"
+                for n in names
+                if n != "custom"
+            )
+        lines.append(row + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    record = run(args)
+    print(
+        f"device {args.device}, {args.dtype}, Hq={args.heads}, Hkv={args.heads // args.gqa_ratio}, "
+        f"D={args.head_dim}, mask={args.attention_mask}, floor at {args.bandwidth_gbs:.1f} GB/s, "
+        f"{args.iterations} samples x {args.context_repeats} passes, {args.calls_per_eval} calls/eval"
+    )
+    print(format_table(record))
+    if args.json_output:
+        print(f"wrote {write_record(record, args.json_output, force=args.force)}")
+
+
+if __name__ == "__main__":
+    main()

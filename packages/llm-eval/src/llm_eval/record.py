@@ -1,0 +1,126 @@
+"""Benchmark records: metadata every record carries, validation, atomic writes."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import tempfile
+from importlib import metadata
+from pathlib import Path
+
+import mlx.core as mx
+
+SCHEMA_VERSION = 1
+REQUIRED_KEYS = ("schema_version", "kind", "metadata", "config", "execution_order", "results")
+
+
+def _git(*args: str) -> str | None:
+    try:
+        return subprocess.run(
+            ["git", *args], capture_output=True, text=True, check=True, cwd=Path(__file__).parent
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def device_info(device: str) -> dict:
+    info: dict = {"mlx_device": device}
+    try:
+        info["mlx_device_info"] = {k: str(v) for k, v in mx.device_info().items()}
+    except Exception as e:  # not every backend reports
+        info["mlx_device_info_error"] = str(e)
+    if device == "gpu" and mx.cuda.is_available():
+        smi = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+        )
+        info["gpu"] = smi.stdout.strip() if smi.returncode == 0 else None
+    else:
+        info["cpu"] = _cpu_name()
+        info["cpu_count"] = os.cpu_count()
+    return info
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def collect_metadata(device: str) -> dict:
+    dirty = _git("status", "--porcelain", "--untracked-files=no")
+    return {
+        "captured_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "git_sha": _git("rev-parse", "HEAD"),
+        "git_dirty": bool(dirty) if dirty is not None else None,
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "device": device_info(device),
+        "versions": {
+            "python": sys.version.split()[0],
+            "mlx": mx.__version__,
+            "mlx_lm": _version("mlx-lm"),
+            "numpy": _version("numpy"),
+            "attn_kernels": _version("attn-kernels"),
+            "llm_eval": _version("llm-eval"),
+            "compiler": _compiler_version(),
+        },
+    }
+
+
+def _compiler_version() -> str | None:
+    for cc in ("c++", "g++", "clang++"):
+        try:
+            out = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True)
+            return out.stdout.splitlines()[0]
+        except (OSError, subprocess.CalledProcessError):
+            continue
+    return None
+
+
+def validate(record: dict) -> None:
+    missing = [k for k in REQUIRED_KEYS if k not in record]
+    if missing:
+        raise ValueError(f"benchmark record lacks {missing}")
+    if record["schema_version"] != SCHEMA_VERSION:
+        raise ValueError(f"unknown schema_version {record['schema_version']}")
+    for key in ("captured_at", "git_sha", "device", "versions"):
+        if key not in record["metadata"]:
+            raise ValueError(f"benchmark record metadata lacks {key!r}")
+    json.dumps(record, allow_nan=False)  # strict JSON: no NaN/inf
+
+
+def write_record(record: dict, path: str | Path, force: bool = False) -> Path:
+    """Validate, then write atomically (temp file + rename); never replace without force."""
+    path = Path(path)
+    validate(record)
+    if path.exists() and not force:
+        raise FileExistsError(f"{path} exists; pass --force to replace it")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(record, f, indent=1, allow_nan=False)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path

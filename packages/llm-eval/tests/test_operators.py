@@ -1,0 +1,124 @@
+import collections
+import json
+
+import pytest
+from llm_eval import operators
+from llm_eval.record import validate, write_record
+
+
+def small_run(tmp_path, *extra):
+    args = operators.parse_args(
+        [
+            "--device",
+            "cpu",
+            "--context",
+            "9",
+            "--context",
+            "40",
+            "--query-length",
+            "2",
+            "--heads",
+            "4",
+            "--gqa-ratio",
+            "2",
+            "--head-dim",
+            "16",
+            "--attention-mask",
+            "causal",
+            "--warmup",
+            "1",
+            "--iterations",
+            "6",
+            "--context-repeats",
+            "2",
+            "--bandwidth-gbs",
+            "10",
+            "--json-output",
+            str(tmp_path / "r.json"),
+            *extra,
+        ]
+    )
+    return args, operators.run(args)
+
+
+def test_every_order_equally_often_and_passes_alternate(tmp_path):
+    _, record = small_run(tmp_path)
+    orders = collections.Counter(tuple(e["order"]) for e in record["execution_order"])
+    assert len(orders) == 6 and set(orders.values()) == {4}  # 6 orders x 2 shapes x 2 passes / 6
+    shapes = [e["shape"] for e in record["execution_order"]]
+    assert shapes[0] == "S=9,L=2" and shapes[-1] == "S=9,L=2"  # forward, then reverse
+
+
+def test_medians_come_from_kept_samples(tmp_path):
+    _, record = small_run(tmp_path)
+    for entry in record["results"].values():
+        for name, samples in entry["samples_us"].items():
+            assert len(samples) == 12
+            ordered = sorted(samples)
+            assert entry["summary"][name]["median_us"] == pytest.approx(
+                (ordered[5] + ordered[6]) / 2
+            )
+            assert entry["summary"][name]["floor_fraction"] == pytest.approx(
+                entry["floor_us"] / entry["summary"][name]["median_us"]
+            )
+
+
+def test_record_round_trip_and_no_overwrite(tmp_path):
+    args, record = small_run(tmp_path)
+    path = write_record(record, args.json_output)
+    loaded = json.loads(path.read_text())
+    validate(loaded)
+    assert loaded["results"].keys() == record["results"].keys()
+    assert loaded["metadata"]["versions"]["mlx"]
+    with pytest.raises(FileExistsError):
+        write_record(record, path)
+    with pytest.raises(SystemExit):
+        operators.parse_args(["--json-output", str(path)])
+    write_record(record, path, force=True)
+
+
+def test_custom_kernel_allocates_no_score_rows(tmp_path):
+    args = operators.parse_args(
+        [
+            "--device",
+            "cpu",
+            "--context",
+            "8192",
+            "--query-length",
+            "8",
+            "--attention-mask",
+            "causal",
+            "--warmup",
+            "0",
+            "--iterations",
+            "6",
+            "--bandwidth-gbs",
+            "10",
+        ]
+    )
+    record = operators.run(args)
+    peak = record["results"]["S=8192,L=8"]["peak_extra_bytes"]
+    scores = 32 * 8 * 8192 * 4
+    assert peak["readable"] >= scores
+    assert peak["custom"] < scores // 8
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--iterations", "4"], "multiple of 6"),
+        (["--implementations", "custom,fast"], "unknown 'fast'"),
+        (["--heads", "30", "--gqa-ratio", "4"], "not a multiple"),
+        (["--attention-mask", "causal", "--context", "4", "--query-length", "8"], "causal"),
+        (["--context", "0"], "positive"),
+    ],
+)
+def test_bad_flags(flags, message, capsys):
+    with pytest.raises(SystemExit):
+        operators.parse_args(flags)
+    assert message in capsys.readouterr().err
+
+
+def test_record_validation_rejects_missing_keys():
+    with pytest.raises(ValueError, match="lacks"):
+        validate({"schema_version": 1})
