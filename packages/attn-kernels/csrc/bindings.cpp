@@ -1,5 +1,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 #include <nanobind/stl/variant.h>
 
 #include "decode_attention.h"
@@ -10,6 +12,7 @@ using namespace nb::literals;
 NB_MODULE(_ext, m) {
   m.doc() = "DecodeAttention: fused one-pass decode attention for MLX";
   m.attr("MAX_HEAD_DIM") = attn_kernels::kMaxHeadDim;
+  m.attr("SCHEDULES") = nb::cast(attn_kernels::schedules());
   m.def(
       "measure_read_bandwidth",
       &attn_kernels::measure_read_bandwidth,
@@ -25,6 +28,7 @@ NB_MODULE(_ext, m) {
       "scale"_a,
       "mask"_a = nb::none(),
       "causal"_a = false,
+      "schedule"_a = "auto",
       nb::kw_only(),
       "stream"_a = nb::none(),
       R"(Grouped-query attention over flattened heads, one pass of online softmax.
@@ -36,6 +40,7 @@ Args:
     scale: multiplier of the dot products.
     mask: optional (rows, L, S), additive float or boolean (True keeps a key).
     causal: query i sees keys <= S - L + i (no mask tensor is built).
+    schedule: GPU kernel schedule (auto, split-gqa, chapter-8/16/32); the CPU ignores it.
 
 Returns:
     (rows, L, D) in the queries' dtype. A row whose mask removes every key is all zeros.)");

@@ -1,5 +1,6 @@
 #include "decode_attention.h"
 
+#include <algorithm>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -50,7 +51,13 @@ mx::array decode_attention(
     float scale,
     const std::optional<mx::array>& mask,
     bool causal,
+    const std::string& schedule,
     mx::StreamOrDevice s) {
+  if (std::find(schedules().begin(), schedules().end(), schedule) == schedules().end()) {
+    std::string names;
+    for (const auto& n : schedules()) names += (names.empty() ? "" : ", ") + n;
+    fail("unknown schedule '" + schedule + "': use one of " + names);
+  }
   for (auto [name, a] : {std::pair{"queries", &queries}, {"keys", &keys}, {"values", &values}}) {
     if (a->ndim() != 3) {
       fail(std::string(name) + " must have 3 dimensions (rows, length, head_dim), got shape " +
@@ -116,13 +123,13 @@ mx::array decode_attention(
   }
   auto stream = mx::to_stream(s);
   return mx::array(
-      queries.shape(), queries.dtype(), std::make_shared<DecodeAttention>(stream, scale, causal),
+      queries.shape(), queries.dtype(), std::make_shared<DecodeAttention>(stream, scale, causal, schedule),
       std::move(inputs));
 }
 
 bool DecodeAttention::is_equivalent(const mx::Primitive& other) const {
   auto& o = static_cast<const DecodeAttention&>(other);
-  return scale_ == o.scale_ && causal_ == o.causal_;
+  return scale_ == o.scale_ && causal_ == o.causal_ && schedule_ == o.schedule_;
 }
 
 DecodeProblem make_problem(

@@ -4,10 +4,14 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
 #include "mlx/utils.h"
+
+#include "decode_problem.h"
 
 namespace attn_kernels {
 
@@ -26,12 +30,20 @@ mx::array decode_attention(
     float scale,
     const std::optional<mx::array>& mask,
     bool causal,
+    const std::string& schedule = "auto",
     mx::StreamOrDevice s = {});
+
+// GPU kernel schedules (see kernels-cuda/decode_attention.cu); the CPU kernel has one.
+inline const std::vector<std::string>& schedules() {
+  static const std::vector<std::string> names = {
+      "auto", "split-gqa", "chapter-8", "chapter-16", "chapter-32"};
+  return names;
+}
 
 class DecodeAttention : public mx::Primitive {
  public:
-  DecodeAttention(mx::Stream stream, float scale, bool causal)
-      : mx::Primitive(stream), scale_(scale), causal_(causal) {}
+  DecodeAttention(mx::Stream stream, float scale, bool causal, std::string schedule)
+      : mx::Primitive(stream), scale_(scale), causal_(causal), schedule_(std::move(schedule)) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
@@ -48,23 +60,7 @@ class DecodeAttention : public mx::Primitive {
  private:
   float scale_;
   bool causal_;
-};
-
-enum class ElementType : uint8_t { float32, float16, bfloat16, boolean };
-
-// What every backend's kernel needs: pointers and element strides of (row, position, dim).
-struct DecodeProblem {
-  const void* queries;
-  const void* keys;
-  const void* values;
-  const void* mask;  // nullptr when there is no explicit mask
-  void* out;         // contiguous (rows, L, D)
-  ElementType dtype;
-  ElementType mask_dtype;
-  int rows, kv_rows, group, query_len, context, head_dim;
-  float scale;
-  bool causal;
-  int64_t q_strides[3], k_strides[3], v_strides[3], m_strides[3];
+  std::string schedule_;
 };
 
 // Reads the evaluated inputs and the allocated output into a DecodeProblem.

@@ -5,7 +5,7 @@ import itertools
 import mlx.core as mx
 import numpy as np
 import pytest
-from attn_kernels import decode_attention_custom, scaled_dot_product_attention
+from attn_kernels import SCHEDULES, decode_attention_custom, scaled_dot_product_attention
 from conftest import TOLERANCE
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -16,6 +16,11 @@ DTYPES = [mx.float32, mx.float16, mx.bfloat16]
 
 def _gpu_available() -> bool:
     return mx.cuda.is_available() or mx.metal.is_available()
+
+
+def schedules(device):
+    """Every GPU schedule on the GPU; the CPU kernel has one."""
+    return SCHEDULES if device == mx.gpu else ("auto",)
 
 
 DEVICES = [
@@ -73,24 +78,27 @@ def test_reference_grid(device, length, heads, s, mask_kind):
             q, k, v, mask = make_inputs(seed, batch, hq, hkv, length, s, 128, dtype, mask_kind)
             expected = attention_f64(q, k, v, mask=mask)
             with mx.stream(device):
-                out = decode_attention_custom(q, k, v, mask=mask)
                 oracle = scaled_dot_product_attention(q, k, v, mask=mask)
-            check(out, expected, dtype)
-            check(oracle, expected, dtype)
-            check(out, to_numpy(oracle), dtype, factor=2.0)
+                check(oracle, expected, dtype)
+                for schedule in schedules(device):
+                    out = decode_attention_custom(q, k, v, mask=mask, schedule=schedule)
+                    check(out, expected, dtype)
+                    check(out, to_numpy(oracle), dtype, factor=2.0)
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("s", [4096, 32768])
+@pytest.mark.parametrize("s", [4096, 32768, pytest.param(131072, marks=pytest.mark.gpu_only)])
 @pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16])
 def test_long_context(device, s, dtype):
     q, k, v, _ = make_inputs(s, 1, 8, 2, 1, s, 128, dtype, "none")
-    with mx.stream(device):
-        out = decode_attention_custom(q, k, v)
-        causal = decode_attention_custom(mx.concatenate([q, q], axis=2), k, v, mask="causal")
-    check(out, attention_f64(q, k, v), dtype)
     q2 = mx.concatenate([q, q], axis=2)
-    check(causal, attention_f64(q2, k, v, mask="causal"), dtype)
+    expected, expected_causal = attention_f64(q, k, v), attention_f64(q2, k, v, mask="causal")
+    for schedule in schedules(device):
+        with mx.stream(device):
+            out = decode_attention_custom(q, k, v, schedule=schedule)
+            causal = decode_attention_custom(q2, k, v, mask="causal", schedule=schedule)
+        check(out, expected, dtype)
+        check(causal, expected_causal, dtype)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -8,6 +8,7 @@ import mlx.core  # noqa: F401  (loads libmlx before the extension)
 
 from attn_kernels.attention import (
     MAX_HEAD_DIM,
+    SCHEDULES,
     causal_mask,
     decode_attention_custom,
     scaled_dot_product_attention,
@@ -15,6 +16,7 @@ from attn_kernels.attention import (
 
 __all__ = [
     "MAX_HEAD_DIM",
+    "SCHEDULES",
     "causal_mask",
     "decode_attention_custom",
     "scaled_dot_product_attention",

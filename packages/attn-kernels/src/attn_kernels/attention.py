@@ -18,6 +18,8 @@ import mlx.core as mx
 from attn_kernels import _ext
 
 MAX_HEAD_DIM: int = _ext.MAX_HEAD_DIM
+# GPU kernel schedules; "auto" picks per backend (CUDA: split-gqa). The CPU kernel has one.
+SCHEDULES: tuple[str, ...] = tuple(_ext.SCHEDULES)
 
 
 def _check_shapes(query: mx.array, key: mx.array, value: mx.array) -> tuple[int, ...]:
@@ -106,12 +108,14 @@ def decode_attention_custom(
     scale: float | None = None,
     mask: mx.array | str | None = None,
     *,
+    schedule: str = "auto",
     stream: mx.Stream | mx.Device | None = None,
 ) -> mx.array:
     """The same contract as `scaled_dot_product_attention`, as one fused DecodeAttention op.
 
     Batch and heads are flattened (views, no copies of K/V); "causal" becomes a flag, so no mask
-    tensor is built; an explicit mask is broadcast (a view) to (B * Hq, L, S).
+    tensor is built; an explicit mask is broadcast (a view) to (B * Hq, L, S). `schedule` picks
+    the GPU kernel variant (one of SCHEDULES).
     """
     b, hq, hkv, length, s, d = _check_shapes(query, key, value)
     kind = _mask_kind(mask)
@@ -126,6 +130,7 @@ def decode_attention_custom(
         scale,
         explicit,
         kind == "causal",
+        schedule,
         stream=stream,
     )
     return out.reshape(b, hq, length, d)

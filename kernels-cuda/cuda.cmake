@@ -1,0 +1,20 @@
+# Included by packages/attn-kernels/CMakeLists.txt when the installed MLX is the CUDA build.
+enable_language(CUDA)
+if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES OR CMAKE_CUDA_ARCHITECTURES STREQUAL "")
+  set(CMAKE_CUDA_ARCHITECTURES native)
+endif()
+set(CMAKE_CUDA_STANDARD 20)
+set(CMAKE_CUDA_RUNTIME_LIBRARY Shared)  # the runtime MLX's graph shares (see gpu-kit notes)
+find_package(CUDAToolkit REQUIRED)
+
+target_sources(_ext PRIVATE
+  ${CUDA_KERNEL_DIR}/decode_attention.cu
+  ${CUDA_KERNEL_DIR}/eval_gpu_cuda.cpp)
+target_include_directories(_ext PRIVATE ${CUDA_KERNEL_DIR})
+# MLX's CUDA headers include <fmt/format.h>; the CUDA wheel does not ship it.
+if(DEFINED ENV{FMT_INCLUDE})
+  target_include_directories(_ext PRIVATE $ENV{FMT_INCLUDE})
+endif()
+target_link_libraries(_ext PRIVATE CUDA::cudart CUDA::cuda_driver)
+set_target_properties(_ext PROPERTIES CUDA_ARCHITECTURES "${CMAKE_CUDA_ARCHITECTURES}")
+target_compile_options(_ext PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:--use_fast_math -lineinfo>)

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# On the H200 (device tool), after `source .gpu-kit/activate.sh`: build attn-kernels against the
+# kit's CUDA MLX, run the GPU tests, then whatever command follows.
+#   tools/h200.sh [pytest args...]        results under $OUT (or /tmp/out)
+set -euo pipefail
+OUT="${OUT:-/tmp/out}"
+mkdir -p "$OUT"
+rm -rf /tmp/ext
+python3 -m pip install -q --no-build-isolation --no-deps --no-index -t /tmp/ext packages/attn-kernels \
+  > "$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
+export PYTHONPATH="/tmp/ext:$PWD/packages/llm-eval/src:$PWD/packages/qwen3-model/src:${PYTHONPATH:-}"
+python3 -c "import attn_kernels, mlx.core as mx; print('attn_kernels on', mx.default_device())"
