@@ -27,6 +27,7 @@ namespace attn_kernels::cuda {
 namespace {
 
 constexpr float kNegInf = -INFINITY;
+constexpr int kUnroll = 4;
 
 __device__ __forceinline__ float to_float(float x) {
   return x;
@@ -138,27 +139,38 @@ __global__ void attend(DecodeProblem p, float* partials, int chunk) {
     l[v] = 0.0f;
   }
 
-  for (int j = begin + warp; j < end; j += G) {
-    float k[DPL], val[DPL];
-    load_fragment<T, DPL>(k, K + j * p.k_strides[1], lane, D, p.k_strides[2]);
-    load_fragment<T, DPL>(val, V + j * p.v_strides[1], lane, D, p.v_strides[2]);
+  // kUnroll positions per step (w, w+G, w+2G, ...): their K and V loads are all in flight
+  // before the first score is needed.
+  for (int j0 = begin + warp; j0 < end; j0 += G * kUnroll) {
+    float k[kUnroll][DPL], val[kUnroll][DPL];
 #pragma unroll
-    for (int v = 0; v < VPB; ++v) {
-      float partial = 0.0f;
+    for (int u = 0; u < kUnroll; ++u) {
+      const int j = min(j0 + u * G, end - 1);
+      load_fragment<T, DPL>(k[u], K + j * p.k_strides[1], lane, D, p.k_strides[2]);
+      load_fragment<T, DPL>(val[u], V + j * p.v_strides[1], lane, D, p.v_strides[2]);
+    }
 #pragma unroll
-      for (int e = 0; e < DPL; ++e) partial += q[v][e] * k[e];
-      float score = warp_sum(partial);
-      if (j > last[v]) continue;
-      if (p.mask) score += mask_value(p, mask_base[v] + int64_t{j} * p.m_strides[2]);
-      if (score == kNegInf) continue;
-      // new_max = max(m, s); both factors computed once, applied to l and every dimension.
-      const float new_max = fmaxf(m[v], score);
-      const float old_factor = __expf(m[v] - new_max);
-      const float weight = __expf(score - new_max);
-      l[v] = l[v] * old_factor + weight;
-      m[v] = new_max;
+    for (int u = 0; u < kUnroll; ++u) {
+      const int j = j0 + u * G;
+      if (j >= end) break;
 #pragma unroll
-      for (int e = 0; e < DPL; ++e) acc[v][e] = acc[v][e] * old_factor + weight * val[e];
+      for (int v = 0; v < VPB; ++v) {
+        float partial = 0.0f;
+#pragma unroll
+        for (int e = 0; e < DPL; ++e) partial += q[v][e] * k[u][e];
+        float score = warp_sum(partial);
+        if (j > last[v]) continue;
+        if (p.mask) score += mask_value(p, mask_base[v] + int64_t{j} * p.m_strides[2]);
+        if (score == kNegInf) continue;
+        // new_max = max(m, s); both factors computed once, applied to l and every dimension.
+        const float new_max = fmaxf(m[v], score);
+        const float old_factor = __expf(m[v] - new_max);
+        const float weight = __expf(score - new_max);
+        l[v] = l[v] * old_factor + weight;
+        m[v] = new_max;
+#pragma unroll
+        for (int e = 0; e < DPL; ++e) acc[v][e] = acc[v][e] * old_factor + weight * val[u][e];
+      }
     }
   }
 
@@ -306,10 +318,12 @@ Plan plan(const DecodeProblem& p, Schedule schedule) {
     warps = 8;
     const int tiles = (vectors + vpb - 1) / vpb;
     const int blocks = p.kv_rows * tiles;
-    // About four positions per warp, but no more blocks than eight per SM.
-    const int wanted = (p.context + warps * 4 - 1) / (warps * 4);
+    // About two unrolled steps per warp, but no more than four waves of blocks; a context
+    // that needs at most two chunks is not split (the merge launch costs more).
+    const int per_block = warps * kUnroll * 2;
+    const int wanted = (p.context + per_block - 1) / per_block;
     const int room = std::max(1, sm_count() * 8 / blocks);
-    splits = std::clamp(wanted, 1, room);
+    splits = wanted <= 2 ? 1 : std::min(wanted, room);
   } else {
     vpb = 1;
     warps = schedule == Schedule::chapter8 ? 8 : schedule == Schedule::chapter16 ? 16 : 32;

@@ -1,5 +1,7 @@
 // eval_gpu through MLX's CUDA command encoder: kernels are added to MLX's graph as raw driver
 // functions (see decode_attention.cu for why).
+#include <algorithm>
+
 #include "decode_attention.h"
 #include "decode_attention_cuda.h"
 #include "mlx/backend/cuda/device.h"
@@ -18,9 +20,11 @@ void DecodeAttention::eval_gpu(
 
   DecodeProblem problem = make_problem(inputs, out, scale_, causal_);
   const cuda::Plan plan = cuda::plan(problem, cuda::parse_schedule(schedule_));
+  // (max, denominator, accumulator) per context chunk, for the merge; freed after the graph.
+  mx::array workspace({static_cast<int>(std::max<size_t>(plan.partial_floats, 1))}, mx::float32,
+                      nullptr, {});
   float* partials = nullptr;
-  if (plan.partial_floats > 0) {
-    mx::array workspace({static_cast<int>(plan.partial_floats)}, mx::float32, nullptr, {});
+  if (plan.splits > 1) {
     workspace.set_data(mx::allocator::malloc(workspace.nbytes()));
     encoder.add_temporary(workspace);
     encoder.set_output_array(workspace);
@@ -32,6 +36,9 @@ void DecodeAttention::eval_gpu(
       plan.attend, dim3(plan.attend_grid[0], plan.attend_grid[1]), dim3(plan.attend_threads),
       dim3(1, 1, 1), plan.attend_smem, attend_args);
   if (plan.splits > 1) {
+    // MLX orders graph nodes by the arrays they read and write: the merge reads the workspace.
+    encoder.set_input_array(workspace);
+    encoder.set_output_array(out);
     int splits = plan.splits;
     void* merge_args[] = {&problem, &partials, &splits};
     encoder.add_kernel_node_raw(

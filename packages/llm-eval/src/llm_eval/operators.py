@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import mlx.core as mx
-from attn_kernels import _ext, decode_attention_custom, scaled_dot_product_attention
+from attn_kernels import SCHEDULES, _ext, decode_attention_custom, scaled_dot_product_attention
 
 from llm_eval.record import SCHEMA_VERSION, collect_metadata, write_record
 
@@ -32,11 +32,23 @@ DEFAULT_GPU_BANDWIDTH_GBS = 4300.0
 def implementation(name: str, scale: float, mask):
     if name == "readable":
         return lambda q, k, v: scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
-    if name == "custom":
-        return lambda q, k, v: decode_attention_custom(q, k, v, scale=scale, mask=mask)
+    if name == "custom" or name.startswith("custom:"):
+        schedule = name.partition(":")[2] or "auto"
+        return lambda q, k, v: decode_attention_custom(
+            q, k, v, scale=scale, mask=mask, schedule=schedule
+        )
     if name == "mlx":
         return lambda q, k, v: mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
     raise ValueError(f"unknown implementation {name!r}")
+
+
+def implementation_orders(names: list[str]) -> list[tuple[str, ...]]:
+    """All orders for up to three implementations; beyond that every cyclic rotation forward and
+    reversed, so each implementation takes each position equally often."""
+    if len(names) <= 3:
+        return list(itertools.permutations(names))
+    rotations = [tuple(names[i:] + names[:i]) for i in range(len(names))]
+    return rotations + [tuple(reversed(r)) for r in rotations]
 
 
 def make_shape(context, query_length, heads, gqa_ratio, head_dim, mask_kind, dtype, seed):
@@ -104,6 +116,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="comma-separated subset of " + ",".join(IMPLEMENTATIONS),
     )
     p.add_argument(
+        "--schedule",
+        action="append",
+        help="time the custom kernel with this GPU schedule (repeatable; one of "
+        + ", ".join(SCHEDULES)
+        + "); each becomes implementation custom:NAME",
+    )
+    p.add_argument(
         "--context-repeats",
         type=int,
         default=1,
@@ -148,7 +167,14 @@ def parse_args(argv=None) -> argparse.Namespace:
             p.error(
                 f"--implementations: unknown {name!r} (choose from {', '.join(IMPLEMENTATIONS)})"
             )
-    orders = math.factorial(len(args.implementations))
+    if args.schedule:
+        for name in args.schedule:
+            if name not in SCHEDULES:
+                p.error(f"--schedule: unknown {name!r} (choose from {', '.join(SCHEDULES)})")
+        args.implementations = [n for n in args.implementations if n != "custom"] + [
+            f"custom:{name}" for name in args.schedule
+        ]
+    orders = len(implementation_orders(args.implementations))
     if args.iterations is None:
         args.iterations = orders * (2 if args.device == "gpu" else 1)
     if args.iterations <= 0 or args.iterations % orders:
@@ -181,7 +207,7 @@ def run(args) -> dict:
             print("measuring CPU read bandwidth ...", file=sys.stderr)
             args.bandwidth_gbs = _ext.measure_read_bandwidth(1 << 30, 5) / 1e9
     scale = 1.0 / math.sqrt(args.head_dim)
-    orders = list(itertools.permutations(args.implementations))
+    orders = implementation_orders(args.implementations)
     shapes = [(s, q) for q in args.query_length for s in args.context]
     results: dict[str, dict] = {}
     execution_order = []
@@ -266,28 +292,24 @@ def run(args) -> dict:
 
 
 def format_table(record: dict) -> str:
-    cfg = record["config"]
-    names = cfg["implementations"]
+    names = record["config"]["implementations"]
+    customs = [n for n in names if n.startswith("custom")]
+    others = [n for n in names if not n.startswith("custom")]
     head = "| S | L | floor µs | " + " | ".join(f"{n} µs (GB/s, floor %)" for n in names)
-    if "custom" in names:
-        head += " | " + " | ".join(f"custom vs {n}" for n in names if n != "custom")
-    head += " |"
+    head += "".join(f" | {c} vs {o}" for c in customs for o in others) + " |"
     lines = [head, "|" + "---:|" * (head.count("|") - 1)]
     for entry in record["results"].values():
-        sm = entry["summary"]
-        row = f"| {entry['context']} | {entry['query_length']} | {entry['floor_us']:.1f} | "
+        sm, passes = entry["summary"], entry["passes"]
+        row = f"| {entry['context']} | {entry['query_length']} | {entry['floor_us']:.2f} | "
         row += " | ".join(
-            f"{sm[n]['median_us']:.1f} ({sm[n]['gbs']:.1f}, {100 * sm[n]['floor_fraction']:.0f}%)"
+            f"{sm[n]['median_us']:.1f} ({sm[n]['gbs']:.0f}, {100 * sm[n]['floor_fraction']:.0f}%)"
             for n in names
         )
-        if "custom" in names:
-            passes = len(entry["passes"])
-            row += " | " + " | ".join(
-                f"{sm[n]['median_us'] / sm['custom']['median_us']:.2f}x "
-                f"(wins {sum(p['median_us']['custom'] < p['median_us'][n] for p in entry['passes'])}/{passes})"
-                for n in names
-                if n != "custom"
-            )
+        for c in customs:
+            for o in others:
+                wins = sum(p["median_us"][c] < p["median_us"][o] for p in passes)
+                ratio = sm[o]["median_us"] / sm[c]["median_us"]
+                row += f" | {ratio:.2f}x (wins {wins}/{len(passes)})"
         lines.append(row + " |")
     return "\n".join(lines)
 
