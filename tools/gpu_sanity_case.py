@@ -1,5 +1,5 @@
 """One representative GPU call per schedule, for compute-sanitizer (memcheck, racecheck):
-    compute-sanitizer --tool memcheck python3 tools/gpu_sanity_case.py"""
+compute-sanitizer --tool memcheck python3 tools/gpu_sanity_case.py"""
 
 import mlx.core as mx
 
