@@ -2,7 +2,6 @@
 compute-sanitizer --tool memcheck python3 tools/gpu_sanity_case.py"""
 
 import mlx.core as mx
-
 from attn_kernels import SCHEDULES, decode_attention_custom, scaled_dot_product_attention
 
 mx.set_default_device(mx.gpu)
