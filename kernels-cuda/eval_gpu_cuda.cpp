@@ -1,7 +1,5 @@
 // eval_gpu through MLX's CUDA command encoder: kernels are added to MLX's graph as raw driver
 // functions (see decode_attention.cu for why).
-#include <algorithm>
-
 #include "decode_attention.h"
 #include "decode_attention_cuda.h"
 #include "mlx/backend/cuda/device.h"
@@ -20,10 +18,10 @@ void DecodeAttention::eval_gpu(
 
   DecodeProblem problem = make_problem(inputs, out, scale_, causal_);
   const cuda::Plan plan = cuda::plan(problem, cuda::parse_schedule(schedule_));
-  // (max, denominator, accumulator) per context chunk, for the merge; freed after the graph.
-  mx::array workspace({static_cast<int>(std::max<size_t>(plan.partial_floats, 1))}, mx::float32,
-                      nullptr, {});
+  // (max, denominator, accumulator) per context chunk, for the merge; kept alive by the encoder
+  // until the graph has run.
   float* partials = nullptr;
+  mx::array workspace({static_cast<int>(plan.partial_floats)}, mx::float32, nullptr, {});
   if (plan.splits > 1) {
     workspace.set_data(mx::allocator::malloc(workspace.nbytes()));
     encoder.add_temporary(workspace);

@@ -120,8 +120,49 @@ ALWAYS_INLINE int padded(int d) {
   return (d + kLanes - 1) / kLanes * kLanes;
 }
 
+// kLanes floats as one value: GCC/Clang lower it to a zmm register, two ymm or four xmm ones
+// depending on the clone's target, and keep Tile of them in registers.
+using Lanes = float __attribute__((vector_size(kLanes * sizeof(float))));
+using UnalignedLanes = float __attribute__((vector_size(kLanes * sizeof(float)), aligned(4)));
+
+ALWAYS_INLINE Lanes load_lanes(const float* p) {
+  return *reinterpret_cast<const UnalignedLanes*>(p);
+}
+ALWAYS_INLINE void store_lanes(float* p, Lanes v) {
+  *reinterpret_cast<UnalignedLanes*>(p) = v;
+}
+ALWAYS_INLINE Lanes to_lanes(const float* src) {
+  return load_lanes(src);
+}
+ALWAYS_INLINE Lanes to_lanes(const BFloat16* src) {
+  using Bits16 = uint16_t __attribute__((vector_size(kLanes * 2), aligned(2)));
+  using Bits32 = uint32_t __attribute__((vector_size(kLanes * 4)));
+  const Bits32 wide = __builtin_convertvector(*reinterpret_cast<const Bits16*>(src), Bits32) << 16;
+  return reinterpret_cast<const Lanes&>(wide);
+}
+ALWAYS_INLINE Lanes to_lanes(const Float16* src) {
+#if defined(__FLT16_MANT_DIG__)
+  using Halves = _Float16 __attribute__((vector_size(kLanes * 2), aligned(2)));
+  return __builtin_convertvector(*reinterpret_cast<const Halves*>(src), Lanes);
+#else
+  Lanes out;
+  for (int l = 0; l < kLanes; ++l) {
+    out[l] = to_float(src[l]);
+  }
+  return out;
+#endif
+}
+
+// A row of n elements as floats, zero-padded to n_padded: whole vectors when the row is
+// contiguous and a multiple of kLanes long (the usual head dims), element by element otherwise.
 template <typename T>
 ALWAYS_INLINE void load_padded(float* dst, const T* src, int n, int n_padded, int64_t stride) {
+  if (stride == 1 && n == n_padded) {
+    for (int i = 0; i < n; i += kLanes) {
+      store_lanes(dst + i, to_lanes(src + i));
+    }
+    return;
+  }
   load_row(dst, src, n, stride);
   for (int i = n; i < n_padded; ++i) {
     dst[i] = 0.0f;
@@ -161,62 +202,75 @@ size_t scratch_floats(int vectors, int d) {
       2 * static_cast<size_t>(vectors) * kBlock + vectors;
 }
 
-// kLanes floats as one value: GCC/Clang lower it to a zmm register, two ymm or four xmm ones
-// depending on the clone's target, and keep Tile of them in registers.
-using Lanes = float __attribute__((vector_size(kLanes * sizeof(float))));
-using UnalignedLanes = float __attribute__((vector_size(kLanes * sizeof(float)), aligned(4)));
+// Where block_scores and block_accumulate read K/V rows: floats converted into scratch, or the cache itself
+// (contiguous rows whose length is a multiple of kLanes), converted in registers.
+struct ConvertedRows {
+  const float* data;
+  int row_stride;
+  ALWAYS_INLINE Lanes at(int j, int d0) const {
+    return load_lanes(data + j * row_stride + d0);
+  }
+};
+template <typename T>
+struct CacheRows {
+  const T* data;
+  int64_t row_stride;
+  ALWAYS_INLINE Lanes at(int j, int d0) const {
+    return to_lanes(data + j * row_stride + d0);
+  }
+};
 
-ALWAYS_INLINE Lanes load_lanes(const float* p) {
-  return *reinterpret_cast<const UnalignedLanes*>(p);
+// Sixteen partial-sum vectors in, one vector of their sixteen totals out (lane j = sum of
+// partial[j]): four levels of pairwise folds, 15 shuffles-and-adds instead of 16 horizontal sums.
+// Each fold halves every group of lanes and packs two inputs' groups into one output, order kept.
+ALWAYS_INLINE Lanes fold_16(Lanes x, Lanes y) {
+  return __builtin_shufflevector(x, y, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+      __builtin_shufflevector(x, y, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
 }
-ALWAYS_INLINE void store_lanes(float* p, Lanes v) {
-  *reinterpret_cast<UnalignedLanes*>(p) = v;
+ALWAYS_INLINE Lanes fold_8(Lanes x, Lanes y) {
+  return __builtin_shufflevector(x, y, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+      __builtin_shufflevector(x, y, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
 }
-// Pairwise halving: log2(kLanes) vector adds instead of a chain of kLanes scalar ones.
-ALWAYS_INLINE float sum_lanes(Lanes v) {
-  using Half = float __attribute__((vector_size(kLanes / 2 * sizeof(float))));
-  using Quarter = float __attribute__((vector_size(kLanes / 4 * sizeof(float))));
-  const Half h = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
-      __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
-  const Quarter q = __builtin_shufflevector(h, h, 0, 1, 2, 3) + __builtin_shufflevector(h, h, 4, 5, 6, 7);
-  return (q[0] + q[2]) + (q[1] + q[3]);
+ALWAYS_INLINE Lanes fold_4(Lanes x, Lanes y) {
+  return __builtin_shufflevector(x, y, 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +
+      __builtin_shufflevector(x, y, 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
+}
+ALWAYS_INLINE Lanes fold_2(Lanes x, Lanes y) {
+  return __builtin_shufflevector(x, y, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
+      __builtin_shufflevector(x, y, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+}
+ALWAYS_INLINE Lanes transpose_sum(const Lanes (&partial)[kBlock]) {
+  static_assert(kBlock == kLanes && kLanes == 16, "the folds are written for 16 lanes");
+  Lanes a[8], b[4], c[2];
+  for (int i = 0; i < 8; ++i) a[i] = fold_16(partial[2 * i], partial[2 * i + 1]);
+  for (int i = 0; i < 4; ++i) b[i] = fold_8(a[2 * i], a[2 * i + 1]);
+  for (int i = 0; i < 2; ++i) c[i] = fold_4(b[2 * i], b[2 * i + 1]);
+  return fold_2(c[0], c[1]);
 }
 
-// Up to kTile query vectors at a time share each loaded slice of K (and V).
-constexpr int kTile = 4;
-
-// scores[t][j] = q_t . k_j for a block of kBlock keys.
-template <int Tile>
-ALWAYS_INLINE void block_scores_tile(const float* q, const float* keys, float* scores, int Dp) {
-  for (int j = 0; j < kBlock; ++j) {
-    Lanes partial[Tile] = {};
-    const float* k = keys + j * Dp;
+// scores[r][j] = q_r . k_j for a block of kBlock keys: per query vector, kBlock partial-sum
+// vectors stay in registers over the head dimension, then one transpose-sum.
+template <typename Rows>
+ALWAYS_INLINE void block_scores(const float* q, const Rows& keys, float* scores, int vectors, int Dp) {
+  for (int r = 0; r < vectors; ++r) {
+    Lanes partial[kBlock] = {};
     for (int d0 = 0; d0 < Dp; d0 += kLanes) {
-      const Lanes kv = load_lanes(k + d0);
-      for (int t = 0; t < Tile; ++t) {
-        partial[t] += load_lanes(q + t * Dp + d0) * kv;
+      const Lanes qv = load_lanes(q + r * Dp + d0);
+      for (int j = 0; j < kBlock; ++j) {
+        partial[j] += qv * keys.at(j, d0);
       }
     }
-    for (int t = 0; t < Tile; ++t) {
-      scores[t * kBlock + j] = sum_lanes(partial[t]);
-    }
+    store_lanes(scores + r * kBlock, transpose_sum(partial));
   }
 }
 
-ALWAYS_INLINE void block_scores(const float* q, const float* keys, float* scores, int vectors, int Dp) {
-  int r = 0;
-  for (; r + kTile <= vectors; r += kTile) {
-    block_scores_tile<kTile>(q + r * Dp, keys, scores + r * kBlock, Dp);
-  }
-  for (; r < vectors; ++r) {
-    block_scores_tile<1>(q + r * Dp, keys, scores + r * kBlock, Dp);
-  }
-}
+// Up to kTile query vectors at a time share each loaded slice of V.
+constexpr int kTile = 4;
 
 // acc_t = acc_t * rescale_t + sum_j weight[t][j] * v_j, one kLanes slice at a time.
-template <int Tile>
+template <int Tile, typename Rows>
 ALWAYS_INLINE void block_accumulate_tile(
-    const float* weights, const float* rescale, const float* values, float* state, int n, int Dp,
+    const float* weights, const float* rescale, const Rows& values, float* state, int n, int Dp,
     int state_size) {
   for (int d0 = 0; d0 < Dp; d0 += kLanes) {
     Lanes slice[Tile];
@@ -224,7 +278,7 @@ ALWAYS_INLINE void block_accumulate_tile(
       slice[t] = load_lanes(state + t * state_size + kStateHeader + d0) * rescale[t];
     }
     for (int j = 0; j < n; ++j) {
-      const Lanes v = load_lanes(values + j * Dp + d0);
+      const Lanes v = values.at(j, d0);
       for (int t = 0; t < Tile; ++t) {
         slice[t] += weights[t * kBlock + j] * v;
       }
@@ -235,8 +289,9 @@ ALWAYS_INLINE void block_accumulate_tile(
   }
 }
 
+template <typename Rows>
 ALWAYS_INLINE void block_accumulate(
-    const float* weights, const float* rescale, const float* values, float* state, int vectors,
+    const float* weights, const float* rescale, const Rows& values, float* state, int vectors,
     int n, int Dp, int state_size) {
   int r = 0;
   for (; r + kTile <= vectors; r += kTile) {
@@ -289,8 +344,9 @@ ALWAYS_INLINE void attend_chunk(
     for (int j = 0; j < n; ++j) {
       load_padded(keys_block + j * Dp, keys + (j0 + j) * p.k_strides[1], D, Dp, p.k_strides[2]);
     }
+    // K rows are converted once and reused by every query vector (V rows are used once each).
+    block_scores(queries, ConvertedRows{keys_block, Dp}, scores, vectors, Dp);
     bool any = false;
-    block_scores(queries, keys_block, scores, vectors, Dp);
     for (int r = 0; r < vectors; ++r) {
       const int row = kv_row * p.group + r / L, i = r % L;
       float* s = scores + r * kBlock;
@@ -336,10 +392,15 @@ ALWAYS_INLINE void attend_chunk(
     if (!any) {
       continue;
     }
-    for (int j = 0; j < n; ++j) {
-      load_padded(values_block + j * Dp, values + (j0 + j) * p.v_strides[1], D, Dp, p.v_strides[2]);
+    if (p.v_strides[2] == 1 && D == Dp) {
+      const CacheRows<T> rows{values + j0 * p.v_strides[1], p.v_strides[1]};
+      block_accumulate(scores, rescale, rows, state, vectors, n, Dp, state_size);
+    } else {
+      for (int j = 0; j < n; ++j) {
+        load_padded(values_block + j * Dp, values + (j0 + j) * p.v_strides[1], D, Dp, p.v_strides[2]);
+      }
+      block_accumulate(scores, rescale, ConvertedRows{values_block, Dp}, state, vectors, n, Dp, state_size);
     }
-    block_accumulate(scores, rescale, values_block, state, vectors, n, Dp, state_size);
   }
 }
 
