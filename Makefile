@@ -2,7 +2,7 @@
 # extension builds on first use).
 SHELL := /bin/bash
 UV ?= $(shell command -v uv 2>/dev/null || echo "python3 -m uv")
-PACKAGES := attn-kernels llm-eval
+PACKAGES := attn-kernels qwen3-model llm-eval
 
 .PHONY: test bench lint format build uv
 

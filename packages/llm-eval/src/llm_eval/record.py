@@ -67,7 +67,7 @@ def _cpu_name() -> str:
 def collect_metadata(device: str) -> dict:
     dirty = _git("status", "--porcelain", "--untracked-files=no")
     return {
-        "captured_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "captured_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "git_sha": _git("rev-parse", "HEAD"),
         "git_dirty": bool(dirty) if dirty is not None else None,
         "host": socket.gethostname(),

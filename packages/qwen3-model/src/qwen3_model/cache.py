@@ -1,0 +1,49 @@
+"""Per-layer KV cache, preallocated in steps and written in place."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+
+class KVCache:
+    """Keys/values of one layer, shape (B, Hkv, capacity, D), capacity a multiple of `step`.
+
+    update_and_fetch writes the new positions into the buffers and returns views of the first S
+    positions (strided views of the buffers: the fused kernel reads them in place). Old K/V are
+    copied only when the capacity grows, once every `step` tokens.
+    """
+
+    step = 256
+
+    def __init__(self):
+        self.keys: mx.array | None = None
+        self.values: mx.array | None = None
+        self.offset = 0
+
+    @property
+    def capacity(self) -> int:
+        return 0 if self.keys is None else self.keys.shape[2]
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        b, h, length, d = keys.shape
+        start, end = self.offset, self.offset + length
+        if end > self.capacity:
+            capacity = -(-end // self.step) * self.step
+            grown_k = mx.zeros((b, h, capacity, d), keys.dtype)
+            grown_v = mx.zeros((b, h, capacity, values.shape[3]), values.dtype)
+            if self.keys is not None:
+                grown_k[:, :, :start, :] = self.keys[:, :, :start, :]
+                grown_v[:, :, :start, :] = self.values[:, :, :start, :]
+            self.keys, self.values = grown_k, grown_v
+        self.keys[:, :, start:end, :] = keys
+        self.values[:, :, start:end, :] = values
+        self.offset = end
+        return self.keys[:, :, :end, :], self.values[:, :, :end, :]
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.keys is None else self.keys.nbytes + self.values.nbytes
+
+
+def make_cache(model) -> list[KVCache]:
+    return [KVCache() for _ in model.layers]

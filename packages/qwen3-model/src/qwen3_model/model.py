@@ -1,0 +1,143 @@
+"""Qwen3 on MLX. MLX's own blocks everywhere except attention, which is where the checkpoints
+differ: "composition" always runs the readable grouped attention; "decode-attention" runs the
+fused DecodeAttention kernel inside its measured region (the guard in Attention.__call__)."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+from attn_kernels import decode_attention_custom, scaled_dot_product_attention
+
+from qwen3_model.configs import ModelArgs
+
+CHECKPOINTS = ("composition", "decode-attention")
+
+# The fused kernel's measured region, per backend: query length L and cached context S (after
+# this step's tokens are appended). Chapter values (L <= 2, S <= 256, evidenced on Apple GPUs)
+# until this project's own records replace them (benchmark issue).
+MAX_QUERY = {"cpu": 2, "gpu": 2}
+MAX_CONTEXT = {"cpu": 256, "gpu": 256}
+
+
+def backend() -> str:
+    return "gpu" if mx.default_device() == mx.gpu else "cpu"
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs, checkpoint: str):
+        super().__init__()
+        self.n_heads = args.num_attention_heads
+        self.n_kv_heads = args.num_key_value_heads
+        self.scale = args.head_dim**-0.5
+        self.checkpoint = checkpoint
+        dim, head_dim = args.hidden_size, args.head_dim
+        self.q_proj = nn.Linear(dim, self.n_heads * head_dim, bias=False)
+        self.k_proj = nn.Linear(dim, self.n_kv_heads * head_dim, bias=False)
+        self.v_proj = nn.Linear(dim, self.n_kv_heads * head_dim, bias=False)
+        self.o_proj = nn.Linear(self.n_heads * head_dim, dim, bias=False)
+        self.q_norm = nn.RMSNorm(head_dim, eps=args.rms_norm_eps)
+        self.k_norm = nn.RMSNorm(head_dim, eps=args.rms_norm_eps)
+        self.rope = nn.RoPE(head_dim, traditional=False, base=args.rope_theta)
+
+    def __call__(self, x: mx.array, mask=None, cache=None) -> mx.array:
+        b, length, _ = x.shape
+        q = self.q_norm(self.q_proj(x).reshape(b, length, self.n_heads, -1)).transpose(0, 2, 1, 3)
+        k = self.k_norm(self.k_proj(x).reshape(b, length, self.n_kv_heads, -1)).transpose(
+            0, 2, 1, 3
+        )
+        v = self.v_proj(x).reshape(b, length, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        offset = cache.offset if cache is not None else 0
+        q, k = self.rope(q, offset=offset), self.rope(k, offset=offset)
+        if cache is not None:
+            k, v = cache.update_and_fetch(k, v)
+
+        # The dispatch guard: the fused kernel only where it was measured to win.
+        context, where = k.shape[2], backend()
+        if (
+            self.checkpoint == "decode-attention"
+            and length <= MAX_QUERY[where]
+            and context <= MAX_CONTEXT[where]
+            and (mask is None or (isinstance(mask, str) and mask == "causal"))
+        ):
+            out = decode_attention_custom(q, k, v, scale=self.scale, mask=mask)
+        else:
+            out = scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask)
+        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(b, length, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, dim: int, hidden_dim: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(dim, hidden_dim, bias=False)
+        self.up_proj = nn.Linear(dim, hidden_dim, bias=False)
+        self.down_proj = nn.Linear(hidden_dim, dim, bias=False)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self.down_proj(nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, args: ModelArgs, checkpoint: str):
+        super().__init__()
+        self.self_attn = Attention(args, checkpoint)
+        self.mlp = MLP(args.hidden_size, args.intermediate_size)
+        self.input_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
+        self.post_attention_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
+
+    def __call__(self, x: mx.array, mask=None, cache=None) -> mx.array:
+        h = x + self.self_attn(self.input_layernorm(x), mask, cache)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Qwen3Model(nn.Module):
+    def __init__(self, args: ModelArgs, checkpoint: str):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
+        self.layers = [TransformerBlock(args, checkpoint) for _ in range(args.num_hidden_layers)]
+        self.norm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
+
+    def __call__(self, inputs: mx.array, cache=None, mask=None) -> mx.array:
+        h = self.embed_tokens(inputs)
+        if mask is None and h.shape[1] > 1:
+            mask = "causal"
+        cache = cache or [None] * len(self.layers)
+        for layer, c in zip(self.layers, cache, strict=True):
+            h = layer(h, mask, c)
+        return self.norm(h)
+
+
+class Model(nn.Module):
+    """Parameter names follow the Hugging Face / mlx-lm layout (model.layers.{i}.self_attn...).
+
+    mask: None (causal for several tokens), "causal", or an additive/boolean array broadcastable
+    to (B, Hq, L, S), e.g. per-request padding masks of a batch (always the readable path).
+    """
+
+    def __init__(self, args: ModelArgs, checkpoint: str = "decode-attention"):
+        super().__init__()
+        if checkpoint not in CHECKPOINTS:
+            raise ValueError(f"unknown checkpoint {checkpoint!r}: use one of {CHECKPOINTS}")
+        self.args = args
+        self.model = Qwen3Model(args, checkpoint)
+        if not args.tie_word_embeddings:
+            self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+
+    def __call__(self, inputs: mx.array, cache=None, mask=None) -> mx.array:
+        out = self.model(inputs, cache, mask)
+        if self.args.tie_word_embeddings:
+            return self.model.embed_tokens.as_linear(out)
+        return self.lm_head(out)
+
+    @property
+    def layers(self):
+        return self.model.layers
+
+    @property
+    def checkpoint(self) -> str:
+        return self.layers[0].self_attn.checkpoint
+
+    def set_checkpoint(self, checkpoint: str) -> None:
+        if checkpoint not in CHECKPOINTS:
+            raise ValueError(f"unknown checkpoint {checkpoint!r}: use one of {CHECKPOINTS}")
+        for layer in self.layers:
+            layer.self_attn.checkpoint = checkpoint

@@ -1,0 +1,78 @@
+"""The dispatch guard, both sides, through a real attention layer with a fresh cache."""
+
+import mlx.core as mx
+import pytest
+import qwen3_model.model as model_module
+from qwen3_model import CONFIGS, KVCache
+from qwen3_model.model import MAX_CONTEXT, MAX_QUERY, Attention
+
+L_MAX, S_MAX = MAX_QUERY["cpu"], MAX_CONTEXT["cpu"]
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """Record which attention ran, and with what context S, without changing what it computes."""
+    seen = []
+    custom, readable = (
+        model_module.decode_attention_custom,
+        model_module.scaled_dot_product_attention,
+    )
+
+    def spy(name, fn):
+        def wrapped(q, k, v, **kw):
+            seen.append((name, k.shape[2]))
+            return fn(q, k, v, **kw)
+
+        return wrapped
+
+    monkeypatch.setattr(model_module, "decode_attention_custom", spy("custom", custom))
+    monkeypatch.setattr(model_module, "scaled_dot_product_attention", spy("readable", readable))
+    return seen
+
+
+def run_layer(prefix, length, mask=None, checkpoint="decode-attention"):
+    args = CONFIGS["qwen3-tiny"]
+    mx.random.seed(0)  # the same weights for every checkpoint
+    layer = Attention(args, checkpoint)
+    cache = KVCache()
+    x = mx.random.normal((1, prefix + length, args.hidden_size), key=mx.random.key(prefix))
+    if prefix:
+        mx.eval(layer(x[:, :prefix], "causal", cache))
+    step_mask = mask if mask is not None else ("causal" if length > 1 else None)
+    return layer(x[:, prefix:], step_mask, cache)
+
+
+# (prefix, L) -> (path, S): the issue's cases, written against the named limits (chapter: 2, 256).
+CASES = [
+    ((0, 1), ("custom", 1)),
+    ((29, 2), ("custom", 31)),
+    ((126, 2), ("custom", 128)),
+    ((S_MAX - L_MAX, L_MAX), ("custom", S_MAX)),
+    ((S_MAX, 1), ("readable", S_MAX + 1)),
+    ((S_MAX - L_MAX - 1, L_MAX + 1), ("readable", S_MAX)),
+    ((S_MAX - 8, 8), ("readable", S_MAX)),
+]
+
+
+@pytest.mark.parametrize(("step", "expected"), CASES)
+def test_guard(calls, step, expected):
+    prefix, length = step
+    mx.eval(run_layer(prefix, length))
+    assert calls[-1] == expected
+
+
+def test_explicit_mask_is_always_readable(calls):
+    mask = mx.ones((1, 1, 1, 5), dtype=mx.bool_)
+    mx.eval(run_layer(4, 1, mask=mask))
+    assert calls[-1] == ("readable", 5)
+
+
+def test_composition_never_dispatches(calls):
+    mx.eval(run_layer(10, 1, checkpoint="composition"))
+    assert calls[-1] == ("readable", 11)
+
+
+def test_both_paths_agree_at_the_boundary():
+    a = run_layer(S_MAX - 1, 1, checkpoint="decode-attention")
+    b = run_layer(S_MAX - 1, 1, checkpoint="composition")
+    assert mx.allclose(a, b, atol=1e-4, rtol=1e-4).item()
