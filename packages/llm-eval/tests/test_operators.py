@@ -2,7 +2,7 @@ import collections
 import json
 
 import pytest
-from llm_eval import operators
+from llm_eval import operators, plot
 from llm_eval.record import validate, write_record
 
 
@@ -75,6 +75,7 @@ def test_record_round_trip_and_no_overwrite(tmp_path):
     with pytest.raises(SystemExit):
         operators.parse_args(["--json-output", str(path)])
     write_record(record, path, force=True)
+    assert plot.plot(path).stat().st_size > 1000
 
 
 def test_custom_kernel_allocates_no_score_rows(tmp_path):

@@ -1,0 +1,132 @@
+"""progression: the chapter's acceptance protocol, fresh processes.
+
+Every sample is a new Python process running `bench --num-seqs 1` for one variant, so nothing
+(compiled kernels, allocator caches, warm weights) carries over between variants. Variant order
+is forward in even repeats and reversed in odd ones, hence --repeats must be even. Reports
+medians and the ratio of each variant to composition and to mlx-lm.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from llm_eval.bench import CHECKPOINTS, has_gpu
+from llm_eval.record import SCHEMA_VERSION, collect_metadata, write_record
+
+METRICS = ("decode_tok_s", "prefill_tok_s", "output_tok_s", "peak_memory_bytes")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="progression", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--variant", action="append", choices=CHECKPOINTS,
+                   help="repeatable (default: all three)")
+    p.add_argument("--repeats", type=int, default=4, help="even: forward/reverse order pairs")
+    p.add_argument("--model", default=None)
+    p.add_argument("--quantize", choices=["none", "4bit"], default=None)
+    p.add_argument("--input-len", type=int, required=True)
+    p.add_argument("--output-len", type=int, required=True)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--prefill-logits", choices=["last", "all"], default="last")
+    p.add_argument("--device", choices=["cpu", "gpu"], default="gpu" if has_gpu() else "cpu")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json-output", type=Path)
+    p.add_argument("--force", action="store_true")
+    args = p.parse_args(argv)
+    args.variant = args.variant or list(CHECKPOINTS)
+    if args.repeats < 2 or args.repeats % 2:
+        p.error("--repeats must be even (and >= 2): orders alternate forward and reverse")
+    if args.json_output and args.json_output.exists() and not args.force:
+        p.error(f"{args.json_output} exists; pass --force to replace it")
+    return args
+
+
+def bench_command(args, variant: str, output: Path) -> list[str]:
+    cmd = [sys.executable, "-m", "llm_eval.bench", "--checkpoint", variant, "--num-seqs", "1",
+           "--min-input-len", str(args.input_len), "--max-input-len", str(args.input_len),
+           "--min-output-len", str(args.output_len), "--max-output-len", str(args.output_len),
+           "--warmup", str(args.warmup), "--prefill-logits", args.prefill_logits,
+           "--device", args.device, "--seed", str(args.seed), "--json-output", str(output)]
+    if args.model:
+        cmd += ["--model", args.model]
+    if args.quantize:
+        cmd += ["--quantize", args.quantize]
+    return cmd
+
+
+def run_sample(args, variant: str) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        output = Path(tmp) / "sample.json"
+        proc = subprocess.run(bench_command(args, variant, output), capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"bench for {variant} failed:\n{proc.stderr[-2000:]}")
+        return json.loads(output.read_text())
+
+
+def run(args) -> dict:
+    samples = {v: [] for v in args.variant}
+    order_log = []
+    total, done, started = args.repeats * len(args.variant), 0, time.perf_counter()
+    model_config = None
+    for rep in range(args.repeats):
+        order = args.variant if rep % 2 == 0 else args.variant[::-1]
+        order_log.append({"repeat": rep, "order": list(order)})
+        for variant in order:
+            record = run_sample(args, variant)
+            model_config = record["model_config"]
+            samples[variant].append({"repeat": rep, **record["results"]["summary"]})
+            done += 1
+            elapsed = time.perf_counter() - started
+            print(f"\r[{'#' * (20 * done // total):<20}] {done}/{total} repeat {rep} {variant} "
+                  f"({elapsed:.0f}s, ~{elapsed / done * (total - done):.0f}s left)",
+                  end="" if done < total else "\n", file=sys.stderr, flush=True)
+    medians = {v: {m: statistics.median(s[m] for s in samples[v]) for m in METRICS} for v in samples}
+    config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "progression",
+        "metadata": collect_metadata(args.device),
+        "model_config": model_config,
+        "config": config,
+        "execution_order": order_log,
+        "results": {"samples": samples, "medians": medians},
+    }
+
+
+def format_table(record: dict) -> str:
+    medians = record["results"]["medians"]
+    samples = record["results"]["samples"]
+    refs = [r for r in ("composition", "mlx-lm") if r in medians]
+    head = "| variant | decode tok/s (min–max) | prefill tok/s | peak GiB |" + "".join(
+        f" decode vs {r} |" for r in refs)
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for v, m in medians.items():
+        decode = [s["decode_tok_s"] for s in samples[v]]
+        row = (f"| {v} | {m['decode_tok_s']:.2f} ({min(decode):.2f}–{max(decode):.2f}) | "
+               f"{m['prefill_tok_s']:.1f} | {m['peak_memory_bytes'] / 2**30:.2f} |")
+        row += "".join(f" {m['decode_tok_s'] / medians[r]['decode_tok_s']:.3f}x |" for r in refs)
+        lines.append(row)
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    record = run(args)
+    cfg = record["config"]
+    print(f"{record['model_config'].get('hidden_size')}-wide model, {cfg['input_len']} + "
+          f"{cfg['output_len']} tokens, {cfg['repeats']} fresh-process repeats, medians")
+    print(format_table(record))
+    if args.json_output:
+        print(f"wrote {write_record(record, args.json_output, force=args.force)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,64 @@
+import json
+import statistics
+
+import pytest
+
+from llm_eval import bench, plot, progression
+from llm_eval.record import validate
+
+
+def test_bench_tiny_model():
+    args = bench.parse_args(["--device", "cpu", "--model", "qwen3-tiny", "--num-seqs", "2",
+                             "--min-input-len", "5", "--max-input-len", "9", "--min-output-len", "3",
+                             "--max-output-len", "4", "--warmup", "1", "--bandwidth-gbs", "10"])
+    record = bench.run(args)
+    validate(record)
+    requests = record["results"]["requests"]
+    assert len(requests) == 2
+    for r in requests:
+        assert 5 <= r["input_len"] <= 9 and 3 <= r["output_len"] <= 4
+        assert len(r["step_s"]) == r["output_len"] - 1
+        assert r["decode_tok_s"] == pytest.approx((r["output_len"] - 1) / r["decode_s"])
+    s = record["results"]["summary"]
+    assert s["weight_read_limit_tok_s"] == pytest.approx(10e9 / s["weight_bytes"])
+
+
+def test_bench_mlx_lm_checkpoint_runs():
+    args = bench.parse_args(["--device", "cpu", "--model", "qwen3-tiny", "--checkpoint", "mlx-lm",
+                             "--min-input-len", "4", "--min-output-len", "2", "--warmup", "0",
+                             "--bandwidth-gbs", "10"])
+    assert bench.run(args)["results"]["summary"]["decode_tok_s"] > 0
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--min-output-len", "1"], "decode needs a second token"),
+    (["--model", "qwen3-99b"], "unknown 'qwen3-99b'"),
+    (["--model", "qwen3-tiny", "--weights", "x"], "not both"),
+    (["--min-input-len", "9", "--max-input-len", "3"], "min <= max"),
+])
+def test_bench_bad_flags(flags, message, capsys):
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--device", "cpu", *flags])
+    assert message in capsys.readouterr().err
+
+
+def test_progression_fresh_processes_alternate_and_plot(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        progression.parse_args(["--input-len", "4", "--output-len", "3", "--repeats", "3"])
+    args = progression.parse_args([
+        "--device", "cpu", "--model", "qwen3-tiny", "--variant", "composition",
+        "--variant", "decode-attention", "--repeats", "2", "--input-len", "6", "--output-len", "3",
+        "--warmup", "0", "--json-output", str(tmp_path / "p.json"),
+    ])
+    record = progression.run(args)
+    validate(record)
+    orders = [e["order"] for e in record["execution_order"]]
+    assert orders == [["composition", "decode-attention"], ["decode-attention", "composition"]]
+    for variant, samples in record["results"]["samples"].items():
+        assert [s["repeat"] for s in samples] == [0, 1]
+        assert record["results"]["medians"][variant]["decode_tok_s"] == pytest.approx(
+            statistics.median(s["decode_tok_s"] for s in samples))
+    assert "decode vs composition" in progression.format_table(record)
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(record))
+    assert plot.plot(path).stat().st_size > 1000
