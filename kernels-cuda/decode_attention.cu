@@ -7,10 +7,11 @@
 //              share it, and the context is split (flash-decoding) so every SM has warps; a
 //              second small kernel merges the chunks.
 //
-// Within a block every lane keeps D/32 scaled query values per vector in registers, warps run
-// the online-softmax recurrence over their positions, then combine through shared memory: the
-// first warp computes the common max and rescale factors, one thread the denominator, and the
-// threads each combine output dimensions. bf16/f16 are loaded and stored directly; arithmetic
+// Within a block each row of D values is spread over a group of lanes that keeps its slice of
+// the scaled queries in registers; groups ("walkers") run the online-softmax recurrence over
+// their positions, then combine through shared memory: one thread per query vector computes
+// the common max, the rescale factors and the denominator, and the threads each combine output
+// dimensions. bf16/f16 are loaded and stored directly; arithmetic
 // is float32. No MLX headers here (nvcc cannot compile them); see eval_gpu_cuda.cpp.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -18,6 +19,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <mutex>
+#include <unordered_map>
 #include <stdexcept>
 #include <string>
 
@@ -27,7 +30,7 @@ namespace attn_kernels::cuda {
 namespace {
 
 constexpr float kNegInf = -INFINITY;
-constexpr int kUnroll = 4;
+constexpr int kUnroll = 2;
 
 __device__ __forceinline__ float to_float(float x) {
   return x;
@@ -48,42 +51,34 @@ __device__ __forceinline__ void store(__nv_bfloat16* p, float x) {
   *p = __float2bfloat16_rn(x);
 }
 
-__device__ __forceinline__ float warp_sum(float x) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) {
-    x += __shfl_xor_sync(0xffffffffu, x, offset);
-  }
-  return x;
-}
-__device__ __forceinline__ float warp_max(float x) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) {
-    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, offset));
-  }
-  return x;
-}
+// A row of D values is spread over LPR lanes ("lanes per row"), kDPL = 8 consecutive values
+// each: one 16-byte load per lane for bf16/f16, so a warp reads 32 / LPR rows at once and a dot
+// product needs log2(LPR) shuffles instead of five.
+constexpr int kDPL = 8;
 
-// Lane `lane` holds dims lane*DPL .. lane*DPL+DPL-1 of a row; contiguous rows load as one
-// DPL-element vector per lane (8 bytes for bf16 at D=128), coalesced across the warp.
-template <typename T, int DPL>
+template <typename T>
 __device__ __forceinline__ void load_fragment(
-    float (&dst)[DPL], const T* row, int lane, int D, int64_t stride) {
-  const int d0 = lane * DPL;
-  if (stride == 1 && d0 + DPL <= D && (reinterpret_cast<uintptr_t>(row + d0) % (DPL * sizeof(T))) == 0) {
-    struct alignas(DPL * sizeof(T)) Vec {
-      T v[DPL];
+    float (&dst)[kDPL], const T* row, int sublane, int D, int64_t stride) {
+  const int d0 = sublane * kDPL;
+  if (stride == 1 && d0 + kDPL <= D &&
+      (reinterpret_cast<uintptr_t>(row + d0) % (kDPL * sizeof(T))) == 0) {
+    struct alignas(kDPL * sizeof(T)) Vec {
+      T v[kDPL];
     };
     const Vec vec = *reinterpret_cast<const Vec*>(row + d0);
 #pragma unroll
-    for (int e = 0; e < DPL; ++e) {
-      dst[e] = to_float(vec.v[e]);
-    }
+    for (int e = 0; e < kDPL; ++e) dst[e] = to_float(vec.v[e]);
   } else {
 #pragma unroll
-    for (int e = 0; e < DPL; ++e) {
-      dst[e] = d0 + e < D ? to_float(row[(d0 + e) * stride]) : 0.0f;
-    }
+    for (int e = 0; e < kDPL; ++e) dst[e] = d0 + e < D ? to_float(row[(d0 + e) * stride]) : 0.0f;
   }
+}
+
+template <int LPR>
+__device__ __forceinline__ float row_sum(float x) {
+#pragma unroll
+  for (int offset = LPR / 2; offset > 0; offset /= 2) x += __shfl_xor_sync(0xffffffffu, x, offset);
+  return x;
 }
 
 __device__ __forceinline__ float mask_value(const DecodeProblem& p, int64_t at) {
@@ -97,13 +92,16 @@ __device__ __forceinline__ float mask_value(const DecodeProblem& p, int64_t at) 
   return 0.0f;
 }
 
-// grid: (kv_rows * tiles, splits); block: G warps. Shared memory: G * VPB * (D + 2) floats plus
-// VPB denominators. With splits == 1 the block writes the output; otherwise it writes
-// (max, denominator, unnormalised accumulator) per vector to `partials` for merge().
-template <typename T, int DPL, int VPB>
+// grid: (kv_rows * tiles, splits); block: G warps = G * 32 / LPR row walkers; walker w visits
+// positions w, w + walkers, ... of the block's chunk. Shared memory: walkers * VPB * (D + 2)
+// + 2 * VPB floats. With splits == 1 the block writes the output; otherwise it writes (max,
+// denominator, unnormalised accumulator) per vector to `partials` for merge().
+template <typename T, int VPB, int LPR>
 __global__ void attend(DecodeProblem p, float* partials, int chunk) {
   extern __shared__ float smem[];
-  const int G = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  constexpr int kRowsPerWarp = 32 / LPR;
+  const int lane = threadIdx.x % 32, sublane = lane % LPR;
+  const int walker = threadIdx.x / LPR, walkers = blockDim.x / LPR;
   const int D = p.head_dim, L = p.query_len, S = p.context;
   const int vectors = p.group * L;
   const int tiles = (vectors + VPB - 1) / VPB;
@@ -115,7 +113,7 @@ __global__ void attend(DecodeProblem p, float* partials, int chunk) {
   const T* K = static_cast<const T*>(p.keys) + kv_row * p.k_strides[0];
   const T* V = static_cast<const T*>(p.values) + kv_row * p.v_strides[0];
 
-  float q[VPB][DPL], acc[VPB][DPL], m[VPB], l[VPB];
+  float q[VPB][kDPL], acc[VPB][kDPL], m[VPB], l[VPB];
   int last[VPB];  // last visible position (causal), -1 for an unused slot
   int64_t mask_base[VPB];
 #pragma unroll
@@ -125,13 +123,13 @@ __global__ void attend(DecodeProblem p, float* partials, int chunk) {
     last[v] = r < vectors ? (p.causal ? S - L + i : S - 1) : -1;
     mask_base[v] = int64_t{row} * p.m_strides[0] + int64_t{i} * p.m_strides[1];
     if (r < vectors) {
-      load_fragment<T, DPL>(q[v], Q + row * p.q_strides[0] + i * p.q_strides[1], lane, D, p.q_strides[2]);
+      load_fragment<T>(q[v], Q + row * p.q_strides[0] + i * p.q_strides[1], sublane, D, p.q_strides[2]);
     } else {
 #pragma unroll
-      for (int e = 0; e < DPL; ++e) q[v][e] = 0.0f;
+      for (int e = 0; e < kDPL; ++e) q[v][e] = 0.0f;
     }
 #pragma unroll
-    for (int e = 0; e < DPL; ++e) {
+    for (int e = 0; e < kDPL; ++e) {
       q[v][e] *= p.scale;
       acc[v][e] = 0.0f;
     }
@@ -139,27 +137,28 @@ __global__ void attend(DecodeProblem p, float* partials, int chunk) {
     l[v] = 0.0f;
   }
 
-  // kUnroll positions per step (w, w+G, w+2G, ...): their K and V loads are all in flight
-  // before the first score is needed.
-  for (int j0 = begin + warp; j0 < end; j0 += G * kUnroll) {
-    float k[kUnroll][DPL], val[kUnroll][DPL];
+  // kUnroll positions per step: their K and V loads are all in flight before the first score.
+  // The walkers of a warp step together (their shuffles need the whole warp): the loop runs
+  // while the warp's first walker has work, and a walker past the end ignores its scores.
+  const int warp_offset = walker % kRowsPerWarp;
+  for (int j0 = begin + walker; j0 - warp_offset < end; j0 += walkers * kUnroll) {
+    float k[kUnroll][kDPL], val[kUnroll][kDPL];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int j = min(j0 + u * G, end - 1);
-      load_fragment<T, DPL>(k[u], K + j * p.k_strides[1], lane, D, p.k_strides[2]);
-      load_fragment<T, DPL>(val[u], V + j * p.v_strides[1], lane, D, p.v_strides[2]);
+      const int j = min(j0 + u * walkers, end - 1);
+      load_fragment<T>(k[u], K + j * p.k_strides[1], sublane, D, p.k_strides[2]);
+      load_fragment<T>(val[u], V + j * p.v_strides[1], sublane, D, p.v_strides[2]);
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int j = j0 + u * G;
-      if (j >= end) break;
+      const int j = j0 + u * walkers;
 #pragma unroll
       for (int v = 0; v < VPB; ++v) {
         float partial = 0.0f;
 #pragma unroll
-        for (int e = 0; e < DPL; ++e) partial += q[v][e] * k[u][e];
-        float score = warp_sum(partial);
-        if (j > last[v]) continue;
+        for (int e = 0; e < kDPL; ++e) partial += q[v][e] * k[u][e];
+        float score = row_sum<LPR>(partial);
+        if (j >= end || j > last[v]) continue;
         if (p.mask) score += mask_value(p, mask_base[v] + int64_t{j} * p.m_strides[2]);
         if (score == kNegInf) continue;
         // new_max = max(m, s); both factors computed once, applied to l and every dimension.
@@ -169,53 +168,52 @@ __global__ void attend(DecodeProblem p, float* partials, int chunk) {
         l[v] = l[v] * old_factor + weight;
         m[v] = new_max;
 #pragma unroll
-        for (int e = 0; e < DPL; ++e) acc[v][e] = acc[v][e] * old_factor + weight * val[u][e];
+        for (int e = 0; e < kDPL; ++e) acc[v][e] = acc[v][e] * old_factor + weight * val[u][e];
       }
     }
   }
 
-  // Warp partials to shared memory: [warp][vector][max, denominator, D accumulators].
+  // Walker partials to shared memory: [walker][vector][max, denominator, D accumulators].
   const int stride = D + 2;
-  float* denominators = smem + G * VPB * stride;
+  float* denominators = smem + walkers * VPB * stride;
 #pragma unroll
   for (int v = 0; v < VPB; ++v) {
-    float* slot = smem + (warp * VPB + v) * stride;
-    if (lane == 0) {
+    float* slot = smem + (walker * VPB + v) * stride;
+    if (sublane == 0) {
       slot[0] = m[v];
       slot[1] = l[v];
     }
 #pragma unroll
-    for (int e = 0; e < DPL; ++e) {
-      const int d = lane * DPL + e;
+    for (int e = 0; e < kDPL; ++e) {
+      const int d = sublane * kDPL + e;
       if (d < D) slot[2 + d] = acc[v][e];
     }
   }
   __syncthreads();
-  // The first warp: common max, each warp's rescale factor (stored over its max), and one lane
-  // the denominator.
-  if (warp == 0) {
-    for (int v = 0; v < VPB; ++v) {
-      const float mw = lane < G ? smem[(lane * VPB + v) * stride] : kNegInf;
-      const float common = warp_max(mw);
-      const float factor = mw == kNegInf ? 0.0f : __expf(mw - common);
-      const float lw = lane < G ? smem[(lane * VPB + v) * stride + 1] : 0.0f;
-      const float total = warp_sum(lw * factor);
-      __syncwarp();
-      if (lane < G) smem[(lane * VPB + v) * stride] = factor;
-      if (lane == 0) {
-        denominators[2 * v] = common;
-        denominators[2 * v + 1] = total;
-      }
+  // One thread per vector: the common max, each walker's rescale factor (stored over its max)
+  // and the final denominator.
+  if (threadIdx.x < VPB) {
+    const int v = threadIdx.x;
+    float common = kNegInf;
+    for (int w = 0; w < walkers; ++w) common = fmaxf(common, smem[(w * VPB + v) * stride]);
+    float total = 0.0f;
+    for (int w = 0; w < walkers; ++w) {
+      float* slot = smem + (w * VPB + v) * stride;
+      const float factor = slot[0] == kNegInf ? 0.0f : __expf(slot[0] - common);
+      total += slot[1] * factor;
+      slot[0] = factor;
     }
+    denominators[2 * v] = common;
+    denominators[2 * v + 1] = total;
   }
   __syncthreads();
-  // Threads combine output dimensions across warps.
+  // Threads combine output dimensions across walkers.
   for (int idx = threadIdx.x; idx < VPB * D; idx += blockDim.x) {
     const int v = idx / D, d = idx % D;
     const int r = tile * VPB + v;
     if (r >= vectors) continue;
     float sum = 0.0f;
-    for (int w = 0; w < G; ++w) {
+    for (int w = 0; w < walkers; ++w) {
       const float* slot = smem + (w * VPB + v) * stride;
       sum += slot[2 + d] * slot[0];
     }
@@ -262,27 +260,35 @@ __global__ void merge(DecodeProblem p, const float* partials, int splits) {
 }
 
 // MLX's libmlx carries its own CUDA runtime: hand it driver handles, not runtime pointers.
+// Resolved once per kernel (the lookup is not free and plan() runs on every call).
 CUfunction handle(const void* kernel) {
+  static std::mutex mutex;
+  static std::unordered_map<const void*, CUfunction> resolved;
+  std::lock_guard lock(mutex);
+  auto it = resolved.find(kernel);
+  if (it != resolved.end()) return it->second;
   cudaFunction_t f;
   if (cudaGetFuncBySymbol(&f, kernel) != cudaSuccess) {
     throw std::runtime_error("[decode_attention] cudaGetFuncBySymbol failed");
   }
-  return reinterpret_cast<CUfunction>(f);
+  return resolved[kernel] = reinterpret_cast<CUfunction>(f);
 }
 
 template <typename T, int VPB>
-const void* attend_kernel(int dpl) {
-  switch (dpl) {
-    case 1: return reinterpret_cast<const void*>(&attend<T, 1, VPB>);
-    case 2: return reinterpret_cast<const void*>(&attend<T, 2, VPB>);
-    case 4: return reinterpret_cast<const void*>(&attend<T, 4, VPB>);
-    default: return reinterpret_cast<const void*>(&attend<T, 8, VPB>);
+const void* attend_kernel(int lpr) {
+  switch (lpr) {
+    case 1: return reinterpret_cast<const void*>(&attend<T, VPB, 1>);
+    case 2: return reinterpret_cast<const void*>(&attend<T, VPB, 2>);
+    case 4: return reinterpret_cast<const void*>(&attend<T, VPB, 4>);
+    case 8: return reinterpret_cast<const void*>(&attend<T, VPB, 8>);
+    case 16: return reinterpret_cast<const void*>(&attend<T, VPB, 16>);
+    default: return reinterpret_cast<const void*>(&attend<T, VPB, 32>);
   }
 }
 
 template <typename T>
-const void* attend_kernel(int dpl, int vpb) {
-  return vpb == 1 ? attend_kernel<T, 1>(dpl) : attend_kernel<T, 4>(dpl);
+const void* attend_kernel(int lpr, int vpb) {
+  return vpb == 1 ? attend_kernel<T, 1>(lpr) : attend_kernel<T, 4>(lpr);
 }
 
 int sm_count() {
@@ -309,18 +315,18 @@ Schedule parse_schedule(const std::string& name) {
 
 Plan plan(const DecodeProblem& p, Schedule schedule) {
   Plan plan{};
-  const int dpl_needed = (p.head_dim + 31) / 32;
-  const int dpl = dpl_needed <= 1 ? 1 : dpl_needed <= 2 ? 2 : dpl_needed <= 4 ? 4 : 8;
+  int lpr = 1;  // lanes per row: the power of two that covers D with kDPL values per lane
+  while (lpr * kDPL < p.head_dim && lpr < 32) lpr *= 2;
   const int vectors = p.group * p.query_len;
   int warps, vpb, splits = 1;
   if (schedule == Schedule::split_gqa) {
     vpb = vectors >= 4 ? 4 : 1;
     warps = 8;
-    const int tiles = (vectors + vpb - 1) / vpb;
-    const int blocks = p.kv_rows * tiles;
-    // About two unrolled steps per warp, but no more than four waves of blocks; a context
-    // that needs at most two chunks is not split (the merge launch costs more).
-    const int per_block = warps * kUnroll * 2;
+    const int walkers = warps * 32 / lpr;
+    const int blocks = p.kv_rows * ((vectors + vpb - 1) / vpb);
+    // About two unrolled steps per walker, but no more than eight blocks per SM; a context that
+    // needs at most two chunks is not split (the merge launch costs more).
+    const int per_block = walkers * kUnroll * 2;
     const int wanted = (p.context + per_block - 1) / per_block;
     const int room = std::max(1, sm_count() * 8 / blocks);
     splits = wanted <= 2 ? 1 : std::min(wanted, room);
@@ -328,6 +334,7 @@ Plan plan(const DecodeProblem& p, Schedule schedule) {
     vpb = 1;
     warps = schedule == Schedule::chapter8 ? 8 : schedule == Schedule::chapter16 ? 16 : 32;
   }
+  const int walkers = warps * 32 / lpr;
   const int tiles = (vectors + vpb - 1) / vpb;
   plan.chunk = (p.context + splits - 1) / splits;
   splits = (p.context + plan.chunk - 1) / plan.chunk;  // no empty chunks
@@ -335,21 +342,25 @@ Plan plan(const DecodeProblem& p, Schedule schedule) {
   plan.attend_grid[0] = p.kv_rows * tiles;
   plan.attend_grid[1] = splits;
   plan.attend_threads = warps * 32;
-  plan.attend_smem = static_cast<uint32_t>((warps * vpb * (p.head_dim + 2) + 2 * vpb) * sizeof(float));
+  plan.attend_smem =
+      static_cast<uint32_t>((walkers * vpb * (p.head_dim + 2) + 2 * vpb) * sizeof(float));
+  if (plan.attend_smem > 48 * 1024) {
+    throw std::invalid_argument("[decode_attention] schedule needs more than 48 KiB of shared memory");
+  }
   plan.partial_floats = splits > 1 ? size_t(p.kv_rows) * vectors * splits * (p.head_dim + 2) : 0;
   plan.merge_blocks = p.kv_rows * vectors;
   plan.merge_threads = std::min(p.head_dim, 256);
   switch (p.dtype) {
     case ElementType::float32:
-      plan.attend = handle(attend_kernel<float>(dpl, vpb));
+      plan.attend = handle(attend_kernel<float>(lpr, vpb));
       plan.merge = handle(reinterpret_cast<const void*>(&merge<float>));
       break;
     case ElementType::float16:
-      plan.attend = handle(attend_kernel<__half>(dpl, vpb));
+      plan.attend = handle(attend_kernel<__half>(lpr, vpb));
       plan.merge = handle(reinterpret_cast<const void*>(&merge<__half>));
       break;
     default:
-      plan.attend = handle(attend_kernel<__nv_bfloat16>(dpl, vpb));
+      plan.attend = handle(attend_kernel<__nv_bfloat16>(lpr, vpb));
       plan.merge = handle(reinterpret_cast<const void*>(&merge<__nv_bfloat16>));
       break;
   }
