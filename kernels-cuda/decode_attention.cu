@@ -30,7 +30,12 @@ namespace attn_kernels::cuda {
 namespace {
 
 constexpr float kNegInf = -INFINITY;
-constexpr int kUnroll = 2;
+// Positions whose K/V loads a walker has in flight at once (fewer where a block may have 1024
+// threads and registers are scarce).
+template <int VPB>
+struct Unroll {
+  static constexpr int value = VPB == 1 ? 2 : 4;
+};
 
 __device__ __forceinline__ float to_float(float x) {
   return x;
@@ -96,10 +101,12 @@ __device__ __forceinline__ float mask_value(const DecodeProblem& p, int64_t at) 
 // positions w, w + walkers, ... of the block's chunk. Shared memory: walkers * VPB * (D + 2)
 // + 2 * VPB floats. With splits == 1 the block writes the output; otherwise it writes (max,
 // denominator, unnormalised accumulator) per vector to `partials` for merge().
+// Single-vector blocks run up to 32 warps (chapter-32): registers must fit 1024 threads.
 template <typename T, int VPB, int LPR>
-__global__ void attend(DecodeProblem p, float* partials, int chunk) {
+__global__ void __launch_bounds__(VPB == 1 ? 1024 : 256) attend(DecodeProblem p, float* partials, int chunk) {
   extern __shared__ float smem[];
   constexpr int kRowsPerWarp = 32 / LPR;
+  constexpr int kUnroll = Unroll<VPB>::value;
   const int lane = threadIdx.x % 32, sublane = lane % LPR;
   const int walker = threadIdx.x / LPR, walkers = blockDim.x / LPR;
   const int D = p.head_dim, L = p.query_len, S = p.context;
@@ -110,8 +117,8 @@ __global__ void attend(DecodeProblem p, float* partials, int chunk) {
   const int begin = split * chunk, end = min(S, begin + chunk);
 
   const T* Q = static_cast<const T*>(p.queries);
-  const T* K = static_cast<const T*>(p.keys) + kv_row * p.k_strides[0];
-  const T* V = static_cast<const T*>(p.values) + kv_row * p.v_strides[0];
+  const T* K = static_cast<const T*>(p.keys) + p.kv_offset(p.k_strides, kv_row);
+  const T* V = static_cast<const T*>(p.values) + p.kv_offset(p.v_strides, kv_row);
 
   float q[VPB][kDPL], acc[VPB][kDPL], m[VPB], l[VPB];
   int last[VPB];  // last visible position (causal), -1 for an unused slot
@@ -121,9 +128,9 @@ __global__ void attend(DecodeProblem p, float* partials, int chunk) {
     const int r = tile * VPB + v;
     const int row = kv_row * p.group + r / L, i = r % L;
     last[v] = r < vectors ? (p.causal ? S - L + i : S - 1) : -1;
-    mask_base[v] = int64_t{row} * p.m_strides[0] + int64_t{i} * p.m_strides[1];
+    mask_base[v] = p.mask_offset(row, i);
     if (r < vectors) {
-      load_fragment<T>(q[v], Q + row * p.q_strides[0] + i * p.q_strides[1], sublane, D, p.q_strides[2]);
+      load_fragment<T>(q[v], Q + p.q_offset(row, i), sublane, D, p.q_strides[3]);
     } else {
 #pragma unroll
       for (int e = 0; e < kDPL; ++e) q[v][e] = 0.0f;
@@ -146,25 +153,34 @@ __global__ void attend(DecodeProblem p, float* partials, int chunk) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int j = min(j0 + u * walkers, end - 1);
-      load_fragment<T>(k[u], K + j * p.k_strides[1], sublane, D, p.k_strides[2]);
-      load_fragment<T>(val[u], V + j * p.v_strides[1], sublane, D, p.v_strides[2]);
+      load_fragment<T>(k[u], K + j * p.k_strides[2], sublane, D, p.k_strides[3]);
+      load_fragment<T>(val[u], V + j * p.v_strides[2], sublane, D, p.v_strides[3]);
+    }
+    // All scores of the step first: their shuffle chains are independent and overlap.
+    float score[kUnroll][VPB];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+#pragma unroll
+      for (int v = 0; v < VPB; ++v) {
+        float partial = 0.0f;
+#pragma unroll
+        for (int e = 0; e < kDPL; ++e) partial += q[v][e] * k[u][e];
+        score[u][v] = row_sum<LPR>(partial);
+      }
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int j = j0 + u * walkers;
 #pragma unroll
       for (int v = 0; v < VPB; ++v) {
-        float partial = 0.0f;
-#pragma unroll
-        for (int e = 0; e < kDPL; ++e) partial += q[v][e] * k[u][e];
-        float score = row_sum<LPR>(partial);
+        float s = score[u][v];
         if (j >= end || j > last[v]) continue;
-        if (p.mask) score += mask_value(p, mask_base[v] + int64_t{j} * p.m_strides[2]);
-        if (score == kNegInf) continue;
+        if (p.mask) s += mask_value(p, mask_base[v] + int64_t{j} * p.m_strides[3]);
+        if (s == kNegInf) continue;
         // new_max = max(m, s); both factors computed once, applied to l and every dimension.
-        const float new_max = fmaxf(m[v], score);
+        const float new_max = fmaxf(m[v], s);
         const float old_factor = __expf(m[v] - new_max);
-        const float weight = __expf(score - new_max);
+        const float weight = __expf(s - new_max);
         l[v] = l[v] * old_factor + weight;
         m[v] = new_max;
 #pragma unroll
@@ -326,7 +342,7 @@ Plan plan(const DecodeProblem& p, Schedule schedule) {
     const int blocks = p.kv_rows * ((vectors + vpb - 1) / vpb);
     // About two unrolled steps per walker, but no more than eight blocks per SM; a context that
     // needs at most two chunks is not split (the merge launch costs more).
-    const int per_block = walkers * kUnroll * 2;
+    const int per_block = walkers * (vpb == 1 ? Unroll<1>::value : Unroll<4>::value) * 2;
     const int wanted = (p.context + per_block - 1) / per_block;
     const int room = std::max(1, sm_count() * 8 / blocks);
     splits = wanted <= 2 ? 1 : std::min(wanted, room);

@@ -34,14 +34,13 @@ NB_MODULE(_ext, m) {
       R"(Grouped-query attention over flattened heads, one pass of online softmax.
 
 Args:
-    queries: (rows, L, D), rows = batch * query heads.
-    keys, values: (kv_rows, S, D), kv_rows = batch * key/value heads; strided views are read
-        in place.
+    queries: (B, Hq, L, D).
+    keys, values: (B, Hkv, S, D), Hq % Hkv == 0; strided views are read in place.
     scale: multiplier of the dot products.
-    mask: optional (rows, L, S), additive float or boolean (True keeps a key).
+    mask: optional (B, Hq, L, S), additive float or boolean (True keeps a key).
     causal: query i sees keys <= S - L + i (no mask tensor is built).
     schedule: GPU kernel schedule (auto, split-gqa, chapter-8/16/32); the CPU ignores it.
 
 Returns:
-    (rows, L, D) in the queries' dtype. A row whose mask removes every key is all zeros.)");
+    (B, Hq, L, D) in the queries' dtype. A row whose mask removes every key is all zeros.)");
 }

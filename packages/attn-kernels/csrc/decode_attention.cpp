@@ -37,7 +37,7 @@ ElementType element_type(mx::Dtype t) {
 }
 
 void copy_strides(const mx::array& a, int64_t* dst) {
-  for (int i = 0; i < 3; ++i) {
+  for (int i = 0; i < 4; ++i) {
     dst[i] = a.strides()[i];
   }
 }
@@ -59,8 +59,8 @@ mx::array decode_attention(
     fail("unknown schedule '" + schedule + "': use one of " + names);
   }
   for (auto [name, a] : {std::pair{"queries", &queries}, {"keys", &keys}, {"values", &values}}) {
-    if (a->ndim() != 3) {
-      fail(std::string(name) + " must have 3 dimensions (rows, length, head_dim), got shape " +
+    if (a->ndim() != 4) {
+      fail(std::string(name) + " must have 4 dimensions (batch, heads, length, head_dim), got shape " +
            shape_str(*a));
     }
     if (!is_float(a->dtype())) {
@@ -79,19 +79,24 @@ mx::array decode_attention(
     fail("keys and values must have the same shape, got " + shape_str(keys) + " and " +
          shape_str(values));
   }
-  const int rows = queries.shape(0), query_len = queries.shape(1), head_dim = queries.shape(2);
-  const int kv_rows = keys.shape(0), context = keys.shape(1);
+  const int batch = queries.shape(0), q_heads = queries.shape(1);
+  const int query_len = queries.shape(2), head_dim = queries.shape(3);
+  const int kv_heads = keys.shape(1), context = keys.shape(2);
+  if (keys.shape(0) != batch) {
+    fail("keys' batch " + std::to_string(keys.shape(0)) + " differs from queries' " +
+         std::to_string(batch));
+  }
   if (head_dim < 1 || head_dim > kMaxHeadDim) {
     fail("head_dim must be in [1, " + std::to_string(kMaxHeadDim) + "], got " +
          std::to_string(head_dim));
   }
-  if (keys.shape(2) != head_dim) {
-    fail("keys' head_dim " + std::to_string(keys.shape(2)) + " differs from queries' " +
+  if (keys.shape(3) != head_dim) {
+    fail("keys' head_dim " + std::to_string(keys.shape(3)) + " differs from queries' " +
          std::to_string(head_dim));
   }
-  if (kv_rows < 1 || rows % kv_rows != 0) {
-    fail("query rows (" + std::to_string(rows) + ") must be a positive multiple of key/value rows (" +
-         std::to_string(kv_rows) + "): query heads must divide evenly among key/value heads");
+  if (kv_heads < 1 || q_heads % kv_heads != 0) {
+    fail("query heads (" + std::to_string(q_heads) + ") must be a positive multiple of key/value heads (" +
+         std::to_string(kv_heads) + ")");
   }
   if (context < 1) {
     fail("keys must hold at least one position, got shape " + shape_str(keys));
@@ -108,11 +113,11 @@ mx::array decode_attention(
   }
   std::vector<mx::array> inputs = {queries, keys, values};
   if (mask) {
-    const mx::Shape expected = {rows, query_len, context};
+    const mx::Shape expected = {batch, q_heads, query_len, context};
     if (mask->shape() != expected) {
-      fail("mask must have shape (rows, L, S) = (" + std::to_string(rows) + ", " +
-           std::to_string(query_len) + ", " + std::to_string(context) + "), got " +
-           shape_str(*mask));
+      fail("mask must have shape (B, Hq, L, S) = (" + std::to_string(batch) + ", " +
+           std::to_string(q_heads) + ", " + std::to_string(query_len) + ", " +
+           std::to_string(context) + "), got " + shape_str(*mask));
     }
     if (!is_float(mask->dtype()) && mask->dtype() != mx::bool_) {
       std::ostringstream os;
@@ -145,12 +150,14 @@ DecodeProblem make_problem(
   p.out = out.data<void>();
   p.dtype = element_type(q.dtype());
   p.mask_dtype = inputs.size() > 3 ? element_type(inputs[3].dtype()) : ElementType::float32;
-  p.rows = q.shape(0);
-  p.query_len = q.shape(1);
-  p.head_dim = q.shape(2);
-  p.kv_rows = k.shape(0);
-  p.context = k.shape(1);
-  p.group = p.rows / p.kv_rows;
+  p.q_heads = q.shape(1);
+  p.kv_heads = k.shape(1);
+  p.rows = q.shape(0) * p.q_heads;
+  p.kv_rows = k.shape(0) * p.kv_heads;
+  p.query_len = q.shape(2);
+  p.head_dim = q.shape(3);
+  p.context = k.shape(2);
+  p.group = p.q_heads / p.kv_heads;
   p.scale = scale;
   p.causal = causal;
   copy_strides(q, p.q_strides);

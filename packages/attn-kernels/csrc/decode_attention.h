@@ -20,9 +20,10 @@ namespace mx = mlx::core;
 // Largest head dimension any backend accepts (the query slice lives in registers).
 constexpr int kMaxHeadDim = 256;
 
-// queries (rows, L, D) with rows = B * Hq; keys/values (kv_rows, S, D) with kv_rows = B * Hkv;
-// query row r reads key/value row r / (rows / kv_rows). mask: additive float or boolean (true =
-// keep) of shape (rows, L, S); causal: query i sees keys <= S - L + i. Returns (rows, L, D).
+// queries (B, Hq, L, D); keys/values (B, Hkv, S, D), read through their strides (cache views
+// are not copied); query head h reads key/value head h / (Hq / Hkv). mask: additive float or
+// boolean (true = keep) of shape (B, Hq, L, S) (a broadcast view is fine); causal: query i sees
+// keys <= S - L + i. Returns (B, Hq, L, D). The 4-D form needs no reshape ops around the call.
 mx::array decode_attention(
     const mx::array& queries,
     const mx::array& keys,

@@ -325,9 +325,9 @@ ALWAYS_INLINE void attend_chunk(
 
   for (int r = 0; r < vectors; ++r) {
     const int row = kv_row * p.group + r / L, i = r % L;
-    const T* q = static_cast<const T*>(p.queries) + row * p.q_strides[0] + i * p.q_strides[1];
+    const T* q = static_cast<const T*>(p.queries) + p.q_offset(row, i);
     float* qr = queries + r * Dp;
-    load_padded(qr, q, D, Dp, p.q_strides[2]);
+    load_padded(qr, q, D, Dp, p.q_strides[3]);
     for (int d = 0; d < Dp; ++d) {
       qr[d] *= p.scale;
     }
@@ -337,12 +337,12 @@ ALWAYS_INLINE void attend_chunk(
     std::fill(st + kStateHeader, st + state_size, 0.0f);
   }
 
-  const T* keys = static_cast<const T*>(p.keys) + kv_row * p.k_strides[0];
-  const T* values = static_cast<const T*>(p.values) + kv_row * p.v_strides[0];
+  const T* keys = static_cast<const T*>(p.keys) + p.kv_offset(p.k_strides, kv_row);
+  const T* values = static_cast<const T*>(p.values) + p.kv_offset(p.v_strides, kv_row);
   for (int j0 = begin; j0 < end; j0 += kBlock) {
     const int n = std::min(kBlock, end - j0);
     for (int j = 0; j < n; ++j) {
-      load_padded(keys_block + j * Dp, keys + (j0 + j) * p.k_strides[1], D, Dp, p.k_strides[2]);
+      load_padded(keys_block + j * Dp, keys + (j0 + j) * p.k_strides[2], D, Dp, p.k_strides[3]);
     }
     // K rows are converted once and reused by every query vector (V rows are used once each).
     block_scores(queries, ConvertedRows{keys_block, Dp}, scores, vectors, Dp);
@@ -355,9 +355,9 @@ ALWAYS_INLINE void attend_chunk(
         s[j] = neg_inf;
       }
       if (p.mask) {
-        const int64_t base = row * p.m_strides[0] + i * p.m_strides[1];
+        const int64_t base = p.mask_offset(row, i);
         for (int j = 0; j < visible; ++j) {
-          const int64_t at = base + (j0 + j) * p.m_strides[2];
+          const int64_t at = base + (j0 + j) * p.m_strides[3];
           switch (p.mask_dtype) {
             case ElementType::float32: s[j] += static_cast<const float*>(p.mask)[at]; break;
             case ElementType::float16: s[j] += to_float(static_cast<const Float16*>(p.mask)[at]); break;
@@ -392,12 +392,12 @@ ALWAYS_INLINE void attend_chunk(
     if (!any) {
       continue;
     }
-    if (p.v_strides[2] == 1 && D == Dp) {
-      const CacheRows<T> rows{values + j0 * p.v_strides[1], p.v_strides[1]};
+    if (p.v_strides[3] == 1 && D == Dp) {
+      const CacheRows<T> rows{values + j0 * p.v_strides[2], p.v_strides[2]};
       block_accumulate(scores, rescale, rows, state, vectors, n, Dp, state_size);
     } else {
       for (int j = 0; j < n; ++j) {
-        load_padded(values_block + j * Dp, values + (j0 + j) * p.v_strides[1], D, Dp, p.v_strides[2]);
+        load_padded(values_block + j * Dp, values + (j0 + j) * p.v_strides[2], D, Dp, p.v_strides[3]);
       }
       block_accumulate(scores, rescale, ConvertedRows{values_block, Dp}, state, vectors, n, Dp, state_size);
     }

@@ -82,13 +82,17 @@ def test_head_dim_limit():
 
 
 def test_op_level_checks():
-    q, k, v = (a.reshape(-1, a.shape[2], a.shape[3]) for a in arrays())
+    q, k, v = arrays()
     with pytest.raises(ValueError, match="mask must have shape"):
-        _ext.decode_attention(q, k, v, 1.0, mx.zeros((4, 1, 7)))
+        _ext.decode_attention(q, k, v, 1.0, mx.zeros((1, 4, 1, 7)))
     with pytest.raises(ValueError, match="either an explicit mask or causal"):
-        _ext.decode_attention(q, k, v, 1.0, mx.zeros((4, 1, 8)), True)
+        _ext.decode_attention(q, k, v, 1.0, mx.zeros((1, 4, 1, 8)), True)
+    with pytest.raises(ValueError, match="must have 4 dimensions"):
+        _ext.decode_attention(q[0], k, v, 1.0)
+    with pytest.raises(ValueError, match="keys' batch 2 differs"):
+        _ext.decode_attention(q, mx.concatenate([k, k]), mx.concatenate([v, v]), 1.0)
     with pytest.raises(ValueError, match="keys must hold at least one position"):
-        _ext.decode_attention(q, k[:, :0], v[:, :0], 1.0)
+        _ext.decode_attention(q, k[:, :, :0], v[:, :, :0], 1.0)
 
 
 def test_mask_type():

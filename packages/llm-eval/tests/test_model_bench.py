@@ -8,9 +8,28 @@ from llm_eval.record import validate
 
 
 def test_bench_tiny_model():
-    args = bench.parse_args(["--device", "cpu", "--model", "qwen3-tiny", "--num-seqs", "2",
-                             "--min-input-len", "5", "--max-input-len", "9", "--min-output-len", "3",
-                             "--max-output-len", "4", "--warmup", "1", "--bandwidth-gbs", "10"])
+    args = bench.parse_args(
+        [
+            "--device",
+            "cpu",
+            "--model",
+            "qwen3-tiny",
+            "--num-seqs",
+            "2",
+            "--min-input-len",
+            "5",
+            "--max-input-len",
+            "9",
+            "--min-output-len",
+            "3",
+            "--max-output-len",
+            "4",
+            "--warmup",
+            "1",
+            "--bandwidth-gbs",
+            "10",
+        ]
+    )
     record = bench.run(args)
     validate(record)
     requests = record["results"]["requests"]
@@ -24,18 +43,36 @@ def test_bench_tiny_model():
 
 
 def test_bench_mlx_lm_checkpoint_runs():
-    args = bench.parse_args(["--device", "cpu", "--model", "qwen3-tiny", "--checkpoint", "mlx-lm",
-                             "--min-input-len", "4", "--min-output-len", "2", "--warmup", "0",
-                             "--bandwidth-gbs", "10"])
+    args = bench.parse_args(
+        [
+            "--device",
+            "cpu",
+            "--model",
+            "qwen3-tiny",
+            "--checkpoint",
+            "mlx-lm",
+            "--min-input-len",
+            "4",
+            "--min-output-len",
+            "2",
+            "--warmup",
+            "0",
+            "--bandwidth-gbs",
+            "10",
+        ]
+    )
     assert bench.run(args)["results"]["summary"]["decode_tok_s"] > 0
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--min-output-len", "1"], "decode needs a second token"),
-    (["--model", "qwen3-99b"], "unknown 'qwen3-99b'"),
-    (["--model", "qwen3-tiny", "--weights", "x"], "not both"),
-    (["--min-input-len", "9", "--max-input-len", "3"], "min <= max"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--min-output-len", "1"], "decode needs a second token"),
+        (["--model", "qwen3-99b"], "unknown 'qwen3-99b'"),
+        (["--model", "qwen3-tiny", "--weights", "x"], "not both"),
+        (["--min-input-len", "9", "--max-input-len", "3"], "min <= max"),
+    ],
+)
 def test_bench_bad_flags(flags, message, capsys):
     with pytest.raises(SystemExit):
         bench.parse_args(["--device", "cpu", *flags])
@@ -45,11 +82,28 @@ def test_bench_bad_flags(flags, message, capsys):
 def test_progression_fresh_processes_alternate_and_plot(tmp_path, capsys):
     with pytest.raises(SystemExit):
         progression.parse_args(["--input-len", "4", "--output-len", "3", "--repeats", "3"])
-    args = progression.parse_args([
-        "--device", "cpu", "--model", "qwen3-tiny", "--variant", "composition",
-        "--variant", "decode-attention", "--repeats", "2", "--input-len", "6", "--output-len", "3",
-        "--warmup", "0", "--json-output", str(tmp_path / "p.json"),
-    ])
+    args = progression.parse_args(
+        [
+            "--device",
+            "cpu",
+            "--model",
+            "qwen3-tiny",
+            "--variant",
+            "composition",
+            "--variant",
+            "decode-attention",
+            "--repeats",
+            "2",
+            "--input-len",
+            "6",
+            "--output-len",
+            "3",
+            "--warmup",
+            "0",
+            "--json-output",
+            str(tmp_path / "p.json"),
+        ]
+    )
     record = progression.run(args)
     validate(record)
     orders = [e["order"] for e in record["execution_order"]]
@@ -57,7 +111,8 @@ def test_progression_fresh_processes_alternate_and_plot(tmp_path, capsys):
     for variant, samples in record["results"]["samples"].items():
         assert [s["repeat"] for s in samples] == [0, 1]
         assert record["results"]["medians"][variant]["decode_tok_s"] == pytest.approx(
-            statistics.median(s["decode_tok_s"] for s in samples))
+            statistics.median(s["decode_tok_s"] for s in samples)
+        )
     assert "decode vs composition" in progression.format_table(record)
     path = tmp_path / "p.json"
     path.write_text(json.dumps(record))

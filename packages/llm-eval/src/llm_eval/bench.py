@@ -110,7 +110,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, help="untimed requests first")
     p.add_argument("--prefill-logits", choices=["last", "all"], default="last")
     p.add_argument("--device", choices=["cpu", "gpu"], default="gpu" if has_gpu() else "cpu")
-    p.add_argument("--bandwidth-gbs", type=float, help="for the weight-read limit (default: measured on CPU, 4300 on GPU)")
+    p.add_argument(
+        "--bandwidth-gbs",
+        type=float,
+        help="for the weight-read limit (default: measured on CPU, 4300 on GPU)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json-output", type=Path)
     p.add_argument("--force", action="store_true", help="replace an existing --json-output")
@@ -123,7 +127,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     if not args.weights:
         args.model = args.model or d["model"]
         if args.model not in qwen3_model.CONFIGS:
-            p.error(f"--model: unknown {args.model!r} (choose from {', '.join(qwen3_model.CONFIGS)})")
+            p.error(
+                f"--model: unknown {args.model!r} (choose from {', '.join(qwen3_model.CONFIGS)})"
+            )
     args.quantize = args.quantize or ("none" if args.weights else d["quantize"])
     args.min_input_len = args.min_input_len or args.max_input_len or d["input_len"]
     args.max_input_len = args.max_input_len or args.min_input_len
@@ -133,7 +139,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     if not 1 <= args.min_input_len <= args.max_input_len:
         p.error("--min-input-len/--max-input-len: need 1 <= min <= max")
     if not 2 <= args.min_output_len <= args.max_output_len:
-        p.error("--min-output-len/--max-output-len: need 2 <= min <= max (decode needs a second token)")
+        p.error(
+            "--min-output-len/--max-output-len: need 2 <= min <= max (decode needs a second token)"
+        )
     if args.num_seqs < 1 or args.warmup < 0:
         p.error("--num-seqs must be >= 1 and --warmup >= 0")
     if args.json_output and args.json_output.exists() and not args.force:
@@ -144,23 +152,38 @@ def parse_args(argv=None) -> argparse.Namespace:
 def run(args) -> dict:
     mx.set_default_device(mx.gpu if args.device == "gpu" else mx.cpu)
     if args.bandwidth_gbs is None:
-        args.bandwidth_gbs = GPU_BANDWIDTH_GBS if args.device == "gpu" else _ext.measure_read_bandwidth(1 << 30, 3) / 1e9
-    print(f"loading {args.weights or args.model} ({args.quantize}, {args.checkpoint}) ...", file=sys.stderr)
+        args.bandwidth_gbs = (
+            GPU_BANDWIDTH_GBS
+            if args.device == "gpu"
+            else _ext.measure_read_bandwidth(1 << 30, 3) / 1e9
+        )
+    print(
+        f"loading {args.weights or args.model} ({args.quantize}, {args.checkpoint}) ...",
+        file=sys.stderr,
+    )
     model, make_cache = build(args)
     weight_bytes = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
     vocab = model.args.vocab_size
     key = mx.random.key(args.seed)
     lengths_key, tokens_key = mx.random.split(key)
     n = args.warmup + args.num_seqs
-    in_lens = mx.random.randint(args.min_input_len, args.max_input_len + 1, (n,), key=lengths_key).tolist()
-    out_lens = mx.random.randint(args.min_output_len, args.max_output_len + 1, (n,), key=mx.random.split(lengths_key)[0]).tolist()
+    in_lens = mx.random.randint(
+        args.min_input_len, args.max_input_len + 1, (n,), key=lengths_key
+    ).tolist()
+    out_lens = mx.random.randint(
+        args.min_output_len, args.max_output_len + 1, (n,), key=mx.random.split(lengths_key)[0]
+    ).tolist()
     # Ids well inside the ordinary vocabulary: Qwen3's special tokens sit at the top.
     high = min(vocab - 1, 150000)
     requests = []
     for i in range(n):
-        prompt = mx.random.randint(100, high, (1, in_lens[i]), key=mx.random.split(tokens_key, n)[i])
+        prompt = mx.random.randint(
+            100, high, (1, in_lens[i]), key=mx.random.split(tokens_key, n)[i]
+        )
         label = "warmup" if i < args.warmup else f"request {i - args.warmup + 1}/{args.num_seqs}"
-        print(f"  {label}: {in_lens[i]} prompt + {out_lens[i]} generated", file=sys.stderr, flush=True)
+        print(
+            f"  {label}: {in_lens[i]} prompt + {out_lens[i]} generated", file=sys.stderr, flush=True
+        )
         result = run_request(model, make_cache, prompt, out_lens[i], args.prefill_logits == "last")
         if i >= args.warmup:
             requests.append(result)
@@ -185,7 +208,9 @@ def run(args) -> dict:
         "schema_version": SCHEMA_VERSION,
         "kind": "model-bench",
         "metadata": collect_metadata(args.device),
-        "model_config": model.args.to_dict() if hasattr(model.args, "to_dict") else vars(model.args),
+        "model_config": model.args.to_dict()
+        if hasattr(model.args, "to_dict")
+        else vars(model.args),
         "config": config,
         "execution_order": [f"warmup x{args.warmup}", f"requests x{args.num_seqs}"],
         "results": {"requests": requests, "summary": summary},

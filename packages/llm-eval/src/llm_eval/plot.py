@@ -17,21 +17,36 @@ def plot_operators(record: dict, out: Path) -> None:
     results = list(record["results"].values())
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for length in sorted({r["query_length"] for r in results}):
-        rows = sorted((r for r in results if r["query_length"] == length), key=lambda r: r["context"])
+        rows = sorted(
+            (r for r in results if r["query_length"] == length), key=lambda r: r["context"]
+        )
         contexts = [r["context"] for r in rows]
         for name in record["config"]["implementations"]:
-            ax.plot(contexts, [r["summary"][name]["median_us"] for r in rows], marker="o",
-                    label=f"{name} (L={length})")
-        ax.plot(contexts, [max(r["floor_us"], 1e-3) for r in rows], "k--", lw=1,
-                label=f"K+V read floor ({record['config']['bandwidth_gbs']:.0f} GB/s)" if length == min(r["query_length"] for r in results) else None)
+            ax.plot(
+                contexts,
+                [r["summary"][name]["median_us"] for r in rows],
+                marker="o",
+                label=f"{name} (L={length})",
+            )
+        ax.plot(
+            contexts,
+            [max(r["floor_us"], 1e-3) for r in rows],
+            "k--",
+            lw=1,
+            label=f"K+V read floor ({record['config']['bandwidth_gbs']:.0f} GB/s)"
+            if length == min(r["query_length"] for r in results)
+            else None,
+        )
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("cached context S")
     ax.set_ylabel("µs per call (median)")
     device = record["metadata"]["device"]
-    ax.set_title(f"attention, {record['config']['dtype']}, Hq={record['config']['heads']}, "
-                 f"mask={record['config']['attention_mask']} — {device.get('gpu') or device.get('cpu')}",
-                 fontsize=9)
+    ax.set_title(
+        f"attention, {record['config']['dtype']}, Hq={record['config']['heads']}, "
+        f"mask={record['config']['attention_mask']} — {device.get('gpu') or device.get('cpu')}",
+        fontsize=9,
+    )
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -44,14 +59,23 @@ def plot_progression(record: dict, out: Path) -> None:
     medians = record["results"]["medians"]
     names = list(medians)
     values = [medians[n]["decode_tok_s"] for n in names]
-    lows = [v - min(s["decode_tok_s"] for s in samples[n]) for n, v in zip(names, values, strict=True)]
-    highs = [max(s["decode_tok_s"] for s in samples[n]) - v for n, v in zip(names, values, strict=True)]
+    lows = [
+        v - min(s["decode_tok_s"] for s in samples[n]) for n, v in zip(names, values, strict=True)
+    ]
+    highs = [
+        max(s["decode_tok_s"] for s in samples[n]) - v for n, v in zip(names, values, strict=True)
+    ]
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.bar(names, values, yerr=[lows, highs], capsize=6, color=["#888", "#2a7", "#37c"][: len(names)])
+    ax.bar(
+        names, values, yerr=[lows, highs], capsize=6, color=["#888", "#2a7", "#37c"][: len(names)]
+    )
     cfg = record["config"]
     ax.set_ylabel("decode tok/s (median, min–max)")
-    ax.set_title(f"{cfg.get('model') or 'model'} {cfg.get('quantize') or ''}, {cfg['input_len']}+"
-                 f"{cfg['output_len']}, {cfg['repeats']} fresh processes", fontsize=9)
+    ax.set_title(
+        f"{cfg.get('model') or 'model'} {cfg.get('quantize') or ''}, {cfg['input_len']}+"
+        f"{cfg['output_len']}, {cfg['repeats']} fresh processes",
+        fontsize=9,
+    )
     for i, v in enumerate(values):
         ax.text(i, v, f"{v:.2f}", ha="center", va="bottom", fontsize=8)
     fig.tight_layout()
@@ -74,7 +98,9 @@ def plot(path: Path, out_dir: Path | None = None) -> Path:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="plot", description=__doc__)
-    p.add_argument("records", nargs="+", type=Path, help="JSON records from bench-operators/progression")
+    p.add_argument(
+        "records", nargs="+", type=Path, help="JSON records from bench-operators/progression"
+    )
     p.add_argument("--out-dir", type=Path, help="default: beside each record")
     args = p.parse_args(argv)
     for path in args.records:

@@ -25,10 +25,13 @@ METRICS = ("decode_tok_s", "prefill_tok_s", "output_tok_s", "peak_memory_bytes")
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="progression", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="progression",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--variant", action="append", choices=CHECKPOINTS,
-                   help="repeatable (default: all three)")
+    p.add_argument(
+        "--variant", action="append", choices=CHECKPOINTS, help="repeatable (default: all three)"
+    )
     p.add_argument("--repeats", type=int, default=4, help="even: forward/reverse order pairs")
     p.add_argument("--model", default=None)
     p.add_argument("--quantize", choices=["none", "4bit"], default=None)
@@ -50,11 +53,33 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def bench_command(args, variant: str, output: Path) -> list[str]:
-    cmd = [sys.executable, "-m", "llm_eval.bench", "--checkpoint", variant, "--num-seqs", "1",
-           "--min-input-len", str(args.input_len), "--max-input-len", str(args.input_len),
-           "--min-output-len", str(args.output_len), "--max-output-len", str(args.output_len),
-           "--warmup", str(args.warmup), "--prefill-logits", args.prefill_logits,
-           "--device", args.device, "--seed", str(args.seed), "--json-output", str(output)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "llm_eval.bench",
+        "--checkpoint",
+        variant,
+        "--num-seqs",
+        "1",
+        "--min-input-len",
+        str(args.input_len),
+        "--max-input-len",
+        str(args.input_len),
+        "--min-output-len",
+        str(args.output_len),
+        "--max-output-len",
+        str(args.output_len),
+        "--warmup",
+        str(args.warmup),
+        "--prefill-logits",
+        args.prefill_logits,
+        "--device",
+        args.device,
+        "--seed",
+        str(args.seed),
+        "--json-output",
+        str(output),
+    ]
     if args.model:
         cmd += ["--model", args.model]
     if args.quantize:
@@ -85,10 +110,16 @@ def run(args) -> dict:
             samples[variant].append({"repeat": rep, **record["results"]["summary"]})
             done += 1
             elapsed = time.perf_counter() - started
-            print(f"\r[{'#' * (20 * done // total):<20}] {done}/{total} repeat {rep} {variant} "
-                  f"({elapsed:.0f}s, ~{elapsed / done * (total - done):.0f}s left)",
-                  end="" if done < total else "\n", file=sys.stderr, flush=True)
-    medians = {v: {m: statistics.median(s[m] for s in samples[v]) for m in METRICS} for v in samples}
+            print(
+                f"\r[{'#' * (20 * done // total):<20}] {done}/{total} repeat {rep} {variant} "
+                f"({elapsed:.0f}s, ~{elapsed / done * (total - done):.0f}s left)",
+                end="" if done < total else "\n",
+                file=sys.stderr,
+                flush=True,
+            )
+    medians = {
+        v: {m: statistics.median(s[m] for s in samples[v]) for m in METRICS} for v in samples
+    }
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     return {
         "schema_version": SCHEMA_VERSION,
@@ -106,12 +137,15 @@ def format_table(record: dict) -> str:
     samples = record["results"]["samples"]
     refs = [r for r in ("composition", "mlx-lm") if r in medians]
     head = "| variant | decode tok/s (min–max) | prefill tok/s | peak GiB |" + "".join(
-        f" decode vs {r} |" for r in refs)
+        f" decode vs {r} |" for r in refs
+    )
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for v, m in medians.items():
         decode = [s["decode_tok_s"] for s in samples[v]]
-        row = (f"| {v} | {m['decode_tok_s']:.2f} ({min(decode):.2f}–{max(decode):.2f}) | "
-               f"{m['prefill_tok_s']:.1f} | {m['peak_memory_bytes'] / 2**30:.2f} |")
+        row = (
+            f"| {v} | {m['decode_tok_s']:.2f} ({min(decode):.2f}–{max(decode):.2f}) | "
+            f"{m['prefill_tok_s']:.1f} | {m['peak_memory_bytes'] / 2**30:.2f} |"
+        )
         row += "".join(f" {m['decode_tok_s'] / medians[r]['decode_tok_s']:.3f}x |" for r in refs)
         lines.append(row)
     return "\n".join(lines)
@@ -121,8 +155,10 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     record = run(args)
     cfg = record["config"]
-    print(f"{record['model_config'].get('hidden_size')}-wide model, {cfg['input_len']} + "
-          f"{cfg['output_len']} tokens, {cfg['repeats']} fresh-process repeats, medians")
+    print(
+        f"{record['model_config'].get('hidden_size')}-wide model, {cfg['input_len']} + "
+        f"{cfg['output_len']} tokens, {cfg['repeats']} fresh-process repeats, medians"
+    )
     print(format_table(record))
     if args.json_output:
         print(f"wrote {write_record(record, args.json_output, force=args.force)}")
