@@ -2,6 +2,9 @@
 //
 //   chapter-G  one block per query vector, G warps; warp w visits positions w, w+G, ...
 //              (the chapter's design: no GQA sharing, no context split)
+//   split      one block per (query vector, context chunk), 8 warps: flash-decoding's split
+//              of the context without GQA sharing (K/V rows are re-read per query head, mostly
+//              from L2)
 //   split-gqa  one block per (key/value head, tile of up to 4 query vectors of that head,
 //              context chunk): each K/V row leaves HBM once per step for all query heads that
 //              share it, and the context is split (flash-decoding) so every SM has warps; a
@@ -321,12 +324,13 @@ int sm_count() {
 
 Schedule parse_schedule(const std::string& name) {
   if (name == "auto" || name == "split-gqa") return Schedule::split_gqa;
+  if (name == "split") return Schedule::split;
   if (name == "chapter-8") return Schedule::chapter8;
   if (name == "chapter-16") return Schedule::chapter16;
   if (name == "chapter-32") return Schedule::chapter32;
   throw std::invalid_argument(
       "[decode_attention] unknown schedule '" + name +
-      "': use auto, split-gqa, chapter-8, chapter-16 or chapter-32");
+      "': use auto, split, split-gqa, chapter-8, chapter-16 or chapter-32");
 }
 
 Plan plan(const DecodeProblem& p, Schedule schedule) {
@@ -335,8 +339,8 @@ Plan plan(const DecodeProblem& p, Schedule schedule) {
   while (lpr * kDPL < p.head_dim && lpr < 32) lpr *= 2;
   const int vectors = p.group * p.query_len;
   int warps, vpb, splits = 1;
-  if (schedule == Schedule::split_gqa) {
-    vpb = vectors >= 4 ? 4 : 1;
+  if (schedule == Schedule::split_gqa || schedule == Schedule::split) {
+    vpb = schedule == Schedule::split_gqa && vectors >= 4 ? 4 : 1;
     warps = 8;
     const int walkers = warps * 32 / lpr;
     const int blocks = p.kv_rows * ((vectors + vpb - 1) / vpb);

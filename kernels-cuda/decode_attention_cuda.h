@@ -12,7 +12,7 @@
 
 namespace attn_kernels::cuda {
 
-enum class Schedule { split_gqa, chapter8, chapter16, chapter32 };
+enum class Schedule { split_gqa, split, chapter8, chapter16, chapter32 };
 
 Schedule parse_schedule(const std::string& name);
 
