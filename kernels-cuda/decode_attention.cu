@@ -37,7 +37,7 @@ constexpr float kNegInf = -INFINITY;
 // threads and registers are scarce).
 template <int VPB>
 struct Unroll {
-  static constexpr int value = VPB == 1 ? 2 : 4;
+  static constexpr int value = 2;
 };
 
 __device__ __forceinline__ float to_float(float x) {
@@ -101,12 +101,13 @@ __device__ __forceinline__ float mask_value(const DecodeProblem& p, int64_t at) 
 }
 
 // grid: (kv_rows * tiles, splits); block: G warps = G * 32 / LPR row walkers; walker w visits
-// positions w, w + walkers, ... of the block's chunk. Shared memory: walkers * VPB * (D + 2)
-// + 2 * VPB floats. With splits == 1 the block writes the output; otherwise it writes (max,
+// positions w, w + walkers, ... of the block's chunk. Shared memory: G * VPB * (D + 2) + 2 * VPB
+// floats. With splits == 1 the block writes the output; otherwise it writes (max,
 // denominator, unnormalised accumulator) per vector to `partials` for merge().
-// Single-vector blocks run up to 32 warps (chapter-32): registers must fit 1024 threads.
+// Single-vector blocks run up to 32 warps (chapter-32): registers must fit 1024 threads. GQA
+// blocks (256 threads) are held to two per SM's registers, so loads of two blocks overlap.
 template <typename T, int VPB, int LPR>
-__global__ void __launch_bounds__(VPB == 1 ? 1024 : 256) attend(DecodeProblem p, float* partials, int chunk) {
+__global__ void __launch_bounds__(VPB == 1 ? 1024 : 256, VPB == 1 ? 1 : 2) attend(DecodeProblem p, float* partials, int chunk) {
   extern __shared__ float smem[];
   constexpr int kRowsPerWarp = 32 / LPR;
   constexpr int kUnroll = Unroll<VPB>::value;
@@ -192,31 +193,51 @@ __global__ void __launch_bounds__(VPB == 1 ? 1024 : 256) attend(DecodeProblem p,
     }
   }
 
-  // Walker partials to shared memory: [walker][vector][max, denominator, D accumulators].
-  const int stride = D + 2;
-  float* denominators = smem + walkers * VPB * stride;
+  // The walkers of a warp merge their states with shuffles (partners hold the same dims), so
+  // one state per warp goes to shared memory: [warp][vector][max, denominator, D accumulators].
 #pragma unroll
-  for (int v = 0; v < VPB; ++v) {
-    float* slot = smem + (walker * VPB + v) * stride;
-    if (sublane == 0) {
-      slot[0] = m[v];
-      slot[1] = l[v];
+  for (int offset = LPR; offset < 32; offset *= 2) {
+#pragma unroll
+    for (int v = 0; v < VPB; ++v) {
+      const float m_other = __shfl_xor_sync(0xffffffffu, m[v], offset);
+      const float l_other = __shfl_xor_sync(0xffffffffu, l[v], offset);
+      const float common = fmaxf(m[v], m_other);
+      const float f = m[v] == kNegInf ? 0.0f : __expf(m[v] - common);
+      const float f_other = m_other == kNegInf ? 0.0f : __expf(m_other - common);
+      l[v] = l[v] * f + l_other * f_other;
+      m[v] = common;
+#pragma unroll
+      for (int e = 0; e < kDPL; ++e) {
+        acc[v][e] = acc[v][e] * f + __shfl_xor_sync(0xffffffffu, acc[v][e], offset) * f_other;
+      }
     }
+  }
+  const int stride = D + 2, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  float* denominators = smem + warps * VPB * stride;
+  if (lane < LPR) {
 #pragma unroll
-    for (int e = 0; e < kDPL; ++e) {
-      const int d = sublane * kDPL + e;
-      if (d < D) slot[2 + d] = acc[v][e];
+    for (int v = 0; v < VPB; ++v) {
+      float* slot = smem + (warp * VPB + v) * stride;
+      if (sublane == 0) {
+        slot[0] = m[v];
+        slot[1] = l[v];
+      }
+#pragma unroll
+      for (int e = 0; e < kDPL; ++e) {
+        const int d = sublane * kDPL + e;
+        if (d < D) slot[2 + d] = acc[v][e];
+      }
     }
   }
   __syncthreads();
-  // One thread per vector: the common max, each walker's rescale factor (stored over its max)
+  // One thread per vector: the common max, each warp's rescale factor (stored over its max)
   // and the final denominator.
   if (threadIdx.x < VPB) {
     const int v = threadIdx.x;
     float common = kNegInf;
-    for (int w = 0; w < walkers; ++w) common = fmaxf(common, smem[(w * VPB + v) * stride]);
+    for (int w = 0; w < warps; ++w) common = fmaxf(common, smem[(w * VPB + v) * stride]);
     float total = 0.0f;
-    for (int w = 0; w < walkers; ++w) {
+    for (int w = 0; w < warps; ++w) {
       float* slot = smem + (w * VPB + v) * stride;
       const float factor = slot[0] == kNegInf ? 0.0f : __expf(slot[0] - common);
       total += slot[1] * factor;
@@ -226,13 +247,13 @@ __global__ void __launch_bounds__(VPB == 1 ? 1024 : 256) attend(DecodeProblem p,
     denominators[2 * v + 1] = total;
   }
   __syncthreads();
-  // Threads combine output dimensions across walkers.
+  // Threads combine output dimensions across warps.
   for (int idx = threadIdx.x; idx < VPB * D; idx += blockDim.x) {
     const int v = idx / D, d = idx % D;
     const int r = tile * VPB + v;
     if (r >= vectors) continue;
     float sum = 0.0f;
-    for (int w = 0; w < walkers; ++w) {
+    for (int w = 0; w < warps; ++w) {
       const float* slot = smem + (w * VPB + v) * stride;
       sum += slot[2 + d] * slot[0];
     }
@@ -354,7 +375,6 @@ Plan plan(const DecodeProblem& p, Schedule schedule) {
     vpb = 1;
     warps = schedule == Schedule::chapter8 ? 8 : schedule == Schedule::chapter16 ? 16 : 32;
   }
-  const int walkers = warps * 32 / lpr;
   const int tiles = (vectors + vpb - 1) / vpb;
   plan.chunk = (p.context + splits - 1) / splits;
   splits = (p.context + plan.chunk - 1) / plan.chunk;  // no empty chunks
@@ -363,7 +383,7 @@ Plan plan(const DecodeProblem& p, Schedule schedule) {
   plan.attend_grid[1] = splits;
   plan.attend_threads = warps * 32;
   plan.attend_smem =
-      static_cast<uint32_t>((walkers * vpb * (p.head_dim + 2) + 2 * vpb) * sizeof(float));
+      static_cast<uint32_t>((warps * vpb * (p.head_dim + 2) + 2 * vpb) * sizeof(float));
   if (plan.attend_smem > 48 * 1024) {
     throw std::invalid_argument("[decode_attention] schedule needs more than 48 KiB of shared memory");
   }

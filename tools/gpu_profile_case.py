@@ -1,10 +1,9 @@
 """One DecodeAttention call for Nsight Compute:
-    ncu --clock-control none -k regex:attend python3 tools/gpu_profile_case.py SCHEDULE S"""
+ncu --clock-control none -k regex:attend python3 tools/gpu_profile_case.py SCHEDULE S"""
 
 import sys
 
 import mlx.core as mx
-
 from attn_kernels import decode_attention_custom
 
 schedule, s = sys.argv[1], int(sys.argv[2])

@@ -2,7 +2,6 @@ import json
 import statistics
 
 import pytest
-
 from llm_eval import bench, plot, progression
 from llm_eval.record import validate
 

@@ -15,10 +15,10 @@ import time
 from pathlib import Path
 
 import mlx.core as mx
-from mlx.utils import tree_flatten
-
 import qwen3_model
 from attn_kernels import _ext
+from mlx.utils import tree_flatten
+
 from llm_eval.record import SCHEMA_VERSION, collect_metadata, write_record
 
 CHECKPOINTS = ("composition", "decode-attention", "mlx-lm")
