@@ -31,15 +31,18 @@ def calls(monkeypatch):
 
 
 def run_layer(prefix, length, mask=None, checkpoint="decode-attention"):
+    """A fresh cache holding `prefix` positions (written directly: their values do not matter to
+    the dispatch), then one step of `length` new tokens through a real attention layer."""
     args = CONFIGS["qwen3-tiny"]
     mx.random.seed(0)  # the same weights for every checkpoint
     layer = Attention(args, checkpoint)
     cache = KVCache()
-    x = mx.random.normal((1, prefix + length, args.hidden_size), key=mx.random.key(prefix))
     if prefix:
-        mx.eval(layer(x[:, :prefix], "causal", cache))
+        shape = (1, args.num_key_value_heads, prefix, args.head_dim)
+        cache.update_and_fetch(mx.random.normal(shape), mx.random.normal(shape))
+    x = mx.random.normal((1, length, args.hidden_size), key=mx.random.key(prefix))
     step_mask = mask if mask is not None else ("causal" if length > 1 else None)
-    return layer(x[:, prefix:], step_mask, cache)
+    return layer(x, step_mask, cache)
 
 
 # (prefix, L) -> (path, S): the issue's cases, written against the named limits (chapter: 2, 256).

@@ -65,10 +65,14 @@ def _cpu_name() -> str:
 
 
 def collect_metadata(device: str) -> dict:
+    sha = _git("rev-parse", "HEAD")
     dirty = _git("status", "--porcelain", "--untracked-files=no")
+    if sha is None:  # a copy without .git (the device machine): the caller names the commit
+        sha = os.environ.get("LLM_EVAL_GIT_SHA")
+        dirty = os.environ.get("LLM_EVAL_GIT_DIRTY")
     return {
         "captured_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-        "git_sha": _git("rev-parse", "HEAD"),
+        "git_sha": sha,
         "git_dirty": bool(dirty) if dirty is not None else None,
         "host": socket.gethostname(),
         "platform": platform.platform(),

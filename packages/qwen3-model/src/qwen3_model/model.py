@@ -13,10 +13,18 @@ from qwen3_model.configs import ModelArgs
 CHECKPOINTS = ("composition", "decode-attention")
 
 # The fused kernel's measured region, per backend: query length L and cached context S (after
-# this step's tokens are appended). Chapter values (L <= 2, S <= 256, evidenced on Apple GPUs)
-# until this project's own records replace them (benchmark issue).
+# this step's tokens are appended). Each is the largest measured point where the custom kernel
+# beat the readable path (the fallback) in every pass, for every query length up to MAX_QUERY;
+# nothing past the largest measured context. L=4 is not measured yet, hence 2 although L=8 also
+# won on both backends.
+#   cpu: benchmark_results/cpu-2core-qwen3-4b-attention-L1-mlx-0.32.4.json and
+#        cpu-2core-qwen3-4b-attention-L2-L8-causal-mlx-0.32.4.json: wins at every S <= 16384
+#        (the largest measured) for L = 1, 2 and 8.
+#   gpu: benchmark_results/h200-qwen3-4b-attention-L1-mlx-0.32.4.json (L=1: wins through
+#        S = 131072) and h200-qwen3-4b-attention-L2-L8-causal-mlx-0.32.4.json (L=2: wins
+#        through S = 4096, the largest measured there).
 MAX_QUERY = {"cpu": 2, "gpu": 2}
-MAX_CONTEXT = {"cpu": 256, "gpu": 256}
+MAX_CONTEXT = {"cpu": 16384, "gpu": 4096}
 
 
 def backend() -> str:

@@ -1,0 +1,181 @@
+"""The Metal kernel source, run on the CPU under the SIMT emulation (kernels-metal/emulation).
+
+What this proves: the kernel's algorithm, indexing, strides, masks, GQA mapping, SIMD-group
+reductions and threadgroup-barrier protocol give the right answer when every thread of a
+threadgroup runs with Metal's execution semantics as emulated (32-lane SIMD groups that reduce
+together, a full-threadgroup barrier, per-threadgroup memory). What it cannot: that Apple's
+Metal compiler accepts the file, the exact precision of fast::exp and of real half/bfloat
+hardware paths, GPU memory-model subtleties beyond barriers, threadgroup-memory limits at
+launch, and speed. Those need a Mac (see .github/workflows/macos-metal.yml).
+"""
+
+import shutil
+import struct
+import subprocess
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from conftest import TOLERANCE
+from reference import attention_f64
+
+KERNELS_METAL = Path(__file__).resolve().parents[3] / "kernels-metal"
+MASK_KINDS = {"none": 0, "float32": 1, "float16": 2, "bfloat16": 3, "bool": 4}
+
+
+@pytest.fixture(scope="session")
+def emulator(tmp_path_factory):
+    compiler = shutil.which("g++") or shutil.which("clang++")
+    if compiler is None:
+        pytest.skip("no host C++ compiler")
+    exe = tmp_path_factory.mktemp("metal") / "run_decode_attention"
+    subprocess.run(
+        [
+            compiler,
+            "-std=c++20",
+            "-O2",
+            "-Wall",
+            "-Werror",
+            "-Wno-attributes",
+            "-Wno-unknown-pragmas",
+            "-pthread",
+            str(KERNELS_METAL / "emulation" / "run_decode_attention.cpp"),
+            "-o",
+            str(exe),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return exe
+
+
+def storage(a: np.ndarray, dtype: str) -> bytes:
+    """float64 data as the kernel's storage type (bfloat16: round-to-nearest-even bits)."""
+    if dtype == "float32":
+        return a.astype(np.float32).tobytes()
+    if dtype == "float16":
+        return a.astype(np.float16).tobytes()
+    u = a.astype(np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16).tobytes()
+
+
+def quantized(a: np.ndarray, dtype: str) -> np.ndarray:
+    raw = np.frombuffer(
+        storage(a, dtype),
+        dtype={"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}[dtype],
+    )
+    if dtype == "bfloat16":
+        raw = (raw.astype(np.uint32) << 16).view(np.float32)
+    return raw.astype(np.float64).reshape(a.shape)
+
+
+def element_strides(shape):
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.insert(0, step)
+        step *= n
+    return strides
+
+
+def run_kernel(
+    exe, tmp_path, q, k_buf, v_buf, context, mask, mask_kind, causal, dtype, groups, scale
+):
+    b, hq, length, d = q.shape
+    hkv = k_buf.shape[1]
+    kv_strides = element_strides(k_buf.shape)  # a cache buffer: capacity >= context
+    m_strides = element_strides(mask.shape) if mask is not None else [0, 0, 0, 0]
+    params = struct.pack(
+        "<8ifi16q",
+        b * hq,
+        hq // hkv,
+        length,
+        context,
+        d,
+        hq,
+        hkv,
+        MASK_KINDS.get(mask_kind, 0),
+        scale,
+        int(causal),
+        *element_strides(q.shape),
+        *kv_strides,
+        *kv_strides,
+        *m_strides,
+    )
+    (tmp_path / "params.bin").write_bytes(params)
+    (tmp_path / "config.txt").write_text(f"{dtype} {groups}\n")
+    (tmp_path / "q.bin").write_bytes(storage(q, dtype))
+    (tmp_path / "k.bin").write_bytes(storage(k_buf, dtype))
+    (tmp_path / "v.bin").write_bytes(storage(v_buf, dtype))
+    if mask is None:
+        mask_bytes = b"\0"
+    elif mask_kind == "bool":
+        mask_bytes = mask.astype(np.bool_).tobytes()
+    else:
+        mask_bytes = storage(mask, mask_kind)
+    (tmp_path / "mask.bin").write_bytes(mask_bytes)
+    subprocess.run([str(exe), str(tmp_path)], check=True, timeout=120)
+    raw = np.fromfile(
+        tmp_path / "out.bin",
+        dtype={"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}[dtype],
+    )
+    if dtype == "bfloat16":
+        raw = (raw.astype(np.uint32) << 16).view(np.float32)
+    return raw.astype(np.float64).reshape(b, hq, length, d)
+
+
+CASES = [
+    # (batch, Hq, Hkv, L, S, D, mask, dtype, groups)
+    (1, 8, 2, 1, 129, 128, "none", "bfloat16", 32),
+    (1, 8, 2, 1, 129, 128, "none", "bfloat16", 16),
+    (1, 8, 2, 1, 129, 128, "none", "bfloat16", 8),
+    (2, 2, 2, 1, 31, 128, "none", "float32", 8),
+    (1, 8, 2, 8, 31, 128, "causal", "float16", 8),
+    (1, 4, 1, 8, 8, 72, "causal", "float32", 8),
+    (1, 8, 2, 2, 255, 128, "causal", "bfloat16", 32),
+    (1, 4, 4, 1, 1, 128, "none", "float16", 16),
+    (1, 8, 2, 3, 40, 256, "float32", "float32", 16),
+    (1, 4, 2, 2, 33, 40, "bool", "bfloat16", 8),
+    (1, 4, 2, 2, 50, 128, "bfloat16", "bfloat16", 8),
+]
+
+
+@pytest.mark.parametrize(
+    ("b", "hq", "hkv", "length", "s", "d", "mask_kind", "dtype", "groups"), CASES
+)
+def test_metal_kernel_under_emulation(
+    emulator, tmp_path, b, hq, hkv, length, s, d, mask_kind, dtype, groups
+):
+    rng = np.random.default_rng(s * 131 + length * 7 + d + groups)
+    capacity = s + 5  # K/V are views of a longer cache buffer
+    q = rng.standard_normal((b, hq, length, d))
+    k_buf = rng.standard_normal((b, hkv, capacity, d))
+    v_buf = rng.standard_normal((b, hkv, capacity, d))
+    causal = mask_kind == "causal"
+    mask = None
+    if mask_kind == "bool":
+        mask = rng.random((b, hq, length, s)) < 0.8
+        mask[0, 1, 0, :] = False  # a row with nothing visible: zeros
+    elif mask_kind not in ("none", "causal"):
+        mask = np.where(
+            rng.random((b, hq, length, s)) < 0.2, -np.inf, rng.standard_normal((b, hq, length, s))
+        )
+    scale = 1.0 / np.sqrt(d)
+    out = run_kernel(
+        emulator, tmp_path, q, k_buf, v_buf, s, mask, mask_kind, causal, dtype, groups, scale
+    )
+
+    as_mx = lambda a: mx.array(quantized(a, dtype).astype(np.float32))  # noqa: E731
+    if mask is None:
+        ref_mask = "causal" if causal else None
+    elif mask_kind == "bool":
+        ref_mask = mx.array(mask)
+    else:
+        ref_mask = mx.array(quantized(mask, mask_kind).astype(np.float32))
+    expected = attention_f64(
+        as_mx(q), as_mx(k_buf[:, :, :s]), as_mx(v_buf[:, :, :s]), scale=scale, mask=ref_mask
+    )
+    np.testing.assert_allclose(out, expected, **TOLERANCE[getattr(mx, dtype)])
+    if mask_kind == "bool":
+        assert np.all(out[0, 1, 0] == 0.0)
