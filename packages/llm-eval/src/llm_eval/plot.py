@@ -104,7 +104,10 @@ def main(argv=None) -> None:
     p.add_argument("--out-dir", type=Path, help="default: beside each record")
     args = p.parse_args(argv)
     for path in args.records:
-        print(f"wrote {plot(path, args.out_dir)}")
+        try:
+            print(f"wrote {plot(path, args.out_dir)}")
+        except ValueError as e:  # e.g. a single model-bench record: nothing to chart
+            print(f"skipped {e}")
 
 
 if __name__ == "__main__":
