@@ -8,11 +8,18 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
+#include <type_traits>
 #include <limits>
 #include <vector>
 
 #include "decode_attention.h"
 #include "thread_pool.h"
+
+#if defined(__x86_64__) && defined(__linux__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define ATTN_BF16_DOT 1
+#endif
 
 // Wider vectors where the running CPU has them: GCC/Clang build one clone per target and pick
 // at load time (ifunc), so the wheel still runs on any x86-64.
@@ -138,7 +145,7 @@ ALWAYS_INLINE Lanes to_lanes(const BFloat16* src) {
   using Bits16 = uint16_t __attribute__((vector_size(kLanes * 2), aligned(2)));
   using Bits32 = uint32_t __attribute__((vector_size(kLanes * 4)));
   const Bits32 wide = __builtin_convertvector(*reinterpret_cast<const Bits16*>(src), Bits32) << 16;
-  return reinterpret_cast<const Lanes&>(wide);
+  return (Lanes)wide;  // same-size vector cast: the bits as floats
 }
 ALWAYS_INLINE Lanes to_lanes(const Float16* src) {
 #if defined(__FLT16_MANT_DIG__)
@@ -198,8 +205,8 @@ ALWAYS_INLINE int state_floats(int d) {
 
 // Floats of scratch attend_chunk needs for `vectors` query vectors of head dimension d.
 size_t scratch_floats(int vectors, int d) {
-  return static_cast<size_t>(vectors) * padded(d) + 2 * kBlock * padded(d) +
-      2 * static_cast<size_t>(vectors) * kBlock + vectors;
+  return static_cast<size_t>(vectors) * padded(d) * 3 / 2 + 2 * kBlock * padded(d) +
+      2 * static_cast<size_t>(vectors) * kBlock + vectors + 1;
 }
 
 // Where block_scores and block_accumulate read K/V rows: floats converted into scratch, or the cache itself
@@ -264,6 +271,44 @@ ALWAYS_INLINE void block_scores(const float* q, const Rows& keys, float* scores,
   }
 }
 
+#if defined(ATTN_BF16_DOT)
+// bf16 x bf16 scores with AVX512-BF16 (vdpbf16ps: 32 products per instruction, exact, summed in
+// float32): K is read straight from the cache, no conversion. Chosen at run time; D % 32 == 0.
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"), noinline)) void block_scores_bf16(
+    const uint16_t* q, const BFloat16* keys, int64_t key_stride, float* scores, int vectors, int D,
+    float scale) {
+  for (int r = 0; r < vectors; ++r) {
+    __m512 partial[kBlock];
+    for (int j = 0; j < kBlock; ++j) {
+      partial[j] = _mm512_setzero_ps();
+    }
+    for (int d0 = 0; d0 < D; d0 += 32) {
+      const __m512bh qv = (__m512bh)_mm512_loadu_si512(q + r * D + d0);
+      for (int j = 0; j < kBlock; ++j) {
+        partial[j] = _mm512_dpbf16_ps(
+            partial[j], qv, (__m512bh)_mm512_loadu_si512(keys + j * key_stride + d0));
+      }
+    }
+    Lanes lanes[kBlock];
+    for (int j = 0; j < kBlock; ++j) {
+      lanes[j] = (Lanes)partial[j];
+    }
+    store_lanes(scores + r * kBlock, transpose_sum(lanes) * scale);
+  }
+}
+
+// ATTN_KERNELS_DISABLE_BF16_DOT=1 takes the portable path (tests cover both on one machine).
+bool cpu_has_bf16_dot() {
+  static const bool has = __builtin_cpu_supports("avx512bf16") &&
+      __builtin_cpu_supports("avx512bw") && !std::getenv("ATTN_KERNELS_DISABLE_BF16_DOT");
+  return has;
+}
+#else
+bool cpu_has_bf16_dot() {
+  return false;
+}
+#endif
+
 // Up to kTile query vectors at a time share each loaded slice of V.
 constexpr int kTile = 4;
 
@@ -322,12 +367,21 @@ ALWAYS_INLINE void attend_chunk(
   float* values_block = keys_block + kBlock * Dp;
   float* scores = values_block + kBlock * Dp;  // vectors x kBlock, then weights in place
   float* rescale = scores + vectors * kBlock;  // vectors
+  // bf16 queries as given (unscaled) for the AVX512-BF16 score path.
+  uint16_t* queries_bf16 = reinterpret_cast<uint16_t*>(rescale + vectors + 1);
+  bool bf16_dot = false;
+  if constexpr (std::is_same_v<T, BFloat16>) {
+    bf16_dot = D % 32 == 0 && p.k_strides[3] == 1 && p.q_strides[3] == 1 && cpu_has_bf16_dot();
+  }
 
   for (int r = 0; r < vectors; ++r) {
     const int row = kv_row * p.group + r / L, i = r % L;
     const T* q = static_cast<const T*>(p.queries) + p.q_offset(row, i);
     float* qr = queries + r * Dp;
     load_padded(qr, q, D, Dp, p.q_strides[3]);
+    if (bf16_dot) {
+      std::memcpy(queries_bf16 + r * D, q, D * sizeof(uint16_t));
+    }
     for (int d = 0; d < Dp; ++d) {
       qr[d] *= p.scale;
     }
@@ -341,11 +395,22 @@ ALWAYS_INLINE void attend_chunk(
   const T* values = static_cast<const T*>(p.values) + p.kv_offset(p.v_strides, kv_row);
   for (int j0 = begin; j0 < end; j0 += kBlock) {
     const int n = std::min(kBlock, end - j0);
-    for (int j = 0; j < n; ++j) {
-      load_padded(keys_block + j * Dp, keys + (j0 + j) * p.k_strides[2], D, Dp, p.k_strides[3]);
+    bool scored = false;
+#if defined(ATTN_BF16_DOT)
+    if constexpr (std::is_same_v<T, BFloat16>) {
+      if (bf16_dot && n == kBlock) {
+        block_scores_bf16(queries_bf16, keys + j0 * p.k_strides[2], p.k_strides[2], scores, vectors, D, p.scale);
+        scored = true;
+      }
     }
-    // K rows are converted once and reused by every query vector (V rows are used once each).
-    block_scores(queries, ConvertedRows{keys_block, Dp}, scores, vectors, Dp);
+#endif
+    if (!scored) {
+      // K rows are converted once and reused by every query vector (V rows are used once each).
+      for (int j = 0; j < n; ++j) {
+        load_padded(keys_block + j * Dp, keys + (j0 + j) * p.k_strides[2], D, Dp, p.k_strides[3]);
+      }
+      block_scores(queries, ConvertedRows{keys_block, Dp}, scores, vectors, Dp);
+    }
     bool any = false;
     for (int r = 0; r < vectors; ++r) {
       const int row = kv_row * p.group + r / L, i = r % L;

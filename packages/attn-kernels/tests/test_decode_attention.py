@@ -231,3 +231,33 @@ def test_no_score_sized_intermediates():
             assert extra >= scores_bytes  # the oracle does build them: the measurement sees them
         else:
             assert extra <= bound, f"custom kernel allocated {extra} bytes"
+
+
+def test_cpu_portable_path_matches(tmp_path):
+    """Where the CPU has AVX512-BF16, bf16 scores use it; the portable path (forced by
+    ATTN_KERNELS_DISABLE_BF16_DOT) must give the same answers within tolerance."""
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import mlx.core as mx, numpy as np\n"
+        "from attn_kernels import decode_attention_custom\n"
+        "mx.set_default_device(mx.cpu)\n"
+        "k = mx.random.split(mx.random.key(3), 3)\n"
+        "q = mx.random.normal((1, 8, 2, 128), key=k[0]).astype(mx.bfloat16)\n"
+        "kk = mx.random.normal((1, 2, 300, 128), key=k[1]).astype(mx.bfloat16)\n"
+        "v = mx.random.normal((1, 2, 300, 128), key=k[2]).astype(mx.bfloat16)\n"
+        "out = decode_attention_custom(q, kk, v, mask='causal').astype(mx.float32)\n"
+        "np.save(__import__('sys').argv[1], np.array(out))\n"
+    )
+    results = []
+    for disable in ("", "1"):
+        env = dict(os.environ)
+        env.pop("ATTN_KERNELS_DISABLE_BF16_DOT", None)
+        if disable:
+            env["ATTN_KERNELS_DISABLE_BF16_DOT"] = "1"
+        path = tmp_path / f"out{disable}.npy"
+        subprocess.run([sys.executable, "-c", script, str(path)], check=True, env=env)
+        results.append(np.load(path))
+    np.testing.assert_allclose(results[0], results[1], **TOLERANCE[mx.bfloat16])
