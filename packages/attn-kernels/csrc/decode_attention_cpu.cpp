@@ -271,6 +271,9 @@ ALWAYS_INLINE void block_scores(const float* q, const Rows& keys, float* scores,
   }
 }
 
+// Up to kTile query vectors at a time share each loaded slice of V.
+constexpr int kTile = 4;
+
 #if defined(ATTN_BF16_DOT)
 // bf16 x bf16 scores with AVX512-BF16 (vdpbf16ps: 32 products per instruction, exact, summed in
 // float32): K is read straight from the cache, no conversion. Chosen at run time; D % 32 == 0.
@@ -298,6 +301,60 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"), noinline)) void b
 }
 
 // ATTN_KERNELS_DISABLE_BF16_DOT=1 takes the portable path (tests cover both on one machine).
+// acc_r = acc_r * rescale_r + sum_j weight[r][j] * v_j for a full block of bf16 V rows, two
+// positions per vdpbf16ps: rows j and j+1 are interleaved (unpacklo/hi per 128-bit lane) and
+// multiplied by the weight pair (w_j, w_j+1) rounded to bf16, as the readable path rounds its
+// probabilities to the value dtype. The unpacks permute dimensions within each 32-dim chunk;
+// the accumulators are permuted to match on load and back on store. D % 32 == 0.
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"), noinline)) void block_accumulate_bf16(
+    const float* weights, const float* rescale, const BFloat16* values, int64_t value_stride,
+    float* state, int vectors, int D, int state_size) {
+  const __m512i to_lo = _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
+  const __m512i to_hi = _mm512_setr_epi32(4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+  const __m512i back_a = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+  const __m512i back_b = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+  constexpr int kPairs = kBlock / 2;
+  for (int r0 = 0; r0 < vectors; r0 += kTile) {
+    const int tile = std::min(kTile, vectors - r0);
+    uint32_t pairs[kTile][kPairs];
+    for (int t = 0; t < tile; ++t) {
+      for (int pr = 0; pr < kPairs; ++pr) {
+        BFloat16 w0, w1;
+        store(&w0, weights[(r0 + t) * kBlock + 2 * pr]);
+        store(&w1, weights[(r0 + t) * kBlock + 2 * pr + 1]);
+        pairs[t][pr] = uint32_t{w0.bits} | (uint32_t{w1.bits} << 16);
+      }
+    }
+    for (int d0 = 0; d0 < D; d0 += 32) {
+      __m512 lo[kTile], hi[kTile];
+      for (int t = 0; t < tile; ++t) {
+        float* acc = state + (r0 + t) * state_size + kStateHeader + d0;
+        const __m512 f = _mm512_set1_ps(rescale[r0 + t]);
+        const __m512 a = _mm512_mul_ps(_mm512_loadu_ps(acc), f);
+        const __m512 b = _mm512_mul_ps(_mm512_loadu_ps(acc + 16), f);
+        lo[t] = _mm512_permutex2var_ps(a, to_lo, b);
+        hi[t] = _mm512_permutex2var_ps(a, to_hi, b);
+      }
+      for (int pr = 0; pr < kPairs; ++pr) {
+        const __m512i v0 = _mm512_loadu_si512(values + (2 * pr) * value_stride + d0);
+        const __m512i v1 = _mm512_loadu_si512(values + (2 * pr + 1) * value_stride + d0);
+        const __m512bh even = (__m512bh)_mm512_unpacklo_epi16(v0, v1);
+        const __m512bh odd = (__m512bh)_mm512_unpackhi_epi16(v0, v1);
+        for (int t = 0; t < tile; ++t) {
+          const __m512bh w = (__m512bh)_mm512_set1_epi32(static_cast<int>(pairs[t][pr]));
+          lo[t] = _mm512_dpbf16_ps(lo[t], w, even);
+          hi[t] = _mm512_dpbf16_ps(hi[t], w, odd);
+        }
+      }
+      for (int t = 0; t < tile; ++t) {
+        float* acc = state + (r0 + t) * state_size + kStateHeader + d0;
+        _mm512_storeu_ps(acc, _mm512_permutex2var_ps(lo[t], back_a, hi[t]));
+        _mm512_storeu_ps(acc + 16, _mm512_permutex2var_ps(lo[t], back_b, hi[t]));
+      }
+    }
+  }
+}
+
 bool cpu_has_bf16_dot() {
   static const bool has = __builtin_cpu_supports("avx512bf16") &&
       __builtin_cpu_supports("avx512bw") && !std::getenv("ATTN_KERNELS_DISABLE_BF16_DOT");
@@ -308,9 +365,6 @@ bool cpu_has_bf16_dot() {
   return false;
 }
 #endif
-
-// Up to kTile query vectors at a time share each loaded slice of V.
-constexpr int kTile = 4;
 
 // acc_t = acc_t * rescale_t + sum_j weight[t][j] * v_j, one kLanes slice at a time.
 template <int Tile, typename Rows>
@@ -457,6 +511,15 @@ ALWAYS_INLINE void attend_chunk(
     if (!any) {
       continue;
     }
+#if defined(ATTN_BF16_DOT)
+    if constexpr (std::is_same_v<T, BFloat16>) {
+      if (bf16_dot && n == kBlock && p.v_strides[3] == 1) {
+        block_accumulate_bf16(scores, rescale, values + j0 * p.v_strides[2], p.v_strides[2], state,
+                              vectors, D, state_size);
+        continue;
+      }
+    }
+#endif
     if (p.v_strides[3] == 1 && D == Dp) {
       const CacheRows<T> rows{values + j0 * p.v_strides[2], p.v_strides[2]};
       block_accumulate(scores, rescale, rows, state, vectors, n, Dp, state_size);
