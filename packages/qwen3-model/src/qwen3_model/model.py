@@ -20,15 +20,18 @@ CHECKPOINTS = ("composition", "decode-attention")
 #   cpu: benchmark_results/cpu-2core-qwen3-4b-attention-L1-mlx-0.32.4.json and
 #        cpu-2core-qwen3-4b-attention-L2-L8-causal-mlx-0.32.4.json: wins at every S <= 16384
 #        (the largest measured) for L = 1, 2 and 8.
-#   gpu: benchmark_results/h200-qwen3-4b-attention-L1-mlx-0.32.4.json (L=1: wins through
+#   cuda: benchmark_results/h200-qwen3-4b-attention-L1-mlx-0.32.4.json (L=1: wins through
 #        S = 131072) and h200-qwen3-4b-attention-L2-L8-causal-mlx-0.32.4.json (L=2: wins
 #        through S = 4096, the largest measured there).
-MAX_QUERY = {"cpu": 2, "gpu": 2}
-MAX_CONTEXT = {"cpu": 16384, "gpu": 4096}
+#   metal: no record of ours yet (no Mac here): the chapter's M4 Pro evidence, L <= 2, S <= 256.
+MAX_QUERY = {"cpu": 2, "cuda": 2, "metal": 2}
+MAX_CONTEXT = {"cpu": 16384, "cuda": 4096, "metal": 256}
 
 
 def backend() -> str:
-    return "gpu" if mx.default_device() == mx.gpu else "cpu"
+    if mx.default_device() != mx.gpu:
+        return "cpu"
+    return "cuda" if mx.cuda.is_available() else "metal"
 
 
 class Attention(nn.Module):
