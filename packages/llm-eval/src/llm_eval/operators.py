@@ -22,6 +22,7 @@ from pathlib import Path
 import mlx.core as mx
 from attn_kernels import SCHEDULES, _ext, decode_attention_custom, scaled_dot_product_attention
 
+from llm_eval.progress import Progress
 from llm_eval.record import SCHEMA_VERSION, collect_metadata, write_record
 
 IMPLEMENTATIONS = ("readable", "custom", "mlx")
@@ -211,9 +212,7 @@ def run(args) -> dict:
     shapes = [(s, q) for q in args.query_length for s in args.context]
     results: dict[str, dict] = {}
     execution_order = []
-    total = args.context_repeats * len(shapes)
-    done = 0
-    started = time.perf_counter()
+    progress = Progress(args.context_repeats * len(shapes))
     for rep in range(args.context_repeats):
         pass_shapes = shapes if rep % 2 == 0 else shapes[::-1]
         for context, query_length in pass_shapes:
@@ -259,16 +258,7 @@ def run(args) -> dict:
             )
             for n, s in pass_samples.items():
                 entry["samples_us"][n].extend(x * 1e6 for x in s)
-            done += 1
-            elapsed = time.perf_counter() - started
-            bar = "#" * (20 * done // total)
-            print(
-                f"\r[{bar:<20}] {done}/{total} pass {rep} {key} "
-                f"({elapsed:.0f}s, ~{elapsed / done * (total - done):.0f}s left)",
-                end="" if done < total else "\n",
-                file=sys.stderr,
-                flush=True,
-            )
+            progress.step(f"pass {rep} {key}")
     floor_gbs = args.bandwidth_gbs
     for entry in results.values():
         floor_us = entry["kv_bytes"] / (floor_gbs * 1e9) * 1e6

@@ -14,10 +14,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from llm_eval.bench import CHECKPOINTS, has_gpu
+from llm_eval.progress import Progress
 from llm_eval.record import SCHEMA_VERSION, collect_metadata, write_record
 
 METRICS = ("decode_tok_s", "prefill_tok_s", "output_tok_s", "peak_memory_bytes")
@@ -99,7 +99,7 @@ def run_sample(args, variant: str) -> dict:
 def run(args) -> dict:
     samples = {v: [] for v in args.variant}
     order_log = []
-    total, done, started = args.repeats * len(args.variant), 0, time.perf_counter()
+    progress = Progress(args.repeats * len(args.variant))
     model_config = None
     for rep in range(args.repeats):
         order = args.variant if rep % 2 == 0 else args.variant[::-1]
@@ -108,15 +108,7 @@ def run(args) -> dict:
             record = run_sample(args, variant)
             model_config = record["model_config"]
             samples[variant].append({"repeat": rep, **record["results"]["summary"]})
-            done += 1
-            elapsed = time.perf_counter() - started
-            print(
-                f"\r[{'#' * (20 * done // total):<20}] {done}/{total} repeat {rep} {variant} "
-                f"({elapsed:.0f}s, ~{elapsed / done * (total - done):.0f}s left)",
-                end="" if done < total else "\n",
-                file=sys.stderr,
-                flush=True,
-            )
+            progress.step(f"repeat {rep} {variant}")
     medians = {
         v: {m: statistics.median(s[m] for s in samples[v]) for m in METRICS} for v in samples
     }
