@@ -21,6 +21,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstring>
+#include <type_traits>
 #include <cmath>
 #include <mutex>
 #include <unordered_map>
@@ -33,11 +35,23 @@ namespace attn_kernels::cuda {
 namespace {
 
 constexpr float kNegInf = -INFINITY;
-// Positions whose K/V loads a walker has in flight at once (fewer where a block may have 1024
-// threads and registers are scarce).
-template <int VPB>
-struct Unroll {
-  static constexpr int value = 2;
+
+// Positions a walker takes per step ("tile"): all their K and V loads are in flight before the
+// first score, and the running max and the accumulators are rescaled once per tile instead of
+// once per position. Blocks of up to 1024 threads have at most 64 registers a thread: half.
+// ATTN_TILE, ATTN_BLOCKS_PER_SM and ATTN_MMA_BLOCKS_PER_SM are knobs for kernels-cuda/dev/bench_attend.cu.
+#ifndef ATTN_TILE
+#define ATTN_TILE 2
+#endif
+#ifndef ATTN_BLOCKS_PER_SM
+#define ATTN_BLOCKS_PER_SM 2
+#endif
+#ifndef ATTN_MMA_BLOCKS_PER_SM
+#define ATTN_MMA_BLOCKS_PER_SM 3
+#endif
+template <int kMaxThreads>
+struct Tile {
+  static constexpr int value = kMaxThreads > 256 ? 2 : ATTN_TILE;
 };
 
 __device__ __forceinline__ float to_float(float x) {
@@ -64,22 +78,33 @@ __device__ __forceinline__ void store(__nv_bfloat16* p, float x) {
 // product needs log2(LPR) shuffles instead of five.
 constexpr int kDPL = 8;
 
+// A lane's kDPL values of a row as stored (16 bytes for bf16/f16): K and V stay packed in
+// registers until used, which halves the registers a tile of loads in flight takes.
+template <typename T>
+struct alignas(kDPL * sizeof(T)) Fragment {
+  T v[kDPL];
+};
+
+template <typename T>
+__device__ __forceinline__ void load_packed(
+    Fragment<T>& dst, const T* row, int sublane, int D, int64_t stride) {
+  const int d0 = sublane * kDPL;
+  if (stride == 1 && d0 + kDPL <= D &&
+      (reinterpret_cast<uintptr_t>(row + d0) % sizeof(Fragment<T>)) == 0) {
+    dst = *reinterpret_cast<const Fragment<T>*>(row + d0);
+  } else {
+#pragma unroll
+    for (int e = 0; e < kDPL; ++e) dst.v[e] = d0 + e < D ? row[(d0 + e) * stride] : T(0.0f);
+  }
+}
+
 template <typename T>
 __device__ __forceinline__ void load_fragment(
     float (&dst)[kDPL], const T* row, int sublane, int D, int64_t stride) {
-  const int d0 = sublane * kDPL;
-  if (stride == 1 && d0 + kDPL <= D &&
-      (reinterpret_cast<uintptr_t>(row + d0) % (kDPL * sizeof(T))) == 0) {
-    struct alignas(kDPL * sizeof(T)) Vec {
-      T v[kDPL];
-    };
-    const Vec vec = *reinterpret_cast<const Vec*>(row + d0);
+  Fragment<T> packed;
+  load_packed(packed, row, sublane, D, stride);
 #pragma unroll
-    for (int e = 0; e < kDPL; ++e) dst[e] = to_float(vec.v[e]);
-  } else {
-#pragma unroll
-    for (int e = 0; e < kDPL; ++e) dst[e] = d0 + e < D ? to_float(row[(d0 + e) * stride]) : 0.0f;
-  }
+  for (int e = 0; e < kDPL; ++e) dst[e] = to_float(packed.v[e]);
 }
 
 template <int LPR>
@@ -100,17 +125,68 @@ __device__ __forceinline__ float mask_value(const DecodeProblem& p, int64_t at) 
   return 0.0f;
 }
 
-// grid: (kv_rows * tiles, splits); block: G warps = G * 32 / LPR row walkers; walker w visits
-// positions w, w + walkers, ... of the block's chunk. Shared memory: G * VPB * (D + 2) + 2 * VPB
-// floats. With splits == 1 the block writes the output; otherwise it writes (max,
-// denominator, unnormalised accumulator) per vector to `partials` for merge().
-// Single-vector blocks run up to 32 warps (chapter-32): registers must fit 1024 threads. GQA
-// blocks (256 threads) are held to two per SM's registers, so loads of two blocks overlap.
-template <typename T, int VPB, int LPR>
-__global__ void __launch_bounds__(VPB == 1 ? 1024 : 256, VPB == 1 ? 1 : 2) attend(DecodeProblem p, float* partials, int chunk) {
+// The end of every attend kernel: shared memory holds one online-softmax state per warp and
+// vector, [warp][vector][max, denominator, D accumulators]. One thread per vector computes the
+// common max, each warp's rescale factor (stored over its max) and the denominator; then the
+// threads combine output dimensions across warps and write the output (one chunk) or the
+// block's partial state for merge().
+template <typename T, int VPB>
+__device__ void finish(const DecodeProblem& p, float* smem, float* partials, int kv_row, int tile,
+                       int split, int splits) {
+  const int D = p.head_dim, L = p.query_len, vectors = p.group * L;
+  const int stride = D + 2, warps = blockDim.x / 32;
+  float* denominators = smem + warps * VPB * stride;
+  if (threadIdx.x < VPB) {
+    const int v = threadIdx.x;
+    float common = kNegInf;
+    for (int w = 0; w < warps; ++w) common = fmaxf(common, smem[(w * VPB + v) * stride]);
+    float total = 0.0f;
+    for (int w = 0; w < warps; ++w) {
+      float* slot = smem + (w * VPB + v) * stride;
+      const float factor = slot[0] == kNegInf ? 0.0f : __expf(slot[0] - common);
+      total += slot[1] * factor;
+      slot[0] = factor;
+    }
+    denominators[2 * v] = common;
+    denominators[2 * v + 1] = total;
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < VPB * D; idx += blockDim.x) {
+    const int v = idx / D, d = idx % D;
+    const int r = tile * VPB + v;
+    if (r >= vectors) continue;
+    float sum = 0.0f;
+    for (int w = 0; w < warps; ++w) {
+      const float* slot = smem + (w * VPB + v) * stride;
+      sum += slot[2 + d] * slot[0];
+    }
+    const float common = denominators[2 * v], total = denominators[2 * v + 1];
+    if (splits == 1) {
+      const int row = kv_row * p.group + r / L, i = r % L;
+      T* out = static_cast<T*>(p.out) + (int64_t{row} * L + i) * D;
+      store(out + d, total > 0.0f ? sum / total : 0.0f);
+    } else {
+      float* part = partials + ((int64_t{kv_row} * vectors + r) * splits + split) * stride;
+      if (d == 0) {
+        part[0] = common;
+        part[1] = total;
+      }
+      part[2 + d] = sum;
+    }
+  }
+}
+
+// grid: (kv_rows * tiles, splits); block: up to kMaxThreads threads = G warps = G * 32 / LPR
+// row walkers; a walker takes positions w, w + walkers, ... of the block's chunk, a tile of them
+// per step. Shared memory: G * VPB * (D + 2) + 2 * VPB floats. With splits == 1 the block writes
+// the output; otherwise (max, denominator, unnormalised accumulator) per vector to `partials`
+// for merge(). Two blocks of 256 threads fit an SM's registers, so their loads overlap.
+template <typename T, int VPB, int LPR, int kMaxThreads>
+__global__ void __launch_bounds__(kMaxThreads, kMaxThreads > 256 ? 1 : ATTN_BLOCKS_PER_SM)
+    attend(DecodeProblem p, float* partials, int chunk) {
   extern __shared__ float smem[];
   constexpr int kRowsPerWarp = 32 / LPR;
-  constexpr int kUnroll = Unroll<VPB>::value;
+  constexpr int kTile = Tile<kMaxThreads>::value;
   const int lane = threadIdx.x % 32, sublane = lane % LPR;
   const int walker = threadIdx.x / LPR, walkers = blockDim.x / LPR;
   const int D = p.head_dim, L = p.query_len, S = p.context;
@@ -148,48 +224,60 @@ __global__ void __launch_bounds__(VPB == 1 ? 1024 : 256, VPB == 1 ? 1 : 2) atten
     l[v] = 0.0f;
   }
 
-  // kUnroll positions per step: their K and V loads are all in flight before the first score.
   // The walkers of a warp step together (their shuffles need the whole warp): the loop runs
-  // while the warp's first walker has work, and a walker past the end ignores its scores.
+  // while the warp's first walker has work; positions past the end score -inf.
   const int warp_offset = walker % kRowsPerWarp;
-  for (int j0 = begin + walker; j0 - warp_offset < end; j0 += walkers * kUnroll) {
-    float k[kUnroll][kDPL], val[kUnroll][kDPL];
+  for (int j0 = begin + walker; j0 - warp_offset < end; j0 += walkers * kTile) {
+    Fragment<T> k[kTile], val[kTile];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < kTile; ++u) {
       const int j = min(j0 + u * walkers, end - 1);
-      load_fragment<T>(k[u], K + j * p.k_strides[2], sublane, D, p.k_strides[3]);
-      load_fragment<T>(val[u], V + j * p.v_strides[2], sublane, D, p.v_strides[3]);
+      load_packed(k[u], K + j * p.k_strides[2], sublane, D, p.k_strides[3]);
+      load_packed(val[u], V + j * p.v_strides[2], sublane, D, p.v_strides[3]);
     }
-    // All scores of the step first: their shuffle chains are independent and overlap.
-    float score[kUnroll][VPB];
+    // All scores of the tile first: their shuffle chains are independent and overlap.
+    float score[kTile][VPB];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < kTile; ++u) {
 #pragma unroll
       for (int v = 0; v < VPB; ++v) {
         float partial = 0.0f;
 #pragma unroll
-        for (int e = 0; e < kDPL; ++e) partial += q[v][e] * k[u][e];
+        for (int e = 0; e < kDPL; ++e) partial += q[v][e] * to_float(k[u].v[e]);
         score[u][v] = row_sum<LPR>(partial);
       }
     }
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int j = j0 + u * walkers;
+    for (int v = 0; v < VPB; ++v) {
+      float tile_max = kNegInf;
 #pragma unroll
-      for (int v = 0; v < VPB; ++v) {
+      for (int u = 0; u < kTile; ++u) {
+        const int j = j0 + u * walkers;
         float s = score[u][v];
-        if (j >= end || j > last[v]) continue;
-        if (p.mask) s += mask_value(p, mask_base[v] + int64_t{j} * p.m_strides[3]);
-        if (s == kNegInf) continue;
-        // new_max = max(m, s); both factors computed once, applied to l and every dimension.
-        const float new_max = fmaxf(m[v], s);
-        const float old_factor = __expf(m[v] - new_max);
-        const float weight = __expf(s - new_max);
-        l[v] = l[v] * old_factor + weight;
-        m[v] = new_max;
-#pragma unroll
-        for (int e = 0; e < kDPL; ++e) acc[v][e] = acc[v][e] * old_factor + weight * val[u][e];
+        if (j >= end || j > last[v]) {
+          s = kNegInf;
+        } else if (p.mask) {
+          s += mask_value(p, mask_base[v] + int64_t{j} * p.m_strides[3]);
+        }
+        score[u][v] = s;
+        tile_max = fmaxf(tile_max, s);
       }
+      // new_max = max(m, tile max); one rescale factor for l and every dimension per tile. An
+      // all-masked prefix keeps m = -inf; exponentiate against 0 then so every weight is 0.
+      const float new_max = fmaxf(m[v], tile_max);
+      const float base = new_max == kNegInf ? 0.0f : new_max;
+      const float old_factor = __expf(m[v] - base);
+      l[v] *= old_factor;
+#pragma unroll
+      for (int e = 0; e < kDPL; ++e) acc[v][e] *= old_factor;
+#pragma unroll
+      for (int u = 0; u < kTile; ++u) {
+        const float weight = __expf(score[u][v] - base);
+        l[v] += weight;
+#pragma unroll
+        for (int e = 0; e < kDPL; ++e) acc[v][e] += weight * to_float(val[u].v[e]);
+      }
+      m[v] = new_max;
     }
   }
 
@@ -212,8 +300,7 @@ __global__ void __launch_bounds__(VPB == 1 ? 1024 : 256, VPB == 1 ? 1 : 2) atten
       }
     }
   }
-  const int stride = D + 2, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-  float* denominators = smem + warps * VPB * stride;
+  const int stride = D + 2, warp = threadIdx.x / 32;
   if (lane < LPR) {
 #pragma unroll
     for (int v = 0; v < VPB; ++v) {
@@ -230,71 +317,255 @@ __global__ void __launch_bounds__(VPB == 1 ? 1024 : 256, VPB == 1 ? 1 : 2) atten
     }
   }
   __syncthreads();
-  // One thread per vector: the common max, each warp's rescale factor (stored over its max)
-  // and the final denominator.
-  if (threadIdx.x < VPB) {
-    const int v = threadIdx.x;
-    float common = kNegInf;
-    for (int w = 0; w < warps; ++w) common = fmaxf(common, smem[(w * VPB + v) * stride]);
-    float total = 0.0f;
-    for (int w = 0; w < warps; ++w) {
-      float* slot = smem + (w * VPB + v) * stride;
-      const float factor = slot[0] == kNegInf ? 0.0f : __expf(slot[0] - common);
-      total += slot[1] * factor;
-      slot[0] = factor;
-    }
-    denominators[2 * v] = common;
-    denominators[2 * v + 1] = total;
-  }
-  __syncthreads();
-  // Threads combine output dimensions across warps.
-  for (int idx = threadIdx.x; idx < VPB * D; idx += blockDim.x) {
-    const int v = idx / D, d = idx % D;
-    const int r = tile * VPB + v;
-    if (r >= vectors) continue;
-    float sum = 0.0f;
-    for (int w = 0; w < warps; ++w) {
-      const float* slot = smem + (w * VPB + v) * stride;
-      sum += slot[2 + d] * slot[0];
-    }
-    const float common = denominators[2 * v], total = denominators[2 * v + 1];
-    if (splits == 1) {
-      const int row = kv_row * p.group + r / L, i = r % L;
-      T* out = static_cast<T*>(p.out) + (int64_t{row} * L + i) * D;
-      store(out + d, total > 0.0f ? sum / total : 0.0f);
-    } else {
-      float* part = partials + ((int64_t{kv_row} * vectors + r) * splits + split) * stride;
-      if (d == 0) {
-        part[0] = common;
-        part[1] = total;
-      }
-      part[2 + d] = sum;
-    }
+  finish<T, VPB>(p, smem, partials, kv_row, tile, split, splits);
+}
+
+// ---- split-mma: the tensor-core schedule ----
+// Per block: one key/value head, a tile of up to 8 of its query vectors, one context chunk;
+// 4 warps, each taking 16 positions per step. Scores S = Q K^T and the update O^T += V^T P^T run
+// as mma.sync m16n8k16 (bf16/f16 in, float32 accumulate), so a position costs about 14 warp
+// instructions instead of ~80 on the SIMT path: the kernel is left waiting on memory only.
+// Fragments are read straight from global memory with 16-byte loads: the dot product and the
+// sum over positions do not care in which order they run, so each lane takes contiguous slices
+// (D/4 values of a K row and of its query, D/8 values of four V rows) and the k and row indices
+// of the mma are mapped onto them (see the comments at each use). A, B, C layouts: PTX ISA,
+// "Matrix fragments for mma.m16n8k16".
+constexpr int kMmaVectors = 8;  // query vectors per block: the N of both mmas
+constexpr int kMmaWarps = 4;
+constexpr int kMmaStep = 16;  // positions per warp step: the K of the P V mma
+
+template <typename T>
+__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
 }
 
-// One block per query vector, one thread per output dimension: combine the context chunks.
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  uint32_t u;
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    memcpy(&u, &h, 4);
+  } else {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    memcpy(&u, &h, 4);
+  }
+  return u;
+}
+
+// Loads N 32-bit words (N / 4 16-byte loads) from a 16-byte-aligned address.
+template <int N>
+__device__ __forceinline__ void load_words(uint32_t (&dst)[N], const void* src) {
+  const uint4* v = static_cast<const uint4*>(src);
+#pragma unroll
+  for (int x = 0; x < N / 4; ++x) {
+    const uint4 u = v[x];
+    dst[4 * x] = u.x;
+    dst[4 * x + 1] = u.y;
+    dst[4 * x + 2] = u.z;
+    dst[4 * x + 3] = u.w;
+  }
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kMmaWarps * 32, ATTN_MMA_BLOCKS_PER_SM)
+    attend_mma(DecodeProblem p, float* partials, int chunk) {
+  extern __shared__ float smem[];
+  constexpr int kSteps = D / 16;  // k-steps of Q K^T; 16-dim tiles of V^T P^T
+  constexpr int kQK = D / 8;      // words in a lane's D/4 values of a query or K row
+  constexpr int kV = D / 16;      // words in a lane's D/8 values of a V row
+  const int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+  const int warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  const int L = p.query_len, S = p.context, vectors = p.group * L;
+  const int tiles = (vectors + kMmaVectors - 1) / kMmaVectors;
+  const int kv_row = blockIdx.x / tiles, tile = blockIdx.x % tiles;
+  const int split = blockIdx.y, splits = gridDim.y;
+  const int begin = split * chunk, end = min(S, begin + chunk);
+  const T* K = static_cast<const T*>(p.keys) + p.kv_offset(p.k_strides, kv_row);
+  const T* V = static_cast<const T*>(p.values) + p.kv_offset(p.v_strides, kv_row);
+
+  // Lanes 4g..4g+3 own query vector g of the tile (the row of the score mma's A and C).
+  const int r = tile * kMmaVectors + g;
+  const bool real = r < vectors;
+  const int row = kv_row * p.group + (real ? r : 0) / L, i = (real ? r : 0) % L;
+  const int last = real ? (p.causal ? S - L + i : S - 1) : -1;
+  const int64_t mask_base = p.mask_offset(row, i);
+  uint32_t q[kQK] = {};
+  if (real) load_words(q, static_cast<const T*>(p.queries) + p.q_offset(row, i) + c * (D / 4));
+
+  // o[t]: O^T tile t, rows = dims g * D/8 + 2t (c0, c1) and + 1 (c2, c3), columns = vectors
+  // 2c, 2c + 1. m: vector g's running max; l: this lane's part of its denominator.
+  float o[kSteps][4] = {};
+  float m = kNegInf, l = 0.0f;
+  for (int base = begin + warp * kMmaStep; base < end; base += warps * kMmaStep) {
+    // K rows base + g and base + 8 + g (the score mma's N = positions): D/4 dims from c * D/4.
+    uint32_t k[2][kQK];
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+      const int j = min(base + 8 * n + g, end - 1);
+      load_words(k[n], K + j * p.k_strides[2] + c * (D / 4));
+    }
+    // V rows base + 2c, + 1, + 8, + 9 (the P V mma's K = positions): D/8 dims from g * D/8.
+    uint32_t v[4][kV];
+#pragma unroll
+    for (int x = 0; x < 4; ++x) {
+      const int j = min(base + 2 * c + (x & 1) + 8 * (x >> 1), end - 1);
+      load_words(v[x], V + j * p.v_strides[2] + g * (D / 8));
+    }
+    // S = Q K^T over two tiles of 8 positions. k-step s maps mma k = 2c, 2c+1 to dims
+    // c * D/4 + 4s + {0, 1} and k = 2c + 8, 2c + 9 to + {2, 3}: words 2s and 2s + 1 of the
+    // lane's slices. A rows 8..15 (a1, a3) are unused: zero.
+    float score[2][4] = {};
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+#pragma unroll
+      for (int st = 0; st < kSteps; ++st) {
+        const uint32_t a[4] = {q[2 * st], 0u, q[2 * st + 1], 0u};
+        mma16816<T>(score[n], a, k[n][2 * st], k[n][2 * st + 1]);
+      }
+    }
+    // score[n][e], e < 2: vector g, position base + 8n + 2c + e.
+    float tile_max = kNegInf;
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int j = base + 8 * n + 2 * c + e;
+        float sc = score[n][e] * p.scale;
+        if (j >= end || j > last) {
+          sc = kNegInf;
+        } else if (p.mask) {
+          sc += mask_value(p, mask_base + int64_t{j} * p.m_strides[3]);
+        }
+        score[n][e] = sc;
+        tile_max = fmaxf(tile_max, sc);
+      }
+    }
+    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+    // One rescale factor per vector and step; an all-masked prefix keeps m = -inf (weights 0).
+    const float new_max = fmaxf(m, tile_max);
+    const float shift = new_max == kNegInf ? 0.0f : new_max;
+    const float old_factor = __expf(m - shift);
+    m = new_max;
+    float w[2][2];
+    l *= old_factor;
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        w[n][e] = __expf(score[n][e] - shift);
+        l += w[n][e];
+      }
+    }
+    // O^T's columns are vectors 2c and 2c + 1, whose factors live on lanes 8c and 8c + 4.
+    const float f0 = __shfl_sync(0xffffffffu, old_factor, 8 * c);
+    const float f1 = __shfl_sync(0xffffffffu, old_factor, 8 * c + 4);
+    // P^T as the B operand: b0, b1 = positions 2c, 2c + 1 and b2, b3 = 8 + 2c, 9 + 2c of vector
+    // g: exactly this lane's weights.
+    const uint32_t b0 = pack2<T>(w[0][0], w[0][1]), b1 = pack2<T>(w[1][0], w[1][1]);
+#pragma unroll
+    for (int t = 0; t < kSteps; ++t) {
+      o[t][0] *= f0;
+      o[t][1] *= f1;
+      o[t][2] *= f0;
+      o[t][3] *= f1;
+      // A = V^T: row g = dim g * D/8 + 2t (low halves of word t), row g + 8 = the next dim
+      // (high halves); k = 2c, 2c + 1 from V rows x = 0, 1 and k = 2c + 8, + 9 from x = 2, 3.
+      const uint32_t a[4] = {__byte_perm(v[0][t], v[1][t], 0x5410), __byte_perm(v[0][t], v[1][t], 0x7632),
+                             __byte_perm(v[2][t], v[3][t], 0x5410), __byte_perm(v[2][t], v[3][t], 0x7632)};
+      mma16816<T>(o[t], a, b0, b1);
+    }
+  }
+  l += __shfl_xor_sync(0xffffffffu, l, 1);
+  l += __shfl_xor_sync(0xffffffffu, l, 2);
+
+  const int stride = D + 2;
+  float* slots = smem + warp * kMmaVectors * stride;  // [vector][max, denominator, D]
+  if (c == 0) {
+    slots[g * stride] = m;
+    slots[g * stride + 1] = l;
+  }
+#pragma unroll
+  for (int t = 0; t < kSteps; ++t) {
+    const int d = 2 + g * (D / 8) + 2 * t;
+    slots[(2 * c) * stride + d] = o[t][0];
+    slots[(2 * c + 1) * stride + d] = o[t][1];
+    slots[(2 * c) * stride + d + 1] = o[t][2];
+    slots[(2 * c + 1) * stride + d + 1] = o[t][3];
+  }
+  __syncthreads();
+  finish<T, kMmaVectors>(p, smem, partials, kv_row, tile, split, splits);
+}
+
+// One block per query vector: combine its context chunks. The block's threads are kMergeParts
+// groups of D (rounded up to warps): every thread loads one chunk's (max, denominator) at once,
+// then group x sums chunks x, x + kMergeParts, ... for its dimension with its loads issued
+// back to back, and shared memory adds the groups. Two round trips to L2, whatever `splits`.
+constexpr int kMergeParts = 4;
+
 template <typename T>
 __global__ void merge(DecodeProblem p, const float* partials, int splits) {
+  extern __shared__ float factors[];  // [splits]; then [kMergeParts][D] sums
+  __shared__ float reduce[32];
   const int D = p.head_dim, L = p.query_len;
   const int vectors = p.group * L;
   const int vec = blockIdx.x;  // kv_row * vectors + r
   const int kv_row = vec / vectors, r = vec % vectors;
-  const int stride = D + 2;
+  const int stride = D + 2, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int warps = blockDim.x / 32, width = blockDim.x / kMergeParts;
   const float* part = partials + int64_t{vec} * splits * stride;
+
   float common = kNegInf;
-  for (int s = 0; s < splits; ++s) common = fmaxf(common, part[s * stride]);
-  const int row = kv_row * p.group + r / L, i = r % L;
-  T* out = static_cast<T*>(p.out) + (int64_t{row} * L + i) * D;
-  for (int d = threadIdx.x; d < D; d += blockDim.x) {
-    float total = 0.0f, sum = 0.0f;
-    if (common != kNegInf) {
-      for (int s = 0; s < splits; ++s) {
-        const float f = __expf(part[s * stride] - common);
-        total += part[s * stride + 1] * f;
-        sum += part[s * stride + 2 + d] * f;
-      }
-    }
+  for (int s = threadIdx.x; s < splits; s += blockDim.x) common = fmaxf(common, part[s * stride]);
+  for (int offset = 16; offset > 0; offset /= 2)
+    common = fmaxf(common, __shfl_xor_sync(0xffffffffu, common, offset));
+  if (lane == 0) reduce[warp] = common;
+  __syncthreads();
+  common = kNegInf;
+  for (int w = 0; w < warps; ++w) common = fmaxf(common, reduce[w]);
+  __syncthreads();
+
+  float total = 0.0f;
+  for (int s = threadIdx.x; s < splits; s += blockDim.x) {
+    const float m = part[s * stride];
+    const float f = m == kNegInf ? 0.0f : __expf(m - common);
+    factors[s] = f;
+    total += part[s * stride + 1] * f;
+  }
+  for (int offset = 16; offset > 0; offset /= 2) total += __shfl_xor_sync(0xffffffffu, total, offset);
+  if (lane == 0) reduce[warp] = total;
+  __syncthreads();
+  total = 0.0f;
+  for (int w = 0; w < warps; ++w) total += reduce[w];
+
+  const int d = threadIdx.x % width, group = threadIdx.x / width;
+  float* sums = factors + splits;
+  if (d < D) {
+    float sum = 0.0f;
+#pragma unroll 16
+    for (int s = group; s < splits; s += kMergeParts) sum += part[s * stride + 2 + d] * factors[s];
+    sums[group * width + d] = sum;
+  }
+  __syncthreads();
+  if (group == 0 && d < D) {
+    float sum = 0.0f;
+#pragma unroll
+    for (int x = 0; x < kMergeParts; ++x) sum += sums[x * width + d];
+    const int row = kv_row * p.group + r / L, i = r % L;
+    T* out = static_cast<T*>(p.out) + (int64_t{row} * L + i) * D;
     store(out + d, total > 0.0f ? sum / total : 0.0f);
   }
 }
@@ -314,21 +585,24 @@ CUfunction handle(const void* kernel) {
   return resolved[kernel] = reinterpret_cast<CUfunction>(f);
 }
 
-template <typename T, int VPB>
+template <typename T, int VPB, int kMaxThreads>
 const void* attend_kernel(int lpr) {
   switch (lpr) {
-    case 1: return reinterpret_cast<const void*>(&attend<T, VPB, 1>);
-    case 2: return reinterpret_cast<const void*>(&attend<T, VPB, 2>);
-    case 4: return reinterpret_cast<const void*>(&attend<T, VPB, 4>);
-    case 8: return reinterpret_cast<const void*>(&attend<T, VPB, 8>);
-    case 16: return reinterpret_cast<const void*>(&attend<T, VPB, 16>);
-    default: return reinterpret_cast<const void*>(&attend<T, VPB, 32>);
+    case 1: return reinterpret_cast<const void*>(&attend<T, VPB, 1, kMaxThreads>);
+    case 2: return reinterpret_cast<const void*>(&attend<T, VPB, 2, kMaxThreads>);
+    case 4: return reinterpret_cast<const void*>(&attend<T, VPB, 4, kMaxThreads>);
+    case 8: return reinterpret_cast<const void*>(&attend<T, VPB, 8, kMaxThreads>);
+    case 16: return reinterpret_cast<const void*>(&attend<T, VPB, 16, kMaxThreads>);
+    default: return reinterpret_cast<const void*>(&attend<T, VPB, 32, kMaxThreads>);
   }
 }
 
+// The three block shapes: chapter (one vector, up to 1024 threads), split (one vector, 256) and
+// split-gqa (four vectors, 256).
 template <typename T>
-const void* attend_kernel(int lpr, int vpb) {
-  return vpb == 1 ? attend_kernel<T, 1>(lpr) : attend_kernel<T, 4>(lpr);
+const void* attend_kernel(int lpr, int vpb, int threads) {
+  if (vpb == 4) return attend_kernel<T, 4, 256>(lpr);
+  return threads > 256 ? attend_kernel<T, 1, 1024>(lpr) : attend_kernel<T, 1, 256>(lpr);
 }
 
 int sm_count() {
@@ -341,69 +615,139 @@ int sm_count() {
   return count;
 }
 
+// Blocks of `kernel` that one SM holds at once (registers, shared memory, launch bounds).
+int resident_blocks(const void* kernel, int threads, size_t smem) {
+  static std::mutex mutex;
+  static std::unordered_map<const void*, int> known;
+  std::lock_guard lock(mutex);
+  auto it = known.find(kernel);
+  if (it != known.end()) return it->second;
+  int blocks = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, smem) != cudaSuccess) {
+    blocks = 1;
+  }
+  return known[kernel] = std::max(blocks, 1);
+}
+
 }  // namespace
 
 Schedule parse_schedule(const std::string& name) {
-  if (name == "auto" || name == "split-gqa") return Schedule::split_gqa;
+  if (name == "auto" || name == "split-mma") return Schedule::split_mma;
+  if (name == "split-gqa") return Schedule::split_gqa;
   if (name == "split") return Schedule::split;
   if (name == "chapter-8") return Schedule::chapter8;
   if (name == "chapter-16") return Schedule::chapter16;
   if (name == "chapter-32") return Schedule::chapter32;
   throw std::invalid_argument(
       "[decode_attention] unknown schedule '" + name +
-      "': use auto, split, split-gqa, chapter-8, chapter-16 or chapter-32");
+      "': use auto, split-mma, split, split-gqa, chapter-8, chapter-16 or chapter-32");
 }
 
-Plan plan(const DecodeProblem& p, Schedule schedule) {
-  Plan plan{};
-  int lpr = 1;  // lanes per row: the power of two that covers D with kDPL values per lane
-  while (lpr * kDPL < p.head_dim && lpr < 32) lpr *= 2;
-  const int vectors = p.group * p.query_len;
-  int warps, vpb, splits = 1;
-  if (schedule == Schedule::split_gqa || schedule == Schedule::split) {
-    vpb = schedule == Schedule::split_gqa && vectors >= 4 ? 4 : 1;
-    warps = 8;
-    const int walkers = warps * 32 / lpr;
-    const int blocks = p.kv_rows * ((vectors + vpb - 1) / vpb);
-    // About two unrolled steps per walker, but no more than eight blocks per SM; a context that
-    // needs at most two chunks is not split (the merge launch costs more).
-    const int per_block = walkers * (vpb == 1 ? Unroll<1>::value : Unroll<4>::value) * 2;
-    const int wanted = (p.context + per_block - 1) / per_block;
-    const int room = std::max(1, sm_count() * 8 / blocks);
-    splits = wanted <= 2 ? 1 : std::min(wanted, room);
-  } else {
-    vpb = 1;
-    warps = schedule == Schedule::chapter8 ? 8 : schedule == Schedule::chapter16 ? 16 : 32;
+namespace {
+
+bool aligned16(const void* base, const int64_t* strides, int dims) {
+  if (reinterpret_cast<uintptr_t>(base) % 16 != 0 || strides[3] != 1) return false;
+  for (int a = 0; a < dims; ++a) {
+    if (strides[a] % 8 != 0) return false;  // 8 two-byte elements
   }
-  const int tiles = (vectors + vpb - 1) / vpb;
+  return true;
+}
+
+// The tensor-core kernel takes bf16/f16, D of 64 or 128 (registers) and rows it can read with
+// 16-byte loads; anything else runs split-gqa.
+bool mma_applies(const DecodeProblem& p) {
+  return (p.dtype == ElementType::bfloat16 || p.dtype == ElementType::float16) &&
+         (p.head_dim == 64 || p.head_dim == 128) && aligned16(p.queries, p.q_strides, 3) &&
+         aligned16(p.keys, p.k_strides, 3) && aligned16(p.values, p.v_strides, 3);
+}
+
+template <typename T>
+const void* attend_mma_kernel(int head_dim) {
+  return head_dim == 64 ? reinterpret_cast<const void*>(&attend_mma<T, 64>)
+                        : reinterpret_cast<const void*>(&attend_mma<T, 128>);
+}
+
+// Chunks of at least one step per walker (one round trip to memory each), and no more blocks
+// than the SMs hold at once: a second wave would only add a tail.
+int split_count(const DecodeProblem& p, const void* attend, int threads, uint32_t smem,
+                int blocks, int min_chunk) {
+  const int wanted = (p.context + min_chunk - 1) / min_chunk;
+  const int room = resident_blocks(attend, threads, smem) * sm_count();
+  return std::clamp(room / blocks, 1, wanted);
+}
+
+// `step`: positions a whole block takes per step; chunks are multiples of it, so that no warp
+// waits on a partial step of another.
+void finish_plan(Plan& plan, const DecodeProblem& p, int splits, int tiles, int step) {
+  const int vectors = p.group * p.query_len;
   plan.chunk = (p.context + splits - 1) / splits;
+  plan.chunk = (plan.chunk + step - 1) / step * step;
   splits = (p.context + plan.chunk - 1) / plan.chunk;  // no empty chunks
   plan.splits = splits;
   plan.attend_grid[0] = p.kv_rows * tiles;
   plan.attend_grid[1] = splits;
-  plan.attend_threads = warps * 32;
+  plan.partial_floats = splits > 1 ? size_t(p.kv_rows) * vectors * splits * (p.head_dim + 2) : 0;
+  plan.merge_blocks = p.kv_rows * vectors;
+  const int width = (p.head_dim + 31) / 32 * 32;
+  plan.merge_threads = kMergeParts * width;
+  plan.merge_smem = static_cast<uint32_t>((splits + kMergeParts * width) * sizeof(float));
+  const void* merge_kernel = p.dtype == ElementType::float32 ? reinterpret_cast<const void*>(&merge<float>)
+                             : p.dtype == ElementType::float16
+                                 ? reinterpret_cast<const void*>(&merge<__half>)
+                                 : reinterpret_cast<const void*>(&merge<__nv_bfloat16>);
+  plan.merge = handle(merge_kernel);
+}
+
+Plan plan_mma(const DecodeProblem& p) {
+  Plan plan{};
+  const void* attend = p.dtype == ElementType::float16 ? attend_mma_kernel<__half>(p.head_dim)
+                                                       : attend_mma_kernel<__nv_bfloat16>(p.head_dim);
+  plan.attend = handle(attend);
+  plan.attend_threads = kMmaWarps * 32;
+  plan.attend_smem = static_cast<uint32_t>(
+      (kMmaWarps * kMmaVectors * (p.head_dim + 2) + 2 * kMmaVectors) * sizeof(float));
+  const int tiles = (p.group * p.query_len + kMmaVectors - 1) / kMmaVectors;
+  const int splits = split_count(p, attend, plan.attend_threads, plan.attend_smem,
+                                 p.kv_rows * tiles, kMmaWarps * kMmaStep);
+  finish_plan(plan, p, splits, tiles, kMmaWarps * kMmaStep);
+  return plan;
+}
+
+}  // namespace
+
+Plan plan(const DecodeProblem& p, Schedule schedule) {
+  if (schedule == Schedule::split_mma) {
+    if (mma_applies(p)) return plan_mma(p);
+    schedule = Schedule::split_gqa;
+  }
+  Plan plan{};
+  int lpr = 1;  // lanes per row: the power of two that covers D with kDPL values per lane
+  while (lpr * kDPL < p.head_dim && lpr < 32) lpr *= 2;
+  const int vectors = p.group * p.query_len;
+  const bool split = schedule == Schedule::split_gqa || schedule == Schedule::split;
+  const int vpb = schedule == Schedule::split_gqa && vectors >= 4 ? 4 : 1;
+  const int warps = split ? 8
+                    : schedule == Schedule::chapter8 ? 8
+                    : schedule == Schedule::chapter16 ? 16
+                                                      : 32;
+  const int threads = warps * 32;
+  const void* attend = p.dtype == ElementType::float32 ? attend_kernel<float>(lpr, vpb, threads)
+                       : p.dtype == ElementType::float16
+                           ? attend_kernel<__half>(lpr, vpb, threads)
+                           : attend_kernel<__nv_bfloat16>(lpr, vpb, threads);
+  plan.attend = handle(attend);
+  plan.attend_threads = threads;
   plan.attend_smem =
       static_cast<uint32_t>((warps * vpb * (p.head_dim + 2) + 2 * vpb) * sizeof(float));
   if (plan.attend_smem > 48 * 1024) {
     throw std::invalid_argument("[decode_attention] schedule needs more than 48 KiB of shared memory");
   }
-  plan.partial_floats = splits > 1 ? size_t(p.kv_rows) * vectors * splits * (p.head_dim + 2) : 0;
-  plan.merge_blocks = p.kv_rows * vectors;
-  plan.merge_threads = std::min(p.head_dim, 256);
-  switch (p.dtype) {
-    case ElementType::float32:
-      plan.attend = handle(attend_kernel<float>(lpr, vpb));
-      plan.merge = handle(reinterpret_cast<const void*>(&merge<float>));
-      break;
-    case ElementType::float16:
-      plan.attend = handle(attend_kernel<__half>(lpr, vpb));
-      plan.merge = handle(reinterpret_cast<const void*>(&merge<__half>));
-      break;
-    default:
-      plan.attend = handle(attend_kernel<__nv_bfloat16>(lpr, vpb));
-      plan.merge = handle(reinterpret_cast<const void*>(&merge<__nv_bfloat16>));
-      break;
-  }
+  const int tiles = (vectors + vpb - 1) / vpb;
+  const int walkers = threads / lpr;
+  const int step = walkers * (threads > 256 ? Tile<1024>::value : Tile<256>::value);
+  const int splits =
+      split ? split_count(p, attend, threads, plan.attend_smem, p.kv_rows * tiles, step) : 1;
+  finish_plan(plan, p, splits, tiles, step);
   return plan;
 }
 

@@ -12,7 +12,7 @@
 
 namespace attn_kernels::cuda {
 
-enum class Schedule { split_gqa, split, chapter8, chapter16, chapter32 };
+enum class Schedule { split_mma, split_gqa, split, chapter8, chapter16, chapter32 };
 
 Schedule parse_schedule(const std::string& name);
 
@@ -27,6 +27,7 @@ struct Plan {
   size_t partial_floats;  // workspace for the merge, 0 when splits == 1
   unsigned merge_blocks;
   unsigned merge_threads;
+  uint32_t merge_smem;  // one rescale factor per chunk
 };
 
 Plan plan(const DecodeProblem& problem, Schedule schedule);

@@ -40,7 +40,7 @@ void DecodeAttention::eval_gpu(
     int splits = plan.splits;
     void* merge_args[] = {&problem, &partials, &splits};
     encoder.add_kernel_node_raw(
-        plan.merge, dim3(plan.merge_blocks), dim3(plan.merge_threads), dim3(1, 1, 1), 0,
+        plan.merge, dim3(plan.merge_blocks), dim3(plan.merge_threads), dim3(1, 1, 1), plan.merge_smem,
         merge_args);
   }
 }

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import mlx.core as mx
 import qwen3_model
-from attn_kernels import _ext
+from attn_kernels import SCHEDULES, _ext
 from mlx.utils import tree_flatten
 
 from llm_eval.record import SCHEMA_VERSION, collect_metadata, write_record
@@ -41,6 +41,7 @@ def build(args):
     source = args.weights or args.model
     checkpoint = "composition" if args.checkpoint == "mlx-lm" else args.checkpoint
     model = qwen3_model.load(source, quantize=quantize, seed=args.seed, checkpoint=checkpoint)
+    model.set_schedule(args.schedule)
     if args.checkpoint != "mlx-lm":
         return model, qwen3_model.make_cache
     import mlx.nn as nn
@@ -102,6 +103,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--weights", type=Path, help="local checkpoint folder instead of --model")
     p.add_argument("--checkpoint", choices=CHECKPOINTS, default="decode-attention")
     p.add_argument("--quantize", choices=["none", "4bit"])
+    p.add_argument(
+        "--schedule",
+        choices=SCHEDULES,
+        default="auto",
+        help="GPU kernel schedule of the decode-attention checkpoint (scheduling experiment)",
+    )
     p.add_argument("--num-seqs", type=int, default=1)
     p.add_argument("--min-input-len", type=int)
     p.add_argument("--max-input-len", type=int)

@@ -16,6 +16,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from attn_kernels import SCHEDULES
+
 from llm_eval.bench import CHECKPOINTS, has_gpu
 from llm_eval.progress import Progress
 from llm_eval.record import SCHEMA_VERSION, collect_metadata, write_record
@@ -35,6 +37,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=4, help="even: forward/reverse order pairs")
     p.add_argument("--model", default=None)
     p.add_argument("--quantize", choices=["none", "4bit"], default=None)
+    p.add_argument(
+        "--schedule",
+        choices=SCHEDULES,
+        default="auto",
+        help="GPU kernel schedule of the decode-attention variant (scheduling experiment)",
+    )
     p.add_argument("--input-len", type=int, required=True)
     p.add_argument("--output-len", type=int, required=True)
     p.add_argument("--warmup", type=int, default=2)
@@ -77,6 +85,8 @@ def bench_command(args, variant: str, output: Path) -> list[str]:
         args.device,
         "--seed",
         str(args.seed),
+        "--schedule",
+        args.schedule,
         "--json-output",
         str(output),
     ]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 import mlx.nn as nn
-from attn_kernels import decode_attention_custom, scaled_dot_product_attention
+from attn_kernels import SCHEDULES, decode_attention_custom, scaled_dot_product_attention
 
 from qwen3_model.configs import ModelArgs
 
@@ -41,6 +41,7 @@ class Attention(nn.Module):
         self.n_kv_heads = args.num_key_value_heads
         self.scale = args.head_dim**-0.5
         self.checkpoint = checkpoint
+        self.schedule = "auto"  # the GPU kernel schedule (experiments; see Model.set_schedule)
         dim, head_dim = args.hidden_size, args.head_dim
         self.q_proj = nn.Linear(dim, self.n_heads * head_dim, bias=False)
         self.k_proj = nn.Linear(dim, self.n_kv_heads * head_dim, bias=False)
@@ -70,7 +71,9 @@ class Attention(nn.Module):
             and context <= MAX_CONTEXT[where]
             and (mask is None or (isinstance(mask, str) and mask == "causal"))
         ):
-            out = decode_attention_custom(q, k, v, scale=self.scale, mask=mask)
+            out = decode_attention_custom(
+                q, k, v, scale=self.scale, mask=mask, schedule=self.schedule
+            )
         else:
             out = scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(b, length, -1))
@@ -158,3 +161,10 @@ class Model(nn.Module):
             raise ValueError(f"unknown checkpoint {checkpoint!r}: use one of {CHECKPOINTS}")
         for layer in self.layers:
             layer.self_attn.checkpoint = checkpoint
+
+    def set_schedule(self, schedule: str) -> None:
+        """The fused kernel's GPU schedule inside the guard (for the scheduling experiment)."""
+        if schedule not in SCHEDULES:
+            raise ValueError(f"unknown schedule {schedule!r}: use one of {', '.join(SCHEDULES)}")
+        for layer in self.layers:
+            layer.self_attn.schedule = schedule
