@@ -1,8 +1,10 @@
 # Included by packages/attn-kernels/CMakeLists.txt when the installed MLX is the CUDA build.
-enable_language(CUDA)
-if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES OR CMAKE_CUDA_ARCHITECTURES STREQUAL "")
+# Before enable_language: it would set the compiler's default (sm_75 for nvcc 13, no bf16 mma).
+if((NOT DEFINED CMAKE_CUDA_ARCHITECTURES OR CMAKE_CUDA_ARCHITECTURES STREQUAL "")
+   AND NOT DEFINED ENV{CUDAARCHS})
   set(CMAKE_CUDA_ARCHITECTURES native)
 endif()
+enable_language(CUDA)
 set(CMAKE_CUDA_STANDARD 20)
 set(CMAKE_CUDA_RUNTIME_LIBRARY Shared)  # the runtime MLX's graph shares (see gpu-kit notes)
 find_package(CUDAToolkit REQUIRED)

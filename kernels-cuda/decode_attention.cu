@@ -337,6 +337,9 @@ constexpr int kMmaStep = 16;  // positions per warp step: the K of the P V mma
 template <typename T>
 __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
                                          uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  __trap();  // plan() picks this kernel only on sm_80 and newer
+#else
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
@@ -350,6 +353,7 @@ __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], 
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
+#endif
 }
 
 template <typename T>
@@ -605,14 +609,21 @@ const void* attend_kernel(int lpr, int vpb, int threads) {
   return threads > 256 ? attend_kernel<T, 1, 1024>(lpr) : attend_kernel<T, 1, 256>(lpr);
 }
 
+int device_attribute(cudaDeviceAttr attribute) {
+  int device = 0, value = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&value, attribute, device);
+  return value;
+}
+
 int sm_count() {
-  static const int count = [] {
-    int device = 0, n = 0;
-    cudaGetDevice(&device);
-    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device);
-    return n > 0 ? n : 1;
-  }();
+  static const int count = std::max(device_attribute(cudaDevAttrMultiProcessorCount), 1);
   return count;
+}
+
+bool has_bf16_mma() {  // mma.m16n8k16 with bf16: sm_80 and newer
+  static const bool yes = device_attribute(cudaDevAttrComputeCapabilityMajor) >= 8;
+  return yes;
 }
 
 // Blocks of `kernel` that one SM holds at once (registers, shared memory, launch bounds).
@@ -653,10 +664,10 @@ bool aligned16(const void* base, const int64_t* strides, int dims) {
   return true;
 }
 
-// The tensor-core kernel takes bf16/f16, D of 64 or 128 (registers) and rows it can read with
+// The tensor-core kernel takes sm_80+, bf16/f16, D of 64 or 128 (registers) and rows it can read with
 // 16-byte loads; anything else runs split-gqa.
 bool mma_applies(const DecodeProblem& p) {
-  return (p.dtype == ElementType::bfloat16 || p.dtype == ElementType::float16) &&
+  return has_bf16_mma() && (p.dtype == ElementType::bfloat16 || p.dtype == ElementType::float16) &&
          (p.head_dim == 64 || p.head_dim == 128) && aligned16(p.queries, p.q_strides, 3) &&
          aligned16(p.keys, p.k_strides, 3) && aligned16(p.values, p.v_strides, 3);
 }

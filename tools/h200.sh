@@ -5,6 +5,7 @@
 set -euo pipefail
 OUT="${OUT:-/tmp/out}"
 mkdir -p "$OUT"
+export CUDAARCHS="${CUDAARCHS:-90}"  # the H200 (CMake reads it for CMAKE_CUDA_ARCHITECTURES)
 rm -rf /tmp/ext
 python3 -m pip install -q --no-build-isolation --no-deps --no-index -t /tmp/ext packages/attn-kernels \
   > "$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
