@@ -643,7 +643,8 @@ int resident_blocks(const void* kernel, int threads, size_t smem) {
 }  // namespace
 
 Schedule parse_schedule(const std::string& name) {
-  if (name == "auto" || name == "split-mma") return Schedule::split_mma;
+  if (name == "auto") return Schedule::automatic;
+  if (name == "split-mma") return Schedule::split_mma;
   if (name == "split-gqa") return Schedule::split_gqa;
   if (name == "split") return Schedule::split;
   if (name == "chapter-8") return Schedule::chapter8;
@@ -727,6 +728,16 @@ Plan plan_mma(const DecodeProblem& p) {
 }  // namespace
 
 Plan plan(const DecodeProblem& p, Schedule schedule) {
+  if (schedule == Schedule::automatic) {
+    // From benchmark_results/h200-qwen3-4b-attention-L1-mlx-0.32.4.json (MLX, L=1): up to 64
+    // positions `split` (one unsplit pass per query vector) is fastest, up to 256 `chapter-16`;
+    // beyond, and for every L > 1 (h200-qwen3-4b-attention-L2-L8-causal), split-mma. The merge
+    // launch of a split costs more than a short context takes to read.
+    const bool short_single = p.query_len == 1 && p.context <= 256;
+    schedule = !short_single ? Schedule::split_mma
+               : p.context <= 64 ? Schedule::split
+                                 : Schedule::chapter16;
+  }
   if (schedule == Schedule::split_mma) {
     if (mma_applies(p)) return plan_mma(p);
     schedule = Schedule::split_gqa;

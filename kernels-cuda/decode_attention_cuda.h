@@ -12,7 +12,7 @@
 
 namespace attn_kernels::cuda {
 
-enum class Schedule { split_mma, split_gqa, split, chapter8, chapter16, chapter32 };
+enum class Schedule { automatic, split_mma, split_gqa, split, chapter8, chapter16, chapter32 };
 
 Schedule parse_schedule(const std::string& name);
 
