@@ -729,13 +729,13 @@ Plan plan_mma(const DecodeProblem& p) {
 
 Plan plan(const DecodeProblem& p, Schedule schedule) {
   if (schedule == Schedule::automatic) {
-    // From benchmark_results/h200-qwen3-4b-attention-L1-mlx-0.32.4.json (MLX, L=1): up to 64
+    // From benchmark_results/h200-qwen3-4b-attention-L1-mlx-0.32.4.json (MLX, L=1): up to 32
     // positions `split` (one unsplit pass per query vector) is fastest, up to 256 `chapter-16`;
     // beyond, and for every L > 1 (h200-qwen3-4b-attention-L2-L8-causal), split-mma. The merge
     // launch of a split costs more than a short context takes to read.
     const bool short_single = p.query_len == 1 && p.context <= 256;
     schedule = !short_single ? Schedule::split_mma
-               : p.context <= 64 ? Schedule::split
+               : p.context <= 32 ? Schedule::split
                                  : Schedule::chapter16;
   }
   if (schedule == Schedule::split_mma) {
