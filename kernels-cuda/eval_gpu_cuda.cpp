@@ -1,5 +1,7 @@
 // eval_gpu through MLX's CUDA command encoder: kernels are added to MLX's graph as raw driver
 // functions (see decode_attention.cu for why).
+#include <optional>
+
 #include "decode_attention.h"
 #include "decode_attention_cuda.h"
 #include "mlx/backend/cuda/device.h"
@@ -21,12 +23,14 @@ void DecodeAttention::eval_gpu(
   // (max, denominator, accumulator) per context chunk, for the merge; kept alive by the encoder
   // until the graph has run.
   float* partials = nullptr;
-  mx::array workspace({static_cast<int>(plan.partial_floats)}, mx::float32, nullptr, {});
+  std::optional<mx::array> workspace;
   if (plan.splits > 1) {
-    workspace.set_data(mx::allocator::malloc(workspace.nbytes()));
-    encoder.add_temporary(workspace);
-    encoder.set_output_array(workspace);
-    partials = workspace.data<float>();
+    workspace.emplace(mx::Shape{static_cast<int>(plan.partial_floats)}, mx::float32, nullptr,
+                      std::vector<mx::array>{});
+    workspace->set_data(mx::allocator::malloc(workspace->nbytes()));
+    encoder.add_temporary(*workspace);
+    encoder.set_output_array(*workspace);
+    partials = workspace->data<float>();
   }
   int chunk = plan.chunk;
   void* attend_args[] = {&problem, &partials, &chunk};
@@ -35,7 +39,7 @@ void DecodeAttention::eval_gpu(
       dim3(1, 1, 1), plan.attend_smem, attend_args);
   if (plan.splits > 1) {
     // MLX orders graph nodes by the arrays they read and write: the merge reads the workspace.
-    encoder.set_input_array(workspace);
+    encoder.set_input_array(*workspace);
     encoder.set_output_array(out);
     int splits = plan.splits;
     void* merge_args[] = {&problem, &partials, &splits};

@@ -3,7 +3,7 @@ import json
 
 import pytest
 from llm_eval import operators, plot
-from llm_eval.record import validate, write_record
+from llm_eval.record import collect_metadata, validate, write_record
 
 
 def small_run(tmp_path, *extra):
@@ -123,3 +123,13 @@ def test_bad_flags(flags, message, capsys):
 def test_record_validation_rejects_missing_keys():
     with pytest.raises(ValueError, match="lacks"):
         validate({"schema_version": 1})
+
+
+def test_named_commit_wins_over_the_checkouts_git(monkeypatch):
+    # The device machine's copy of the tree carries a stale .git: the caller's name must win.
+    monkeypatch.setenv("LLM_EVAL_GIT_SHA", "0123abc")
+    monkeypatch.setenv("LLM_EVAL_GIT_DIRTY", "")
+    meta = collect_metadata("cpu")
+    assert meta["git_sha"] == "0123abc" and meta["git_dirty"] is False
+    monkeypatch.delenv("LLM_EVAL_GIT_SHA")
+    assert collect_metadata("cpu")["git_sha"] != "0123abc"

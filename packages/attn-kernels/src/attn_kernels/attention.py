@@ -118,10 +118,21 @@ def decode_attention_custom(
     "causal" becomes a flag, so no mask tensor is built; an explicit mask is broadcast (a view) to
     (B, Hq, L, S). `schedule` picks the GPU kernel variant (one of SCHEDULES).
     """
-    b, hq, _hkv, length, s, d = _check_shapes(query, key, value)
-    kind = _mask_kind(mask)
-    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    explicit = _broadcast_mask(mask, (b, hq, length, s)) if kind == "array" else None
-    return _ext.decode_attention(
-        query, key, value, scale, explicit, kind == "causal", schedule, stream=stream
-    )
+    # The common decode call (mask None or "causal") goes straight to the op, which validates
+    # everything itself: at short contexts host time per call is what a GPU decode step waits
+    # on. On a ValueError the shared checks run again, so both entry points word it alike.
+    causal = isinstance(mask, str) and mask == "causal"
+    explicit = None
+    if mask is not None and not causal:
+        b, hq, _hkv, length, s, _d = _check_shapes(query, key, value)
+        _mask_kind(mask)  # raises for other strings and types
+        explicit = _broadcast_mask(mask, (b, hq, length, s))
+    if scale is None:
+        scale = 1.0 / math.sqrt(query.shape[-1])
+    try:
+        return _ext.decode_attention(
+            query, key, value, float(scale), explicit, causal, schedule, stream=stream
+        )
+    except ValueError:
+        _check_shapes(query, key, value)
+        raise

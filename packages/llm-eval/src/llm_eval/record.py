@@ -65,11 +65,13 @@ def _cpu_name() -> str:
 
 
 def collect_metadata(device: str) -> dict:
-    sha = _git("rev-parse", "HEAD")
-    dirty = _git("status", "--porcelain", "--untracked-files=no")
-    if sha is None:  # a copy without .git (the device machine): the caller names the commit
-        sha = os.environ.get("LLM_EVAL_GIT_SHA")
-        dirty = os.environ.get("LLM_EVAL_GIT_DIRTY")
+    # The caller names the commit where the checkout's own .git is absent or stale (the device
+    # machine's copy of the working tree carries an old .git): LLM_EVAL_GIT_SHA wins when set.
+    sha = os.environ.get("LLM_EVAL_GIT_SHA")
+    dirty = os.environ.get("LLM_EVAL_GIT_DIRTY")
+    if not sha:
+        sha = _git("rev-parse", "HEAD")
+        dirty = _git("status", "--porcelain", "--untracked-files=no")
     return {
         "captured_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "git_sha": sha,

@@ -14,18 +14,19 @@ CHECKPOINTS = ("composition", "decode-attention")
 
 # The fused kernel's measured region, per backend: query length L and cached context S (after
 # this step's tokens are appended). Each is the largest measured point where the custom kernel
-# beat the readable path (the fallback) in every pass, for every query length up to MAX_QUERY;
-# nothing past the largest measured context. L=4 is not measured yet, hence 2 although L=8 also
-# won on both backends.
+# beat the readable path (the fallback) in every pass, for every measured query length up to
+# MAX_QUERY; nothing past the largest measured context.
 #   cpu: benchmark_results/cpu-2core-qwen3-4b-attention-L1-mlx-0.32.4.json and
 #        cpu-2core-qwen3-4b-attention-L2-L8-causal-mlx-0.32.4.json: wins at every S <= 16384
-#        (the largest measured) for L = 1, 2 and 8.
-#   cuda: benchmark_results/h200-qwen3-4b-attention-L1-mlx-0.32.4.json (L=1: wins through
-#        S = 131072) and h200-qwen3-4b-attention-L2-L8-causal-mlx-0.32.4.json (L=2: wins
-#        through S = 4096, the largest measured there).
+#        (the largest measured) for L = 1, 2 and 8; L = 4 measured at S = 128 only
+#        (cpu-2core-qwen3-4b-attention-query-sweep: 6/6), between L = 2 and 8 elsewhere.
+#   cuda: benchmark_results/h200-qwen3-4b-attention-L1-mlx-0.32.4.json (L=1, every schedule)
+#        and h200-qwen3-4b-attention-L2-L8-causal-mlx-0.32.4.json (L = 2, 4, 8): wins at every
+#        S <= 131072, the largest measured; the chapter's grid, context and query sweeps
+#        (h200-qwen3-4b-attention-grid-*, -context-sweep, -query-sweep: 6/6) agree.
 #   metal: no record of ours yet (no Mac here): the chapter's M4 Pro evidence, L <= 2, S <= 256.
-MAX_QUERY = {"cpu": 2, "cuda": 2, "metal": 2}
-MAX_CONTEXT = {"cpu": 16384, "cuda": 4096, "metal": 256}
+MAX_QUERY = {"cpu": 8, "cuda": 8, "metal": 2}
+MAX_CONTEXT = {"cpu": 16384, "cuda": 131072, "metal": 256}
 
 
 def backend() -> str:
