@@ -18,8 +18,8 @@ CHECKPOINTS = ("composition", "decode-attention")
 # MAX_QUERY; nothing past the largest measured context.
 #   cpu: benchmark_results/cpu-2core-qwen3-4b-attention-L1-mlx-0.32.4.json and
 #        cpu-2core-qwen3-4b-attention-L2-L8-causal-mlx-0.32.4.json: wins at every S <= 16384
-#        (the largest measured) for L = 1, 2 and 8; L = 4 measured at S = 128 only
-#        (cpu-2core-qwen3-4b-attention-query-sweep: 6/6), between L = 2 and 8 elsewhere.
+#        (the largest measured) for L = 1, 2, 4 and 8; the 6-pass query and context sweeps
+#        (cpu-2core-qwen3-4b-attention-query-sweep, -context-sweep) agree.
 #   cuda: benchmark_results/h200-qwen3-4b-attention-L1-mlx-0.32.4.json (L=1, every schedule)
 #        and h200-qwen3-4b-attention-L2-L8-causal-mlx-0.32.4.json (L = 2, 4, 8): wins at every
 #        S <= 131072, the largest measured; the chapter's grid, context and query sweeps
