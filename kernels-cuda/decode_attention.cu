@@ -1,4 +1,4 @@
-// DecodeAttention on NVIDIA GPUs. One kernel family, two schedules (chosen in plan()):
+// DecodeAttention on NVIDIA GPUs. Schedules (chosen in plan(); `auto` picks per shape):
 //
 //   chapter-G  one block per query vector, G warps; warp w visits positions w, w+G, ...
 //              (the chapter's design: no GQA sharing, no context split)
@@ -9,13 +9,17 @@
 //              context chunk): each K/V row leaves HBM once per step for all query heads that
 //              share it, and the context is split (flash-decoding) so every SM has warps; a
 //              second small kernel merges the chunks.
+//   split-mma  split-gqa's work split on tensor cores (attend_mma below): the SIMT kernels
+//              spend ~80 warp instructions per position and stop at ~37% of HBM bandwidth;
+//              this one spends ~14 and reads at 91-97% (kernels-cuda/dev/NOTES.md).
 //
-// Within a block each row of D values is spread over a group of lanes that keeps its slice of
-// the scaled queries in registers; groups ("walkers") run the online-softmax recurrence over
-// their positions, then combine through shared memory: one thread per query vector computes
-// the common max, the rescale factors and the denominator, and the threads each combine output
-// dimensions. bf16/f16 are loaded and stored directly; arithmetic
-// is float32. No MLX headers here (nvcc cannot compile them); see eval_gpu_cuda.cpp.
+// In the SIMT kernels each row of D values is spread over a group of lanes that keeps its slice
+// of the scaled queries in registers; groups ("walkers") run the online-softmax recurrence over
+// tiles of positions, then every kernel combines its warps through shared memory (finish()):
+// one thread per query vector computes the common max, the rescale factors and the
+// denominator, and the threads each combine output dimensions. bf16/f16 are loaded and stored
+// directly; arithmetic is float32. No MLX headers here (nvcc cannot compile them); see
+// eval_gpu_cuda.cpp.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
