@@ -54,9 +54,7 @@ constexpr float kNegInf = -INFINITY;
 #define ATTN_MMA_BLOCKS_PER_SM 3
 #endif
 template <int kMaxThreads>
-struct Tile {
-  static constexpr int value = kMaxThreads > 256 ? 2 : ATTN_TILE;
-};
+constexpr int kTileFor = kMaxThreads > 256 ? 2 : ATTN_TILE;
 
 __device__ __forceinline__ float to_float(float x) {
   return x;
@@ -190,7 +188,7 @@ __global__ void __launch_bounds__(kMaxThreads, kMaxThreads > 256 ? 1 : ATTN_BLOC
     attend(DecodeProblem p, float* partials, int chunk) {
   extern __shared__ float smem[];
   constexpr int kRowsPerWarp = 32 / LPR;
-  constexpr int kTile = Tile<kMaxThreads>::value;
+  constexpr int kTile = kTileFor<kMaxThreads>;
   const int lane = threadIdx.x % 32, sublane = lane % LPR;
   const int walker = threadIdx.x / LPR, walkers = blockDim.x / LPR;
   const int D = p.head_dim, L = p.query_len, S = p.context;
@@ -707,11 +705,14 @@ void finish_plan(Plan& plan, const DecodeProblem& p, int splits, int tiles, int 
   const int width = (p.head_dim + 31) / 32 * 32;
   plan.merge_threads = kMergeParts * width;
   plan.merge_smem = static_cast<uint32_t>((splits + kMergeParts * width) * sizeof(float));
-  const void* merge_kernel = p.dtype == ElementType::float32 ? reinterpret_cast<const void*>(&merge<float>)
-                             : p.dtype == ElementType::float16
-                                 ? reinterpret_cast<const void*>(&merge<__half>)
-                                 : reinterpret_cast<const void*>(&merge<__nv_bfloat16>);
-  plan.merge = handle(merge_kernel);
+  if (splits > 1) {  // plan() runs on every call: resolve the merge only where it launches
+    const void* merge_kernel = p.dtype == ElementType::float32
+                                   ? reinterpret_cast<const void*>(&merge<float>)
+                                   : p.dtype == ElementType::float16
+                                       ? reinterpret_cast<const void*>(&merge<__half>)
+                                       : reinterpret_cast<const void*>(&merge<__nv_bfloat16>);
+    plan.merge = handle(merge_kernel);
+  }
 }
 
 Plan plan_mma(const DecodeProblem& p) {
@@ -770,7 +771,7 @@ Plan plan(const DecodeProblem& p, Schedule schedule) {
   }
   const int tiles = (vectors + vpb - 1) / vpb;
   const int walkers = threads / lpr;
-  const int step = walkers * (threads > 256 ? Tile<1024>::value : Tile<256>::value);
+  const int step = walkers * (threads > 256 ? kTileFor<1024> : kTileFor<256>);
   const int splits =
       split ? split_count(p, attend, threads, plan.attend_smem, p.kv_rows * tiles, step) : 1;
   finish_plan(plan, p, splits, tiles, step);

@@ -18,7 +18,7 @@ Schedule parse_schedule(const std::string& name);
 
 struct Plan {
   CUfunction attend;
-  CUfunction merge;
+  CUfunction merge;  // null when splits == 1
   unsigned attend_grid[2];
   unsigned attend_threads;
   uint32_t attend_smem;

@@ -18,7 +18,8 @@ import mlx.core as mx
 from attn_kernels import _ext
 
 MAX_HEAD_DIM: int = _ext.MAX_HEAD_DIM
-# GPU kernel schedules; "auto" picks per backend (CUDA: split-mma). The CPU kernel has one.
+# GPU kernel schedules; "auto" picks per backend and shape (kernels-cuda/README.md). The CPU
+# kernel has one.
 SCHEDULES: tuple[str, ...] = tuple(_ext.SCHEDULES)
 
 
