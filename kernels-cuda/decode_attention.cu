@@ -7,8 +7,8 @@
 //              from L2)
 //   split-gqa  one block per (key/value head, tile of up to 4 query vectors of that head,
 //              context chunk): each K/V row leaves HBM once per step for all query heads that
-//              share it, and the context is split (flash-decoding) so every SM has warps; a
-//              second small kernel merges the chunks.
+//              share it, and the context is split (flash-decoding) so every SM has warps; the
+//              last block of each head to finish merges the chunks (one launch per call).
 //   split-mma  split-gqa's work split on tensor cores (attend_mma below): the SIMT kernels
 //              spend ~80 warp instructions per position and stop at ~37% of HBM bandwidth;
 //              this one spends ~14 and reads at 91-97% (kernels-cuda/dev/NOTES.md).
@@ -25,6 +25,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <type_traits>
 #include <cmath>
@@ -127,14 +128,132 @@ __device__ __forceinline__ float mask_value(const DecodeProblem& p, int64_t at) 
   return 0.0f;
 }
 
+// ---- Split contexts: flash-decoding's merge inside the attend kernel ----
+// Each block of a split writes its chunk's (max, denominator, unnormalised accumulator) per
+// vector; the block of a (kv_row, tile) that finishes last merges every chunk and writes the
+// output, so a split call is one launch (through MLX a second launch costs more host time than a
+// short context takes to read). Blocks count arrivals in `arrivals`: each call takes fresh
+// slots (plan()) and the last block resets its slot to zero for the slot's next user. A slot is
+// reused after kArrivalSlots / (slots per call) calls, far more than MLX keeps in flight at once
+// (calls overlap only within one CUDA graph of at most a few hundred nodes).
+constexpr unsigned kArrivalSlots = 1u << 16;
+__device__ unsigned arrivals[kArrivalSlots];
+
+// Partial state of one vector and chunk: max, denominator, two unused floats, D accumulators
+// (16-byte aligned for the merge's vector loads), padded to a multiple of four floats.
+__host__ __device__ constexpr int partial_stride(int D) {
+  return 4 + (D + 3) / 4 * 4;
+}
+
+#ifndef ATTN_MERGE_UNROLL
+#define ATTN_MERGE_UNROLL 8
+#endif
+constexpr int kMergeUnroll = ATTN_MERGE_UNROLL;  // chunks' loads in flight per thread
+
+// Called by every thread after its partial stores; true in the last block of the group to
+// arrive, which then sees every block's partials.
+__device__ bool last_to_arrive(unsigned slot, int splits) {
+  __shared__ bool last;
+  __threadfence();  // this thread's partials are visible device-wide before the block arrives
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned* counter = &arrivals[(slot + blockIdx.x) % kArrivalSlots];
+    last = atomicAdd(counter, 1u) == unsigned(splits - 1);
+    if (last) *counter = 0u;  // every block of this call has arrived
+  }
+  __syncthreads();
+  if (last) __threadfence();
+  return last;
+}
+
+// The last block's merge of its VPB vectors, in three short phases: every chunk's (max,
+// denominator) in one round trip to L2 (__ldcg: other SMs wrote them, this SM's L1 may hold
+// nothing valid), one warp per vector for the common max, the rescale factors and the
+// denominator (shared memory, which the attend state no longer needs), then each thread sums
+// four output dimensions of up to kItems vectors over the chunks with 16-byte loads, kMergeUnroll
+// chunks of each in flight.
+template <typename T, int VPB>
+__device__ void merge_chunks(const DecodeProblem& p, float* smem, const float* partials,
+                             int kv_row, int tile, int splits) {
+  constexpr int kItems = 2;
+  const int D = p.head_dim, L = p.query_len, vectors = p.group * L, stride = partial_stride(D);
+  const int first = tile * VPB, count = min(VPB, vectors - first);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  float* factors = smem;                    // [VPB][splits]: the chunks' maxima, then factors
+  float* sums = smem + VPB * splits;        // [VPB][splits]: the chunks' denominators
+  float* totals = smem + 2 * VPB * splits;  // [VPB]
+  const float* base = partials + (int64_t{kv_row} * vectors + first) * splits * stride;
+  __syncthreads();  // finish() may still read the attend state in shared memory
+  for (int at = threadIdx.x; at < count * splits; at += blockDim.x) {
+    const float2 state = __ldcg(reinterpret_cast<const float2*>(base + int64_t{at} * stride));
+    factors[at] = state.x;
+    sums[at] = state.y;
+  }
+  __syncthreads();
+  for (int v = warp; v < count; v += warps) {
+    float common = kNegInf;
+    for (int s = lane; s < splits; s += 32) common = fmaxf(common, factors[v * splits + s]);
+    for (int offset = 16; offset > 0; offset /= 2)
+      common = fmaxf(common, __shfl_xor_sync(0xffffffffu, common, offset));
+    float total = 0.0f;
+    for (int s = lane; s < splits; s += 32) {
+      const float m = factors[v * splits + s];
+      const float f = m == kNegInf ? 0.0f : __expf(m - common);
+      factors[v * splits + s] = f;
+      total += sums[v * splits + s] * f;
+    }
+    for (int offset = 16; offset > 0; offset /= 2)
+      total += __shfl_xor_sync(0xffffffffu, total, offset);
+    if (lane == 0) totals[v] = total;
+  }
+  __syncthreads();
+  const int quads = (D + 3) / 4, items = count * quads;
+  for (int item0 = threadIdx.x; item0 < items; item0 += kItems * blockDim.x) {
+    const float4* column[kItems];
+    const float* f[kItems];
+    float sum[kItems][4] = {};
+#pragma unroll
+    for (int k = 0; k < kItems; ++k) {
+      const int item = min(item0 + k * int(blockDim.x), items - 1);  // repeats the last: harmless
+      const int v = item / quads, d = item % quads * 4;
+      column[k] = reinterpret_cast<const float4*>(base + int64_t{v} * splits * stride + 4 + d);
+      f[k] = factors + v * splits;
+    }
+#pragma unroll kMergeUnroll
+    for (int s = 0; s < splits; ++s) {
+#pragma unroll
+      for (int k = 0; k < kItems; ++k) {
+        const float4 x = __ldcg(column[k] + int64_t{s} * (stride / 4));
+        const float w = f[k][s];
+        sum[k][0] += x.x * w;
+        sum[k][1] += x.y * w;
+        sum[k][2] += x.z * w;
+        sum[k][3] += x.w * w;
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kItems; ++k) {
+      const int item = item0 + k * int(blockDim.x);
+      if (item >= items) break;
+      const int v = item / quads, d = item % quads * 4;
+      const int r = first + v, row = kv_row * p.group + r / L, i = r % L;
+      T* out = static_cast<T*>(p.out) + (int64_t{row} * L + i) * D;
+      const float total = totals[v];
+      for (int e = 0; e < 4 && d + e < D; ++e) {
+        store(out + d + e, total > 0.0f ? sum[k][e] / total : 0.0f);
+      }
+    }
+  }
+}
+
 // The end of every attend kernel: shared memory holds one online-softmax state per warp and
 // vector, [warp][vector][max, denominator, D accumulators]. One thread per vector computes the
 // common max, each warp's rescale factor (stored over its max) and the denominator; then the
 // threads combine output dimensions across warps and write the output (one chunk) or the
-// block's partial state for merge().
+// block's partial state, which the group's last block merges.
 template <typename T, int VPB>
 __device__ void finish(const DecodeProblem& p, float* smem, float* partials, int kv_row, int tile,
-                       int split, int splits) {
+                       int split, int splits, unsigned slot) {
   const int D = p.head_dim, L = p.query_len, vectors = p.group * L;
   const int stride = D + 2, warps = blockDim.x / 32;
   float* denominators = smem + warps * VPB * stride;
@@ -168,24 +287,27 @@ __device__ void finish(const DecodeProblem& p, float* smem, float* partials, int
       T* out = static_cast<T*>(p.out) + (int64_t{row} * L + i) * D;
       store(out + d, total > 0.0f ? sum / total : 0.0f);
     } else {
-      float* part = partials + ((int64_t{kv_row} * vectors + r) * splits + split) * stride;
+      float* part = partials + ((int64_t{kv_row} * vectors + r) * splits + split) * partial_stride(D);
       if (d == 0) {
         part[0] = common;
         part[1] = total;
       }
-      part[2 + d] = sum;
+      part[4 + d] = sum;
     }
+  }
+  if (splits > 1 && last_to_arrive(slot, splits)) {
+    merge_chunks<T, VPB>(p, smem, partials, kv_row, tile, splits);
   }
 }
 
 // grid: (kv_rows * tiles, splits); block: up to kMaxThreads threads = G warps = G * 32 / LPR
 // row walkers; a walker takes positions w, w + walkers, ... of the block's chunk, a tile of them
 // per step. Shared memory: G * VPB * (D + 2) + 2 * VPB floats. With splits == 1 the block writes
-// the output; otherwise (max, denominator, unnormalised accumulator) per vector to `partials`
-// for merge(). Two blocks of 256 threads fit an SM's registers, so their loads overlap.
+// the output; otherwise (max, denominator, unnormalised accumulator) per vector to `partials`,
+// merged by the group's last block (merge_chunks). Two blocks of 256 threads fit an SM's registers, so their loads overlap.
 template <typename T, int VPB, int LPR, int kMaxThreads>
 __global__ void __launch_bounds__(kMaxThreads, kMaxThreads > 256 ? 1 : ATTN_BLOCKS_PER_SM)
-    attend(DecodeProblem p, float* partials, int chunk) {
+    attend(DecodeProblem p, float* partials, int chunk, unsigned slot) {
   extern __shared__ float smem[];
   constexpr int kRowsPerWarp = 32 / LPR;
   constexpr int kTile = kTileFor<kMaxThreads>;
@@ -319,7 +441,7 @@ __global__ void __launch_bounds__(kMaxThreads, kMaxThreads > 256 ? 1 : ATTN_BLOC
     }
   }
   __syncthreads();
-  finish<T, VPB>(p, smem, partials, kv_row, tile, split, splits);
+  finish<T, VPB>(p, smem, partials, kv_row, tile, split, splits, slot);
 }
 
 // ---- split-mma: the tensor-core schedule ----
@@ -387,7 +509,7 @@ __device__ __forceinline__ void load_words(uint32_t (&dst)[N], const void* src) 
 
 template <typename T, int D>
 __global__ void __launch_bounds__(kMmaWarps * 32, ATTN_MMA_BLOCKS_PER_SM)
-    attend_mma(DecodeProblem p, float* partials, int chunk) {
+    attend_mma(DecodeProblem p, float* partials, int chunk, unsigned slot) {
   extern __shared__ float smem[];
   constexpr int kSteps = D / 16;  // k-steps of Q K^T; 16-dim tiles of V^T P^T
   constexpr int kQK = D / 8;      // words in a lane's D/4 values of a query or K row
@@ -513,67 +635,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, ATTN_MMA_BLOCKS_PER_SM)
     slots[(2 * c + 1) * stride + d + 1] = o[t][3];
   }
   __syncthreads();
-  finish<T, kMmaVectors>(p, smem, partials, kv_row, tile, split, splits);
-}
-
-// One block per query vector: combine its context chunks. The block's threads are kMergeParts
-// groups of D (rounded up to warps): every thread loads one chunk's (max, denominator) at once,
-// then group x sums chunks x, x + kMergeParts, ... for its dimension with its loads issued
-// back to back, and shared memory adds the groups. Two round trips to L2, whatever `splits`.
-constexpr int kMergeParts = 4;
-
-template <typename T>
-__global__ void merge(DecodeProblem p, const float* partials, int splits) {
-  extern __shared__ float factors[];  // [splits]; then [kMergeParts][D] sums
-  __shared__ float reduce[32];
-  const int D = p.head_dim, L = p.query_len;
-  const int vectors = p.group * L;
-  const int vec = blockIdx.x;  // kv_row * vectors + r
-  const int kv_row = vec / vectors, r = vec % vectors;
-  const int stride = D + 2, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int warps = blockDim.x / 32, width = blockDim.x / kMergeParts;
-  const float* part = partials + int64_t{vec} * splits * stride;
-
-  float common = kNegInf;
-  for (int s = threadIdx.x; s < splits; s += blockDim.x) common = fmaxf(common, part[s * stride]);
-  for (int offset = 16; offset > 0; offset /= 2)
-    common = fmaxf(common, __shfl_xor_sync(0xffffffffu, common, offset));
-  if (lane == 0) reduce[warp] = common;
-  __syncthreads();
-  common = kNegInf;
-  for (int w = 0; w < warps; ++w) common = fmaxf(common, reduce[w]);
-  __syncthreads();
-
-  float total = 0.0f;
-  for (int s = threadIdx.x; s < splits; s += blockDim.x) {
-    const float m = part[s * stride];
-    const float f = m == kNegInf ? 0.0f : __expf(m - common);
-    factors[s] = f;
-    total += part[s * stride + 1] * f;
-  }
-  for (int offset = 16; offset > 0; offset /= 2) total += __shfl_xor_sync(0xffffffffu, total, offset);
-  if (lane == 0) reduce[warp] = total;
-  __syncthreads();
-  total = 0.0f;
-  for (int w = 0; w < warps; ++w) total += reduce[w];
-
-  const int d = threadIdx.x % width, group = threadIdx.x / width;
-  float* sums = factors + splits;
-  if (d < D) {
-    float sum = 0.0f;
-#pragma unroll 16
-    for (int s = group; s < splits; s += kMergeParts) sum += part[s * stride + 2 + d] * factors[s];
-    sums[group * width + d] = sum;
-  }
-  __syncthreads();
-  if (group == 0 && d < D) {
-    float sum = 0.0f;
-#pragma unroll
-    for (int x = 0; x < kMergeParts; ++x) sum += sums[x * width + d];
-    const int row = kv_row * p.group + r / L, i = r % L;
-    T* out = static_cast<T*>(p.out) + (int64_t{row} * L + i) * D;
-    store(out + d, total > 0.0f ? sum / total : 0.0f);
-  }
+  finish<T, kMmaVectors>(p, smem, partials, kv_row, tile, split, splits, slot);
 }
 
 // MLX's libmlx carries its own CUDA runtime: hand it driver handles, not runtime pointers.
@@ -682,12 +744,15 @@ const void* attend_mma_kernel(int head_dim) {
 }
 
 // Chunks of at least one step per walker (one round trip to memory each), and no more blocks
-// than the SMs hold at once: a second wave would only add a tail.
+// than the SMs hold at once: a second wave would only add a tail. The merge keeps two floats per
+// vector (`vpb` of them) and chunk in the kernel's shared memory.
 int split_count(const DecodeProblem& p, const void* attend, int threads, uint32_t smem,
-                int blocks, int min_chunk) {
+                int blocks, int min_chunk, int vpb) {
+  if (unsigned(blocks) > kArrivalSlots / 64) return 1;  // enough blocks without a split
   const int wanted = (p.context + min_chunk - 1) / min_chunk;
   const int room = resident_blocks(attend, threads, smem) * sm_count();
-  return std::clamp(room / blocks, 1, wanted);
+  const int fit = (static_cast<int>(smem / sizeof(float)) - vpb) / (2 * vpb);
+  return std::clamp(std::min(room / blocks, fit), 1, wanted);
 }
 
 // `step`: positions a whole block takes per step; chunks are multiples of it, so that no warp
@@ -700,18 +765,11 @@ void finish_plan(Plan& plan, const DecodeProblem& p, int splits, int tiles, int 
   plan.splits = splits;
   plan.attend_grid[0] = p.kv_rows * tiles;
   plan.attend_grid[1] = splits;
-  plan.partial_floats = splits > 1 ? size_t(p.kv_rows) * vectors * splits * (p.head_dim + 2) : 0;
-  plan.merge_blocks = p.kv_rows * vectors;
-  const int width = (p.head_dim + 31) / 32 * 32;
-  plan.merge_threads = kMergeParts * width;
-  plan.merge_smem = static_cast<uint32_t>((splits + kMergeParts * width) * sizeof(float));
-  if (splits > 1) {  // plan() runs on every call: resolve the merge only where it launches
-    const void* merge_kernel = p.dtype == ElementType::float32
-                                   ? reinterpret_cast<const void*>(&merge<float>)
-                                   : p.dtype == ElementType::float16
-                                       ? reinterpret_cast<const void*>(&merge<__half>)
-                                       : reinterpret_cast<const void*>(&merge<__nv_bfloat16>);
-    plan.merge = handle(merge_kernel);
+  plan.partial_floats =
+      splits > 1 ? size_t(p.kv_rows) * vectors * splits * partial_stride(p.head_dim) : 0;
+  if (splits > 1) {  // fresh arrival counters for this call, one per (kv_row, tile)
+    static std::atomic<unsigned> next_slot{0};
+    plan.arrival_slot = next_slot.fetch_add(plan.attend_grid[0], std::memory_order_relaxed);
   }
 }
 
@@ -725,7 +783,7 @@ Plan plan_mma(const DecodeProblem& p) {
       (kMmaWarps * kMmaVectors * (p.head_dim + 2) + 2 * kMmaVectors) * sizeof(float));
   const int tiles = (p.group * p.query_len + kMmaVectors - 1) / kMmaVectors;
   const int splits = split_count(p, attend, plan.attend_threads, plan.attend_smem,
-                                 p.kv_rows * tiles, kMmaWarps * kMmaStep);
+                                 p.kv_rows * tiles, kMmaWarps * kMmaStep, kMmaVectors);
   finish_plan(plan, p, splits, tiles, kMmaWarps * kMmaStep);
   return plan;
 }
@@ -773,7 +831,7 @@ Plan plan(const DecodeProblem& p, Schedule schedule) {
   const int walkers = threads / lpr;
   const int step = walkers * (threads > 256 ? kTileFor<1024> : kTileFor<256>);
   const int splits =
-      split ? split_count(p, attend, threads, plan.attend_smem, p.kv_rows * tiles, step) : 1;
+      split ? split_count(p, attend, threads, plan.attend_smem, p.kv_rows * tiles, step, vpb) : 1;
   finish_plan(plan, p, splits, tiles, step);
   return plan;
 }

@@ -16,18 +16,16 @@ enum class Schedule { automatic, split_mma, split_gqa, split, chapter8, chapter1
 
 Schedule parse_schedule(const std::string& name);
 
+// One launch: attend(problem, partials, chunk, arrival_slot) on attend_grid.
 struct Plan {
   CUfunction attend;
-  CUfunction merge;  // null when splits == 1
-  unsigned attend_grid[2];
+  unsigned attend_grid[2];  // (kv_rows * tiles, splits)
   unsigned attend_threads;
   uint32_t attend_smem;
   int chunk;
   int splits;
-  size_t partial_floats;  // workspace for the merge, 0 when splits == 1
-  unsigned merge_blocks;
-  unsigned merge_threads;
-  uint32_t merge_smem;  // one rescale factor per chunk
+  size_t partial_floats;  // workspace for the chunks' partial states, 0 when splits == 1
+  unsigned arrival_slot;  // first of this call's arrival counters (splits > 1)
 };
 
 Plan plan(const DecodeProblem& problem, Schedule schedule);

@@ -1,7 +1,5 @@
 // eval_gpu through MLX's CUDA command encoder: kernels are added to MLX's graph as raw driver
 // functions (see decode_attention.cu for why).
-#include <optional>
-
 #include "decode_attention.h"
 #include "decode_attention_cuda.h"
 #include "mlx/backend/cuda/device.h"
@@ -20,33 +18,22 @@ void DecodeAttention::eval_gpu(
 
   DecodeProblem problem = make_problem(inputs, out, scale_, causal_);
   const cuda::Plan plan = cuda::plan(problem, cuda::parse_schedule(schedule_));
-  // (max, denominator, accumulator) per context chunk, for the merge; kept alive by the encoder
-  // until the graph has run.
+  // (max, denominator, accumulator) per context chunk, merged inside the same launch; kept
+  // alive by the encoder until the graph has run.
   float* partials = nullptr;
-  std::optional<mx::array> workspace;
   if (plan.splits > 1) {
-    workspace.emplace(mx::Shape{static_cast<int>(plan.partial_floats)}, mx::float32, nullptr,
-                      std::vector<mx::array>{});
-    workspace->set_data(mx::allocator::malloc(workspace->nbytes()));
-    encoder.add_temporary(*workspace);
-    encoder.set_output_array(*workspace);
-    partials = workspace->data<float>();
+    mx::array workspace(mx::Shape{static_cast<int>(plan.partial_floats)}, mx::float32, nullptr,
+                        std::vector<mx::array>{});
+    workspace.set_data(mx::allocator::malloc(workspace.nbytes()));
+    encoder.add_temporary(workspace);
+    partials = workspace.data<float>();
   }
   int chunk = plan.chunk;
-  void* attend_args[] = {&problem, &partials, &chunk};
+  unsigned slot = plan.arrival_slot;
+  void* args[] = {&problem, &partials, &chunk, &slot};
   encoder.add_kernel_node_raw(
       plan.attend, dim3(plan.attend_grid[0], plan.attend_grid[1]), dim3(plan.attend_threads),
-      dim3(1, 1, 1), plan.attend_smem, attend_args);
-  if (plan.splits > 1) {
-    // MLX orders graph nodes by the arrays they read and write: the merge reads the workspace.
-    encoder.set_input_array(*workspace);
-    encoder.set_output_array(out);
-    int splits = plan.splits;
-    void* merge_args[] = {&problem, &partials, &splits};
-    encoder.add_kernel_node_raw(
-        plan.merge, dim3(plan.merge_blocks), dim3(plan.merge_threads), dim3(1, 1, 1), plan.merge_smem,
-        merge_args);
-  }
+      dim3(1, 1, 1), plan.attend_smem, args);
 }
 
 }  // namespace attn_kernels

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the H200 after `source .gpu-kit/activate.sh && source tools/h200.sh`: the operator records
-# of issues 5 and 7 (Qwen3-4B shapes), written to $OUT. `tools/h200_operators.sh kernels|grid`.
+# of issues 5 and 7 (Qwen3-4B shapes), written to $OUT. `tools/h200_operators.sh kernels|grid|short`.
 set -euo pipefail
 OUT="${OUT:-/tmp/out}"
 ops() { python3 -m llm_eval.operators --device gpu "$@"; }
@@ -33,5 +33,17 @@ case "${1:-kernels}" in
     ops --attention-mask explicit --query-length 1 --query-length 2 --context 128 --context 1024 \
       --context 4096 --context-repeats 2 \
       --json-output "$OUT/h200-qwen3-4b-attention-explicit-mask-mlx-0.32.4.json"
+    ;;
+  short)  # L=1 up to S=4096, schedules side by side: independent calls, then chained (latency)
+    for mode in independent chained; do
+      ops --context 1 --context 32 --context 64 --context 128 --context 192 --context 256 \
+        --context 512 --context 1024 --context 4096 --schedule auto --schedule split-mma \
+        --schedule chapter-16 --schedule split --implementations mlx --context-repeats 2 \
+        $([ $mode = chained ] && echo --chain) \
+        --json-output "$OUT/h200-qwen3-4b-attention-L1-short-$mode-mlx-0.32.4.json"
+    done
+    ops --query-length 2 --query-length 8 --attention-mask causal --context 32 --context 256 \
+      --context 1024 --context 4096 --implementations custom,mlx --context-repeats 2 \
+      --json-output "$OUT/h200-qwen3-4b-attention-L2-L8-short-mlx-0.32.4.json"
     ;;
 esac

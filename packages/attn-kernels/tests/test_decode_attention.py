@@ -108,6 +108,23 @@ def test_long_context(device, s, dtype):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_many_calls_in_one_eval(device):
+    """Independent split calls evaluated together (MLX may run them concurrently on a GPU): each
+    call merges its own context chunks, whatever else is in flight."""
+    calls, s = 24, 3000
+    q, k, v, _ = make_inputs(11, 1, 8, 2, calls, s, 64, mx.bfloat16, "none")
+    expected = attention_f64(q, k, v)
+    for schedule in schedules(device):
+        with mx.stream(device):
+            outs = [
+                decode_attention_custom(q[:, :, i : i + 1], k, v, schedule=schedule)
+                for i in range(calls)
+            ]
+            mx.eval(outs)
+        check(mx.concatenate(outs, axis=2), expected, mx.bfloat16, label=schedule)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("d", [1, 40, 64, 72, 128, 200, 256])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_head_dims(device, d, dtype):

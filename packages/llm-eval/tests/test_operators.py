@@ -1,6 +1,7 @@
 import collections
 import json
 
+import mlx.core as mx
 import pytest
 from llm_eval import operators, plot
 from llm_eval.record import collect_metadata, validate, write_record
@@ -133,3 +134,17 @@ def test_named_commit_wins_over_the_checkouts_git(monkeypatch):
     assert meta["git_sha"] == "0123abc" and meta["git_dirty"] is False
     monkeypatch.delenv("LLM_EVAL_GIT_SHA")
     assert collect_metadata("cpu")["git_sha"] != "0123abc"
+
+
+def test_chained_calls_feed_each_output_to_the_next_query():
+    seen = []
+
+    def fn(q, k, v):
+        seen.append(q)
+        return q + k
+
+    operators.time_sample(fn, (mx.zeros((2,)), mx.ones((2,)), None), 3, chain=True)
+    assert [x[0].item() for x in seen] == [0.0, 1.0, 2.0]
+    seen.clear()
+    operators.time_sample(fn, (mx.zeros((2,)), mx.ones((2,)), None), 3)
+    assert [x[0].item() for x in seen] == [0.0, 0.0, 0.0]

@@ -3,8 +3,10 @@
 Protocol: for each pass over the shapes (forward, then reverse, alternating), each shape's
 implementations are warmed up, then timed `--iterations` times; iteration i runs them in the
 i-th of all their orders (every order equally often), so drift and cache effects fall on every
-implementation alike. A sample is the wall time of `--calls-per-eval` independent calls evaluated
-together, divided by that count. Every sample is kept; medians, spread and per-pass wins are
+implementation alike. A sample is the wall time of `--calls-per-eval` calls evaluated together,
+divided by that count: independent calls (throughput; MLX may overlap them on a GPU), or with
+`--chain` each call's query the previous call's output (latency, as the layers of a decode step
+wait on each other). Every sample is kept; medians, spread and per-pass wins are
 derived from them. Each time is reported with GB/s of K+V read and the fraction of the
 bandwidth floor (K+V bytes / measured or given read bandwidth).
 """
@@ -70,9 +72,15 @@ def make_shape(context, query_length, heads, gqa_ratio, head_dim, mask_kind, dty
     return q, k, v, mask
 
 
-def time_sample(fn, args, calls: int) -> float:
+def time_sample(fn, args, calls: int, chain: bool = False) -> float:
     start = time.perf_counter()
-    mx.eval([fn(*args) for _ in range(calls)])
+    if chain:
+        q, k, v = args
+        for _ in range(calls):
+            q = fn(q, k, v)
+        mx.eval(q)
+    else:
+        mx.eval([fn(*args) for _ in range(calls)])
     return (time.perf_counter() - start) / calls
 
 
@@ -143,7 +151,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--calls-per-eval",
         type=int,
         default=None,
-        help="independent calls per timed mx.eval (default 1 on CPU, 50 on GPU)",
+        help="calls per timed mx.eval (default 1 on CPU, 50 on GPU)",
+    )
+    p.add_argument(
+        "--chain",
+        action="store_true",
+        help="each call's query is the previous call's output (dependent calls: latency)",
     )
     p.add_argument(
         "--device",
@@ -253,7 +266,7 @@ def run(args) -> dict:
                 order = orders[it % len(orders)]
                 for name in order:
                     pass_samples[name].append(
-                        time_sample(fns[name], (q, k, v), args.calls_per_eval)
+                        time_sample(fns[name], (q, k, v), args.calls_per_eval, args.chain)
                     )
                 execution_order.append({"pass": rep, "shape": key, "order": list(order)})
             medians = {n: statistics.median(s) * 1e6 for n, s in pass_samples.items()}
@@ -319,7 +332,8 @@ def main(argv=None) -> None:
     print(
         f"device {args.device}, {args.dtype}, Hq={args.heads}, Hkv={args.heads // args.gqa_ratio}, "
         f"D={args.head_dim}, mask={args.attention_mask}, floor at {args.bandwidth_gbs:.1f} GB/s, "
-        f"{args.iterations} samples x {args.context_repeats} passes, {args.calls_per_eval} calls/eval"
+        f"{args.iterations} samples x {args.context_repeats} passes, {args.calls_per_eval} "
+        f"{'chained' if args.chain else 'independent'} calls/eval"
     )
     print(format_table(record))
     if args.json_output:
