@@ -54,6 +54,7 @@ constexpr float kNegInf = -INFINITY;
 #ifndef ATTN_MMA_BLOCKS_PER_SM
 #define ATTN_MMA_BLOCKS_PER_SM 3
 #endif
+
 template <int kMaxThreads>
 constexpr int kTileFor = kMaxThreads > 256 ? 2 : ATTN_TILE;
 
@@ -782,9 +783,15 @@ Plan plan_mma(const DecodeProblem& p) {
   plan.attend_smem = static_cast<uint32_t>(
       (kMmaWarps * kMmaVectors * (p.head_dim + 2) + 2 * kMmaVectors) * sizeof(float));
   const int tiles = (p.group * p.query_len + kMmaVectors - 1) / kMmaVectors;
-  const int splits = split_count(p, attend, plan.attend_threads, plan.attend_smem,
-                                 p.kv_rows * tiles, kMmaWarps * kMmaStep, kMmaVectors);
-  finish_plan(plan, p, splits, tiles, kMmaWarps * kMmaStep);
+  // A merge costs ~3 µs on the H200 (the last block's fence, atomics and L2 round trips): more
+  // than the steps it saves while the context is at most kMmaUnsplitSteps block steps, where one
+  // chunk is faster (kernels-cuda/dev/h200-bench_attend-mma-min-steps.txt).
+  constexpr int kStep = kMmaWarps * kMmaStep, kMmaUnsplitSteps = 4;
+  const int splits = p.context <= kMmaUnsplitSteps * kStep
+                         ? 1
+                         : split_count(p, attend, plan.attend_threads, plan.attend_smem,
+                                       p.kv_rows * tiles, kStep, kMmaVectors);
+  finish_plan(plan, p, splits, tiles, kStep);
   return plan;
 }
 
@@ -792,14 +799,12 @@ Plan plan_mma(const DecodeProblem& p) {
 
 Plan plan(const DecodeProblem& p, Schedule schedule) {
   if (schedule == Schedule::automatic) {
-    // From benchmark_results/h200-qwen3-4b-attention-L1-mlx-0.32.4.json (MLX, L=1): up to 32
-    // positions `split` (one unsplit pass per query vector) is fastest, up to 256 `chapter-16`;
-    // beyond, and for every L > 1 (h200-qwen3-4b-attention-L2-L8-causal), split-mma. The merge
-    // launch of a split costs more than a short context takes to read.
-    const bool short_single = p.query_len == 1 && p.context <= 256;
-    schedule = !short_single ? Schedule::split_mma
-               : p.context <= 32 ? Schedule::split
-                                 : Schedule::chapter16;
+    // Kernel-only latency on the H200 (kernels-cuda/dev/h200-bench_attend-*.txt): split-mma is
+    // the fastest from S = 64 on for every L (chapter-16: 5.30/6.70/12.5 µs at S = 64/128/256,
+    // split-mma 5.22/5.96/8.19); `split` (one block per query vector, no split) up to 32 positions
+    // at L = 1. Through MLX the short contexts are at its per-op floor either way
+    // (benchmark_results/h200-qwen3-4b-attention-L1-short-*.json).
+    schedule = p.query_len == 1 && p.context <= 32 ? Schedule::split : Schedule::split_mma;
   }
   if (schedule == Schedule::split_mma) {
     if (mma_applies(p)) return plan_mma(p);

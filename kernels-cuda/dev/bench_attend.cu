@@ -231,7 +231,7 @@ int main(int argc, char** argv) {
   // BENCH_MAX_S=1024: only the short contexts (e.g. under compute-sanitizer).
   const char* max_env = std::getenv("BENCH_MAX_S");
   const int max_s = max_env ? std::atoi(max_env) : 1 << 30;
-  const int contexts[] = {1, 32, 128, 256, 1024, 4096, 16384, 32768, 131072};
+  const int contexts[] = {1, 32, 64, 128, 192, 256, 512, 1024, 4096, 16384, 32768, 131072};
   for (const char* schedule : schedules) {
     for (int S : contexts) {
       if (S <= max_s) run({schedule, 1, false, S}, bandwidth, rng);
