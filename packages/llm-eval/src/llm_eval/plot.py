@@ -40,7 +40,8 @@ def plot_operators(record: dict, out: Path) -> None:
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("cached context S")
-    ax.set_ylabel("µs per call (median)")
+    calls = "chained calls" if record["config"].get("chain") else "independent calls"
+    ax.set_ylabel(f"µs per call (median, {calls})")
     device = record["metadata"]["device"]
     ax.set_title(
         f"attention, {record['config']['dtype']}, Hq={record['config']['heads']}, "
