@@ -633,8 +633,13 @@ ThreadPool& pool() {
   return instance;
 }
 
-// Below this many multiply-adds waking the pool costs more than it saves.
-constexpr int64_t kMinParallelWork = int64_t{1} << 18;
+// Below this many multiply-adds waking the pool costs more than it saves: a sleeping worker takes
+// ~110 µs to wake on this project's VM (a no-op parallel_for), and between decode calls it always
+// sleeps. Through MLX, Qwen3-4B shapes: one thread was faster up to S = 512 (200 vs 216-270 µs
+// at 128, 373-428 vs 415-445 at 512), two from 1024 on (687-741 vs 812-1146); 2^22 = S 1024 there.
+// Spinning workers won back-to-back but lost once other ops ran between calls (vCPUs that spun
+// woke even later), so the pool sleeps.
+constexpr int64_t kMinParallelWork = int64_t{1} << 22;
 // Context chunks are at least this long, so merging stays negligible.
 constexpr int kMinChunk = 256;
 
