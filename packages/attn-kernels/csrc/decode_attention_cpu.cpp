@@ -196,6 +196,28 @@ ALWAYS_INLINE float exp_nonpositive(float x) {
   return x < -87.0f ? 0.0f : poly * scale;
 }
 
+// Horizontal max and sum of a block's kBlock == kLanes scores as a log-depth tree: written as
+// scalar loops they were chains of 16 dependent operations per vector and block (GCC does not
+// reassociate them).
+ALWAYS_INLINE Lanes lanes_max2(Lanes x, Lanes y) {
+  return x > y ? x : y;
+}
+ALWAYS_INLINE float lanes_max(Lanes x) {
+  static_assert(kLanes == 16, "the shuffles are written for 16 lanes");
+  x = lanes_max2(x, __builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7));
+  x = lanes_max2(x, __builtin_shufflevector(x, x, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11));
+  x = lanes_max2(x, __builtin_shufflevector(x, x, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13));
+  x = lanes_max2(x, __builtin_shufflevector(x, x, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14));
+  return x[0];
+}
+ALWAYS_INLINE float lanes_sum(Lanes x) {
+  x += __builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
+  x += __builtin_shufflevector(x, x, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11);
+  x += __builtin_shufflevector(x, x, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
+  x += __builtin_shufflevector(x, x, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
+  return x[0];
+}
+
 // Online-softmax state of one query vector: running max, denominator, then padded(D)
 // accumulators.
 constexpr int kStateHeader = 2;
@@ -530,10 +552,7 @@ ALWAYS_INLINE void attend_chunk(
         }
       }
       float* st = state + r * state_size;
-      float block_max = neg_inf;
-      for (int j = 0; j < kBlock; ++j) {
-        block_max = std::max(block_max, s[j]);
-      }
+      const float block_max = lanes_max(load_lanes(s));
       if (block_max == neg_inf) {
         rescale[r] = 1.0f;
         std::fill(s, s + kBlock, 0.0f);  // every key of this block is hidden from this vector
@@ -544,10 +563,7 @@ ALWAYS_INLINE void attend_chunk(
       for (int j = 0; j < kBlock; ++j) {
         s[j] = exp_nonpositive(s[j] - new_max);
       }
-      float sum = 0.0f;
-      for (int j = 0; j < kBlock; ++j) {
-        sum += s[j];
-      }
+      const float sum = lanes_sum(load_lanes(s));
       st[0] = new_max;
       st[1] = st[1] * rescale[r] + sum;
       any = true;
