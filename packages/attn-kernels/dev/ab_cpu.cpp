@@ -1,0 +1,56 @@
+// In-process A/B of two versions of the CPU kernel (this VM's speed drifts by 20-40% between
+// runs, so separate processes cannot resolve a 10% change): calls alternate between the two,
+// K/V hot, and the medians and their ratio are printed. The old version is compiled with its
+// namespace renamed. From the repository root:
+//
+//   MLXI="$(uv run python -c 'import mlx, os; print(os.path.join(mlx.__path__[0], "include"))')"
+//   git show HEAD~1:packages/attn-kernels/csrc/decode_attention_cpu.cpp > /tmp/old.cpp
+//   g++ -O3 -DNDEBUG -std=c++20 -Dattn_kernels=attn_old -I packages/attn-kernels/csrc -I "$MLXI" \
+//       -c /tmp/old.cpp -o /tmp/old.o
+//   g++ -O3 -DNDEBUG -std=c++20 -I packages/attn-kernels/csrc -I "$MLXI" \
+//       -c packages/attn-kernels/csrc/decode_attention_cpu.cpp -o /tmp/new.o
+//   g++ -O3 -std=c++20 -I packages/attn-kernels/csrc packages/attn-kernels/dev/ab_cpu.cpp \
+//       /tmp/new.o /tmp/old.o -o /tmp/ab_cpu -lpthread && /tmp/ab_cpu
+//
+// (Each version has its own thread pool; only one works at a time.)
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <vector>
+
+#include "qwen3_case.h"
+
+namespace attn_kernels {
+void decode_attention_cpu(const DecodeProblem& p);
+}
+namespace attn_old {
+struct DecodeProblem;  // attn_kernels::DecodeProblem under the renamed namespace: same layout
+void decode_attention_cpu(const DecodeProblem& p);
+}  // namespace attn_old
+
+using namespace attn_kernels;
+
+int main() {
+  for (const int S : {256, 1024, 4096}) {
+    dev::Qwen3Case c(S, 1);
+    std::vector<double> old_us, new_us;
+    const int pairs = S <= 1024 ? 400 : 100;
+    for (int i = 0; i < 2 * pairs; ++i) {
+      const bool old = (i / 2 + i) % 2 == 0;  // ABBA order: neither always goes first
+      const auto start = std::chrono::steady_clock::now();
+      if (old) {
+        attn_old::decode_attention_cpu(*reinterpret_cast<const attn_old::DecodeProblem*>(&c.p));
+      } else {
+        decode_attention_cpu(c.p);
+      }
+      const double us =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() * 1e6;
+      (old ? old_us : new_us).push_back(us);
+    }
+    std::sort(old_us.begin(), old_us.end());
+    std::sort(new_us.begin(), new_us.end());
+    const double a = old_us[old_us.size() / 2], b = new_us[new_us.size() / 2];
+    std::printf("S=%-5d old %8.1f us  new %8.1f us  new/old %.3f  (%.1f / %.1f GB/s)\n", S, a, b,
+                b / a, c.kv_bytes() / a / 1e3, c.kv_bytes() / b / 1e3);
+  }
+}
