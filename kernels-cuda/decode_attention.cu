@@ -135,8 +135,10 @@ __device__ __forceinline__ float mask_value(const DecodeProblem& p, int64_t at) 
 // output, so a split call is one launch (through MLX a second launch costs more host time than a
 // short context takes to read). Blocks count arrivals in `arrivals`: each call takes fresh
 // slots (plan()) and the last block resets its slot to zero for the slot's next user. A slot is
-// reused after kArrivalSlots / (slots per call) calls, far more than MLX keeps in flight at once
-// (calls overlap only within one CUDA graph of at most a few hundred nodes).
+// reused after kArrivalSlots / (slots per call) calls. A call splits only when its groups fill at
+// most half the resident blocks (split_count), at most 528 groups on an H200 (8 blocks of 256
+// threads per SM x 132), so reuse is at least 124 calls apart; calls overlap only inside one CUDA
+// graph, which MLX commits every 100 nodes on sm_90 by default (MLX_MAX_OPS_PER_BUFFER).
 constexpr unsigned kArrivalSlots = 1u << 16;
 __device__ unsigned arrivals[kArrivalSlots];
 
