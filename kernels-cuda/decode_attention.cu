@@ -148,10 +148,7 @@ __host__ __device__ constexpr int partial_stride(int D) {
   return 4 + (D + 3) / 4 * 4;
 }
 
-#ifndef ATTN_MERGE_UNROLL
-#define ATTN_MERGE_UNROLL 8
-#endif
-constexpr int kMergeUnroll = ATTN_MERGE_UNROLL;  // chunks' loads in flight per thread
+constexpr int kMergeUnroll = 8;  // chunks' loads in flight per thread in the merge
 
 // Called by every thread after its partial stores; true in the last block of the group to
 // arrive, which then sees every block's partials.
@@ -740,6 +737,12 @@ bool mma_applies(const DecodeProblem& p) {
          aligned16(p.keys, p.k_strides, 3) && aligned16(p.values, p.v_strides, 3);
 }
 
+// finish()'s shared memory: one (max, denominator, D accumulators) per warp and vector, then a
+// (common max, denominator) per vector; the merge reuses it.
+uint32_t attend_smem_bytes(int warps, int vpb, int head_dim) {
+  return static_cast<uint32_t>((warps * vpb * (head_dim + 2) + 2 * vpb) * sizeof(float));
+}
+
 template <typename T>
 const void* attend_mma_kernel(int head_dim) {
   return head_dim == 64 ? reinterpret_cast<const void*>(&attend_mma<T, 64>)
@@ -782,8 +785,7 @@ Plan plan_mma(const DecodeProblem& p) {
                                                        : attend_mma_kernel<__nv_bfloat16>(p.head_dim);
   plan.attend = handle(attend);
   plan.attend_threads = kMmaWarps * 32;
-  plan.attend_smem = static_cast<uint32_t>(
-      (kMmaWarps * kMmaVectors * (p.head_dim + 2) + 2 * kMmaVectors) * sizeof(float));
+  plan.attend_smem = attend_smem_bytes(kMmaWarps, kMmaVectors, p.head_dim);
   const int tiles = (p.group * p.query_len + kMmaVectors - 1) / kMmaVectors;
   // A merge costs ~3 µs on the H200 (the last block's fence, atomics and L2 round trips): more
   // than the steps it saves while the context is at most kMmaUnsplitSteps block steps, where one
@@ -829,8 +831,7 @@ Plan plan(const DecodeProblem& p, Schedule schedule) {
                            : attend_kernel<__nv_bfloat16>(lpr, vpb, threads);
   plan.attend = handle(attend);
   plan.attend_threads = threads;
-  plan.attend_smem =
-      static_cast<uint32_t>((warps * vpb * (p.head_dim + 2) + 2 * vpb) * sizeof(float));
+  plan.attend_smem = attend_smem_bytes(warps, vpb, p.head_dim);
   if (plan.attend_smem > 48 * 1024) {
     throw std::invalid_argument("[decode_attention] schedule needs more than 48 KiB of shared memory");
   }
