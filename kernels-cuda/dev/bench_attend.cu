@@ -236,7 +236,7 @@ int main(int argc, char** argv) {
     for (int S : contexts) {
       if (S <= max_s) run({schedule, 1, false, S}, bandwidth, rng);
     }
-    for (int L : {2, 8}) {
+    for (int L : {2, 4, 8}) {
       for (int S : {32, 256, 1024, 4096}) {
         if (S <= max_s) run({schedule, L, true, S}, bandwidth, rng);
       }

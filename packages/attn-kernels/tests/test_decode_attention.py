@@ -108,6 +108,22 @@ def test_long_context(device, s, dtype):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("length", "group"), [(3, 4), (5, 3), (7, 3), (2, 8)])
+@pytest.mark.parametrize("s", [100, 1500])
+@pytest.mark.parametrize("d", [64, 128])
+def test_partial_vector_tiles(device, length, group, s, d):
+    """More query vectors per KV head (length * group) than one GPU block holds, in counts that
+    leave the last tile partly empty, with and without a context split."""
+    for mask_kind, dtype in [("causal", mx.bfloat16), ("explicit", mx.float16)]:
+        q, k, v, mask = make_inputs(s + d + length, 1, 2 * group, 2, length, s, d, dtype, mask_kind)
+        expected = attention_f64(q, k, v, mask=mask)
+        for schedule in schedules(device):
+            with mx.stream(device):
+                out = decode_attention_custom(q, k, v, mask=mask, schedule=schedule)
+            check(out, expected, dtype, label=f"{mask_kind} schedule={schedule}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_many_calls_in_one_eval(device):
     """Independent split calls evaluated together (MLX may run them concurrently on a GPU): each
     call merges its own context chunks, whatever else is in flight."""
