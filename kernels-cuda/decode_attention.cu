@@ -445,24 +445,18 @@ __global__ void __launch_bounds__(kMaxThreads, kMaxThreads > 256 ? 1 : ATTN_BLOC
 }
 
 // ---- split-mma: the tensor-core schedule ----
-// Per block: one key/value head, a tile of up to VPB (8 or 16) of its query vectors, one context
-// chunk; 4 warps, each taking 16 positions per step. Scores S = Q K^T and the update
-// O^T += V^T P^T run as mma.sync m16n8k16 (bf16/f16 in, float32 accumulate), so a position costs
-// about 14 warp instructions instead of ~80 on the SIMT path: the kernel is left waiting on
-// memory only. The score mma's 16 rows are query vectors: 8 of them leave rows 8..15 zero, 16
-// fill them for free and only the P V mma doubles, so every K/V row a block reads serves twice
-// the vectors (L * group > 8: fewer blocks re-read the same chunk). Fragments are read straight
-// from global memory with 16-byte loads: the dot product and the sum over positions do not care
-// in which order they run, so each lane takes contiguous slices (D/4 values of a K row and of its
-// queries, D/8 values of four V rows) and the k and row indices of the mma are mapped onto them
-// (see the comments at each use). A, B, C layouts: PTX ISA, "Matrix fragments for mma.m16n8k16".
+// Per block: one key/value head, a tile of up to 8 of its query vectors, one context chunk;
+// 4 warps, each taking 16 positions per step. Scores S = Q K^T and the update O^T += V^T P^T run
+// as mma.sync m16n8k16 (bf16/f16 in, float32 accumulate), so a position costs about 14 warp
+// instructions instead of ~80 on the SIMT path: the kernel is left waiting on memory only.
+// Fragments are read straight from global memory with 16-byte loads: the dot product and the
+// sum over positions do not care in which order they run, so each lane takes contiguous slices
+// (D/4 values of a K row and of its query, D/8 values of four V rows) and the k and row indices
+// of the mma are mapped onto them (see the comments at each use). A, B, C layouts: PTX ISA,
+// "Matrix fragments for mma.m16n8k16".
+constexpr int kMmaVectors = 8;  // query vectors per block: the N of both mmas
 constexpr int kMmaWarps = 4;
 constexpr int kMmaStep = 16;  // positions per warp step: the K of the P V mma
-// Query vectors per block beyond which the 16-vector kernel runs (a knob for bench_attend: 8
-// keeps every call on 8-vector blocks).
-#ifndef ATTN_MMA_MAX_VECTORS
-#define ATTN_MMA_MAX_VECTORS 16
-#endif
 
 template <typename T>
 __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
@@ -513,45 +507,36 @@ __device__ __forceinline__ void load_words(uint32_t (&dst)[N], const void* src) 
   }
 }
 
-template <typename T, int D, int VPB>
-__global__ void __launch_bounds__(kMmaWarps * 32, VPB == 8 ? ATTN_MMA_BLOCKS_PER_SM : 2)
+template <typename T, int D>
+__global__ void __launch_bounds__(kMmaWarps * 32, ATTN_MMA_BLOCKS_PER_SM)
     attend_mma(DecodeProblem p, float* partials, int chunk, unsigned slot) {
   extern __shared__ float smem[];
-  constexpr int kHalves = VPB / 8;  // vectors g and g + 8 of the score mma's rows
-  constexpr int kSteps = D / 16;    // k-steps of Q K^T; 16-dim tiles of V^T P^T
-  constexpr int kQK = D / 8;        // words in a lane's D/4 values of a query or K row
-  constexpr int kV = D / 16;        // words in a lane's D/8 values of a V row
+  constexpr int kSteps = D / 16;  // k-steps of Q K^T; 16-dim tiles of V^T P^T
+  constexpr int kQK = D / 8;      // words in a lane's D/4 values of a query or K row
+  constexpr int kV = D / 16;      // words in a lane's D/8 values of a V row
   const int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
   const int warp = threadIdx.x / 32, warps = blockDim.x / 32;
   const int L = p.query_len, S = p.context, vectors = p.group * L;
-  const int tiles = (vectors + VPB - 1) / VPB;
+  const int tiles = (vectors + kMmaVectors - 1) / kMmaVectors;
   const int kv_row = blockIdx.x / tiles, tile = blockIdx.x % tiles;
   const int split = blockIdx.y, splits = gridDim.y;
   const int begin = split * chunk, end = min(S, begin + chunk);
   const T* K = static_cast<const T*>(p.keys) + p.kv_offset(p.k_strides, kv_row);
   const T* V = static_cast<const T*>(p.values) + p.kv_offset(p.v_strides, kv_row);
 
-  // Lanes 4g..4g+3 own query vectors g (and g + 8): the rows of the score mma's A and C.
-  int last[kHalves];
-  int64_t mask_base[kHalves];
-  uint32_t q[kHalves][kQK] = {};
-#pragma unroll
-  for (int h = 0; h < kHalves; ++h) {
-    const int r = tile * VPB + 8 * h + g;
-    const bool real = r < vectors;
-    const int row = kv_row * p.group + (real ? r : 0) / L, i = (real ? r : 0) % L;
-    last[h] = real ? (p.causal ? S - L + i : S - 1) : -1;
-    mask_base[h] = p.mask_offset(row, i);
-    if (real) load_words(q[h], static_cast<const T*>(p.queries) + p.q_offset(row, i) + c * (D / 4));
-  }
+  // Lanes 4g..4g+3 own query vector g of the tile (the row of the score mma's A and C).
+  const int r = tile * kMmaVectors + g;
+  const bool real = r < vectors;
+  const int row = kv_row * p.group + (real ? r : 0) / L, i = (real ? r : 0) % L;
+  const int last = real ? (p.causal ? S - L + i : S - 1) : -1;
+  const int64_t mask_base = p.mask_offset(row, i);
+  uint32_t q[kQK] = {};
+  if (real) load_words(q, static_cast<const T*>(p.queries) + p.q_offset(row, i) + c * (D / 4));
 
-  // o[h][t]: O^T tile t of vectors 8h.., rows = dims g * D/8 + 2t (c0, c1) and + 1 (c2, c3),
-  // columns = vectors 8h + 2c, + 1. m[h]: vector 8h + g's running max; l[h]: this lane's part of
-  // its denominator.
-  float o[kHalves][kSteps][4] = {};
-  float m[kHalves], l[kHalves];
-#pragma unroll
-  for (int h = 0; h < kHalves; ++h) m[h] = kNegInf, l[h] = 0.0f;
+  // o[t]: O^T tile t, rows = dims g * D/8 + 2t (c0, c1) and + 1 (c2, c3), columns = vectors
+  // 2c, 2c + 1. m: vector g's running max; l: this lane's part of its denominator.
+  float o[kSteps][4] = {};
+  float m = kNegInf, l = 0.0f;
   for (int base = begin + warp * kMmaStep; base < end; base += warps * kMmaStep) {
     // K rows base + g and base + 8 + g (the score mma's N = positions): D/4 dims from c * D/4.
     uint32_t k[2][kQK];
@@ -569,97 +554,88 @@ __global__ void __launch_bounds__(kMmaWarps * 32, VPB == 8 ? ATTN_MMA_BLOCKS_PER
     }
     // S = Q K^T over two tiles of 8 positions. k-step s maps mma k = 2c, 2c+1 to dims
     // c * D/4 + 4s + {0, 1} and k = 2c + 8, 2c + 9 to + {2, 3}: words 2s and 2s + 1 of the
-    // lane's slices. A rows 8..15 (a1, a3) are vectors 8..15, or zero in 8-vector blocks.
+    // lane's slices. A rows 8..15 (a1, a3) are unused: zero.
     float score[2][4] = {};
 #pragma unroll
     for (int n = 0; n < 2; ++n) {
 #pragma unroll
       for (int st = 0; st < kSteps; ++st) {
-        const uint32_t a[4] = {q[0][2 * st], kHalves > 1 ? q[kHalves - 1][2 * st] : 0u,
-                               q[0][2 * st + 1], kHalves > 1 ? q[kHalves - 1][2 * st + 1] : 0u};
+        const uint32_t a[4] = {q[2 * st], 0u, q[2 * st + 1], 0u};
         mma16816<T>(score[n], a, k[n][2 * st], k[n][2 * st + 1]);
       }
     }
+    // score[n][e], e < 2: vector g, position base + 8n + 2c + e.
+    float tile_max = kNegInf;
 #pragma unroll
-    for (int h = 0; h < kHalves; ++h) {
-      // score[n][2h + e]: vector 8h + g, position base + 8n + 2c + e.
-      float tile_max = kNegInf;
+    for (int n = 0; n < 2; ++n) {
 #pragma unroll
-      for (int n = 0; n < 2; ++n) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int j = base + 8 * n + 2 * c + e;
-          float sc = score[n][2 * h + e] * p.scale;
-          if (j >= end || j > last[h]) {
-            sc = kNegInf;
-          } else if (p.mask) {
-            sc += mask_value(p, mask_base[h] + int64_t{j} * p.m_strides[3]);
-          }
-          score[n][2 * h + e] = sc;
-          tile_max = fmaxf(tile_max, sc);
+      for (int e = 0; e < 2; ++e) {
+        const int j = base + 8 * n + 2 * c + e;
+        float sc = score[n][e] * p.scale;
+        if (j >= end || j > last) {
+          sc = kNegInf;
+        } else if (p.mask) {
+          sc += mask_value(p, mask_base + int64_t{j} * p.m_strides[3]);
         }
-      }
-      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-      // One rescale factor per vector and step; an all-masked prefix keeps m = -inf (weights 0).
-      const float new_max = fmaxf(m[h], tile_max);
-      const float shift = new_max == kNegInf ? 0.0f : new_max;
-      const float old_factor = __expf(m[h] - shift);
-      m[h] = new_max;
-      float w[2][2];
-      l[h] *= old_factor;
-#pragma unroll
-      for (int n = 0; n < 2; ++n) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          w[n][e] = __expf(score[n][2 * h + e] - shift);
-          l[h] += w[n][e];
-        }
-      }
-      // O^T's columns are vectors 8h + 2c and + 1, whose factors live on lanes 8c and 8c + 4.
-      const float f0 = __shfl_sync(0xffffffffu, old_factor, 8 * c);
-      const float f1 = __shfl_sync(0xffffffffu, old_factor, 8 * c + 4);
-      // P^T as the B operand: b0, b1 = positions 2c, 2c + 1 and b2, b3 = 8 + 2c, 9 + 2c of
-      // vector 8h + g: exactly this lane's weights.
-      const uint32_t b0 = pack2<T>(w[0][0], w[0][1]), b1 = pack2<T>(w[1][0], w[1][1]);
-#pragma unroll
-      for (int t = 0; t < kSteps; ++t) {
-        o[h][t][0] *= f0;
-        o[h][t][1] *= f1;
-        o[h][t][2] *= f0;
-        o[h][t][3] *= f1;
-        // A = V^T: row g = dim g * D/8 + 2t (low halves of word t), row g + 8 = the next dim
-        // (high halves); k = 2c, 2c + 1 from V rows x = 0, 1 and k = 2c + 8, + 9 from x = 2, 3.
-        const uint32_t a[4] = {
-            __byte_perm(v[0][t], v[1][t], 0x5410), __byte_perm(v[0][t], v[1][t], 0x7632),
-            __byte_perm(v[2][t], v[3][t], 0x5410), __byte_perm(v[2][t], v[3][t], 0x7632)};
-        mma16816<T>(o[h][t], a, b0, b1);
+        score[n][e] = sc;
+        tile_max = fmaxf(tile_max, sc);
       }
     }
-  }
-
-  const int stride = D + 2;
-  float* slots = smem + warp * VPB * stride;  // [vector][max, denominator, D]
+    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+    // One rescale factor per vector and step; an all-masked prefix keeps m = -inf (weights 0).
+    const float new_max = fmaxf(m, tile_max);
+    const float shift = new_max == kNegInf ? 0.0f : new_max;
+    const float old_factor = __expf(m - shift);
+    m = new_max;
+    float w[2][2];
+    l *= old_factor;
 #pragma unroll
-  for (int h = 0; h < kHalves; ++h) {
-    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
-    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
-    float* half = slots + 8 * h * stride;
-    if (c == 0) {
-      half[g * stride] = m[h];
-      half[g * stride + 1] = l[h];
+    for (int n = 0; n < 2; ++n) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        w[n][e] = __expf(score[n][e] - shift);
+        l += w[n][e];
+      }
     }
+    // O^T's columns are vectors 2c and 2c + 1, whose factors live on lanes 8c and 8c + 4.
+    const float f0 = __shfl_sync(0xffffffffu, old_factor, 8 * c);
+    const float f1 = __shfl_sync(0xffffffffu, old_factor, 8 * c + 4);
+    // P^T as the B operand: b0, b1 = positions 2c, 2c + 1 and b2, b3 = 8 + 2c, 9 + 2c of vector
+    // g: exactly this lane's weights.
+    const uint32_t b0 = pack2<T>(w[0][0], w[0][1]), b1 = pack2<T>(w[1][0], w[1][1]);
 #pragma unroll
     for (int t = 0; t < kSteps; ++t) {
-      const int d = 2 + g * (D / 8) + 2 * t;
-      half[(2 * c) * stride + d] = o[h][t][0];
-      half[(2 * c + 1) * stride + d] = o[h][t][1];
-      half[(2 * c) * stride + d + 1] = o[h][t][2];
-      half[(2 * c + 1) * stride + d + 1] = o[h][t][3];
+      o[t][0] *= f0;
+      o[t][1] *= f1;
+      o[t][2] *= f0;
+      o[t][3] *= f1;
+      // A = V^T: row g = dim g * D/8 + 2t (low halves of word t), row g + 8 = the next dim
+      // (high halves); k = 2c, 2c + 1 from V rows x = 0, 1 and k = 2c + 8, + 9 from x = 2, 3.
+      const uint32_t a[4] = {__byte_perm(v[0][t], v[1][t], 0x5410), __byte_perm(v[0][t], v[1][t], 0x7632),
+                             __byte_perm(v[2][t], v[3][t], 0x5410), __byte_perm(v[2][t], v[3][t], 0x7632)};
+      mma16816<T>(o[t], a, b0, b1);
     }
   }
+  l += __shfl_xor_sync(0xffffffffu, l, 1);
+  l += __shfl_xor_sync(0xffffffffu, l, 2);
+
+  const int stride = D + 2;
+  float* slots = smem + warp * kMmaVectors * stride;  // [vector][max, denominator, D]
+  if (c == 0) {
+    slots[g * stride] = m;
+    slots[g * stride + 1] = l;
+  }
+#pragma unroll
+  for (int t = 0; t < kSteps; ++t) {
+    const int d = 2 + g * (D / 8) + 2 * t;
+    slots[(2 * c) * stride + d] = o[t][0];
+    slots[(2 * c + 1) * stride + d] = o[t][1];
+    slots[(2 * c) * stride + d + 1] = o[t][2];
+    slots[(2 * c + 1) * stride + d + 1] = o[t][3];
+  }
   __syncthreads();
-  finish<T, VPB>(p, smem, partials, kv_row, tile, split, splits, slot);
+  finish<T, kMmaVectors>(p, smem, partials, kv_row, tile, split, splits, slot);
 }
 
 // MLX's libmlx carries its own CUDA runtime: hand it driver handles, not runtime pointers.
@@ -767,15 +743,10 @@ uint32_t attend_smem_bytes(int warps, int vpb, int head_dim) {
   return static_cast<uint32_t>((warps * vpb * (head_dim + 2) + 2 * vpb) * sizeof(float));
 }
 
-template <typename T, int VPB>
-const void* attend_mma_kernel(int head_dim) {
-  return head_dim == 64 ? reinterpret_cast<const void*>(&attend_mma<T, 64, VPB>)
-                        : reinterpret_cast<const void*>(&attend_mma<T, 128, VPB>);
-}
-
 template <typename T>
-const void* attend_mma_kernel(int head_dim, int vpb) {
-  return vpb == 16 ? attend_mma_kernel<T, 16>(head_dim) : attend_mma_kernel<T, 8>(head_dim);
+const void* attend_mma_kernel(int head_dim) {
+  return head_dim == 64 ? reinterpret_cast<const void*>(&attend_mma<T, 64>)
+                        : reinterpret_cast<const void*>(&attend_mma<T, 128>);
 }
 
 // Chunks of at least one step per walker (one round trip to memory each), and no more blocks
@@ -810,17 +781,12 @@ void finish_plan(Plan& plan, const DecodeProblem& p, int splits, int tiles, int 
 
 Plan plan_mma(const DecodeProblem& p) {
   Plan plan{};
-  // 16-vector blocks once there are more than 8 vectors per KV head: half the blocks read each
-  // chunk (h200-bench_attend-*-vpb16.txt).
-  const int vectors = p.group * p.query_len;
-  const int vpb = vectors > 8 && ATTN_MMA_MAX_VECTORS >= 16 ? 16 : 8;
-  const void* attend = p.dtype == ElementType::float16
-                           ? attend_mma_kernel<__half>(p.head_dim, vpb)
-                           : attend_mma_kernel<__nv_bfloat16>(p.head_dim, vpb);
+  const void* attend = p.dtype == ElementType::float16 ? attend_mma_kernel<__half>(p.head_dim)
+                                                       : attend_mma_kernel<__nv_bfloat16>(p.head_dim);
   plan.attend = handle(attend);
   plan.attend_threads = kMmaWarps * 32;
-  plan.attend_smem = attend_smem_bytes(kMmaWarps, vpb, p.head_dim);
-  const int tiles = (vectors + vpb - 1) / vpb;
+  plan.attend_smem = attend_smem_bytes(kMmaWarps, kMmaVectors, p.head_dim);
+  const int tiles = (p.group * p.query_len + kMmaVectors - 1) / kMmaVectors;
   // A merge costs ~3 µs on the H200 (the last block's fence, atomics and L2 round trips): more
   // than the steps it saves while the context is at most kMmaUnsplitSteps block steps, where one
   // chunk is faster (kernels-cuda/dev/h200-bench_attend-mma-min-steps.txt).
@@ -828,7 +794,7 @@ Plan plan_mma(const DecodeProblem& p) {
   const int splits = p.context <= kMmaUnsplitSteps * kStep
                          ? 1
                          : split_count(p, attend, plan.attend_threads, plan.attend_smem,
-                                       p.kv_rows * tiles, kStep, vpb);
+                                       p.kv_rows * tiles, kStep, kMmaVectors);
   finish_plan(plan, p, splits, tiles, kStep);
   return plan;
 }
