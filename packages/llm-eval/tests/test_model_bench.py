@@ -78,9 +78,17 @@ def test_bench_bad_flags(flags, message, capsys):
     assert message in capsys.readouterr().err
 
 
+def test_progression_orders_balance_positions():
+    variants = ["composition", "decode-attention", "mlx-lm"]
+    orders = [tuple(progression.variant_order(variants, rep)) for rep in range(6)]
+    assert len(set(orders)) == 6  # every order once
+    for v in variants:
+        assert sorted(o.index(v) for o in orders) == [0, 0, 1, 1, 2, 2]
+
+
 def test_progression_fresh_processes_alternate_and_plot(tmp_path, capsys):
     with pytest.raises(SystemExit):
-        progression.parse_args(["--input-len", "4", "--output-len", "3", "--repeats", "3"])
+        progression.parse_args(["--input-len", "4", "--output-len", "3", "--repeats", "1"])
     args = progression.parse_args(
         [
             "--device",
