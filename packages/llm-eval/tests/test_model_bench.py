@@ -2,7 +2,7 @@ import json
 import statistics
 
 import pytest
-from llm_eval import bench, plot, progression
+from llm_eval import ab_decode, bench, plot, progression
 from llm_eval.record import validate
 
 
@@ -124,3 +124,36 @@ def test_progression_fresh_processes_alternate_and_plot(tmp_path, capsys):
     path = tmp_path / "p.json"
     path.write_text(json.dumps(record))
     assert plot.plot(path).stat().st_size > 1000
+
+
+def test_ab_decode_one_process_rotated(tmp_path, capsys):
+    out = tmp_path / "ab.json"
+    ab_decode.main(
+        [
+            "--device",
+            "cpu",
+            "--model",
+            "qwen3-tiny",
+            "--rounds",
+            "3",
+            "--input-len",
+            "5",
+            "--output-len",
+            "3",
+            "--json-output",
+            str(out),
+        ]
+    )
+    record = json.loads(out.read_text())
+    validate(record)
+    orders = [tuple(e["order"]) for e in record["execution_order"]]
+    assert len(set(orders)) == 3 and {o[0] for o in orders} == set(ab_decode.VARIANTS)
+    for variant, samples in record["results"]["samples"].items():
+        assert [s["round"] for s in samples] == [0, 1, 2]
+        assert len(samples[0]["step_s"]) == 2  # output_len - 1 decode steps
+        assert record["results"]["medians"][variant]["decode_tok_s"] == pytest.approx(
+            statistics.median(s["decode_tok_s"] for s in samples)
+        )
+    assert "(3/3)" in capsys.readouterr().out  # mlx-lm against itself
+    with pytest.raises(SystemExit):
+        ab_decode.parse_args(["--output-len", "1"])
