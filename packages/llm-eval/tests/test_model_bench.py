@@ -155,5 +155,6 @@ def test_ab_decode_one_process_rotated(tmp_path, capsys):
             statistics.median(s["decode_tok_s"] for s in samples)
         )
     assert "(3/3)" in capsys.readouterr().out  # mlx-lm against itself
+    assert plot.plot(out).exists()
     with pytest.raises(SystemExit):
         ab_decode.parse_args(["--output-len", "1"])

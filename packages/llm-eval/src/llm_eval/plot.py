@@ -71,10 +71,15 @@ def plot_progression(record: dict, out: Path) -> None:
         names, values, yerr=[lows, highs], capsize=6, color=["#888", "#2a7", "#37c"][: len(names)]
     )
     cfg = record["config"]
+    runs = (
+        f"{cfg['repeats']} fresh processes"
+        if record["kind"] == "progression"
+        else f"{cfg['rounds']} rounds in one process"
+    )
     ax.set_ylabel("decode tok/s (median, min–max)")
     ax.set_title(
         f"{cfg.get('model') or 'model'} {cfg.get('quantize') or ''}, {cfg['input_len']}+"
-        f"{cfg['output_len']}, {cfg['repeats']} fresh processes",
+        f"{cfg['output_len']}, {runs}",
         fontsize=9,
     )
     for i, v in enumerate(values):
@@ -90,7 +95,7 @@ def plot(path: Path, out_dir: Path | None = None) -> Path:
     kind = record.get("kind")
     if kind == "operator-sweep":
         plot_operators(record, out)
-    elif kind == "progression":
+    elif kind in ("progression", "ab-decode"):  # one bar per variant either way
         plot_progression(record, out)
     else:
         raise ValueError(f"{path}: no chart for records of kind {kind!r}")
@@ -100,7 +105,10 @@ def plot(path: Path, out_dir: Path | None = None) -> Path:
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="plot", description=__doc__)
     p.add_argument(
-        "records", nargs="+", type=Path, help="JSON records from bench-operators/progression"
+        "records",
+        nargs="+",
+        type=Path,
+        help="JSON records from bench-operators, progression or ab-decode",
     )
     p.add_argument("--out-dir", type=Path, help="default: beside each record")
     args = p.parse_args(argv)
