@@ -304,16 +304,27 @@ constexpr int kTile = 4;
 // (1.3 vs 5.3 G instructions/s), and widening + FMA ran ~20% faster than it did (2 threads,
 // S = 1024..16384, interleaved runs; see the closing note of issue 2). The unpacks order each
 // 32-value chunk as lanes {8l..8l+3} (lo) and {8l+4..8l+7} (hi); queries are widened in the same
-// order, accumulators are permuted to it on load and back on store. Rows two blocks ahead are
-// prefetched: that took 17% off S=16384 with K/V in L3 and changed nothing when they stream from
-// DRAM (the hardware prefetcher already keeps up there). D % 32 == 0.
+// order, accumulators are permuted to it on load and back on store. D % 32 == 0.
+//
+// K and V rows two blocks ahead are prefetched into L2, at most 16 lines at a time, spread over
+// the block's work (K rows during the scores, V rows during the update). Without useful prefetch
+// a call streaming from DRAM took the compute time *plus* the read time (one thread: 6.5 GB/s
+// against ~13 hot and ~13 read). Each block prefetched whole into L1 at the start of its use
+// changed nothing measurable, and so did K and V rows together in bursts of 32 lines during the
+// scores; spread like this it overlaps (dev/bench_cpu.cpp, cold; issue 2's closing note).
 constexpr int kPrefetchRows = 2 * kBlock;
 
-inline void prefetch_block(const BFloat16* rows, int64_t stride, int D) {
+// GCC 12 deleted loops of _mm_prefetch as dead code (the kernel shipped without a single
+// prefetch instruction until this was found); a volatile asm statement is never deleted.
+ALWAYS_INLINE void prefetch_to_l2(const void* p) {
+  asm volatile("prefetcht1 %0" : : "m"(*static_cast<const char*>(p)));
+}
+
+inline void prefetch_rows(const BFloat16* rows, int64_t stride, int D, int first, int count) {
   if (rows == nullptr) return;
-  for (int j = 0; j < kBlock; ++j) {
-    for (int d0 = 0; d0 < D; d0 += 32) {
-      _mm_prefetch(reinterpret_cast<const char*>(rows + j * stride + d0), _MM_HINT_T0);
+  for (int j = first; j < first + count; ++j) {
+    for (int d0 = 0; d0 < D; d0 += 32) {  // 32 bf16: one 64-byte line
+      prefetch_to_l2(rows + j * stride + d0);
     }
   }
 }
@@ -374,8 +385,8 @@ ATTN_AVX512_INLINE void scores_tile_bf16(const float* q, const BFloat16* keys, i
 ATTN_AVX512 void block_scores_bf16(const float* q, const BFloat16* keys, int64_t key_stride,
                                    const BFloat16* prefetch, float* scores, int vectors, int D,
                                    float scale) {
-  prefetch_block(prefetch, key_stride, D);
   for (int j0 = 0; j0 < kBlock; j0 += 4) {
+    prefetch_rows(prefetch, key_stride, D, j0, 4);
     const BFloat16* k = keys + j0 * key_stride;
     int r = 0;
     for (; r + 4 <= vectors; r += 4) {
@@ -390,16 +401,22 @@ ATTN_AVX512 void block_scores_bf16(const float* q, const BFloat16* keys, int64_t
 // acc_t = acc_t * rescale_t + sum_j weight[t][j] * v_j for Tile query vectors and a full block
 // of V rows, one 32-dimension slice at a time. (Two slices at a time, 16 independent FMA chains
 // instead of 8, measured the same: the loop is at ~70% of the FMA ports' rate, not latency-bound.)
+// `prefetch`: the block ahead, its rows spread over the slices.
 template <int Tile>
 ATTN_AVX512_INLINE void accumulate_tile_bf16(const float* weights, const float* rescale,
                                              const BFloat16* values, int64_t value_stride,
-                                             float* state, int D, int state_size) {
+                                             const BFloat16* prefetch, float* state, int D,
+                                             int state_size) {
   const __m512i zero = _mm512_setzero_si512();
   const __m512i to_lo = _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
   const __m512i to_hi = _mm512_setr_epi32(4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
   const __m512i back_a = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
   const __m512i back_b = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+  const int slices = D / 32;
   for (int d0 = 0; d0 < D; d0 += 32) {
+    // This slice's share of the rows ahead, in four parts spaced four positions apart.
+    const int ahead_begin = d0 / 32 * kBlock / slices;
+    const int ahead_rows = (d0 / 32 + 1) * kBlock / slices - ahead_begin;
     __m512 lo[Tile], hi[Tile];
     for (int t = 0; t < Tile; ++t) {
       float* acc = state + t * state_size + kStateHeader + d0;
@@ -411,6 +428,10 @@ ATTN_AVX512_INLINE void accumulate_tile_bf16(const float* weights, const float* 
     }
 #pragma GCC unroll 16
     for (int j = 0; j < kBlock; ++j) {
+      if (prefetch && j % 4 == 0) {
+        const int part = j / 4, first = ahead_begin + part * ahead_rows / 4;
+        prefetch_rows(prefetch, value_stride, D, first, ahead_begin + (part + 1) * ahead_rows / 4 - first);
+      }
       const __m512i v = _mm512_loadu_si512(values + j * value_stride + d0);
       const __m512 v_lo = _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, v));
       const __m512 v_hi = _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, v));
@@ -433,15 +454,14 @@ ATTN_AVX512 void block_accumulate_bf16(const float* weights, const float* rescal
                                        const BFloat16* values, int64_t value_stride,
                                        const BFloat16* prefetch, float* state, int vectors, int D,
                                        int state_size) {
-  prefetch_block(prefetch, value_stride, D);
   int r = 0;
-  for (; r + kTile <= vectors; r += kTile) {
+  for (; r + kTile <= vectors; r += kTile) {  // the first tile prefetches
     accumulate_tile_bf16<kTile>(weights + r * kBlock, rescale + r, values, value_stride,
-                                state + r * state_size, D, state_size);
+                                r == 0 ? prefetch : nullptr, state + r * state_size, D, state_size);
   }
   for (; r < vectors; ++r) {
     accumulate_tile_bf16<1>(weights + r * kBlock, rescale + r, values, value_stride,
-                            state + r * state_size, D, state_size);
+                            r == 0 ? prefetch : nullptr, state + r * state_size, D, state_size);
   }
 }
 
