@@ -16,8 +16,8 @@ import mlx.core as mx
 
 from llm_eval import bench
 from llm_eval.progress import Progress
-from llm_eval.progression import variant_order
-from llm_eval.record import SCHEMA_VERSION, collect_metadata, write_record
+from llm_eval.progression import at_or_above, variant_order
+from llm_eval.record import SCHEMA_VERSION, collect_metadata, refuse_overwrite, write_record
 
 VARIANTS = ["composition", "decode-attention", "mlx-lm"]
 
@@ -39,8 +39,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.rounds < 1 or args.input_len < 1 or args.output_len < 2:
         p.error("--rounds and --input-len must be >= 1, --output-len >= 2")
-    if args.json_output and args.json_output.exists() and not args.force:
-        p.error(f"{args.json_output} exists; pass --force to replace it")
+    refuse_overwrite(p, args.json_output, args.force)
     return args
 
 
@@ -53,10 +52,7 @@ def run(args) -> dict:
 
     ours, make_ours = build("decode-attention")  # composition: the same model, other checkpoint
     twin, make_twin = build("mlx-lm")
-    vocab = ours.args.vocab_size
-    prompt = mx.random.randint(
-        min(100, vocab - 1), min(vocab, 150000), (1, args.input_len), key=mx.random.key(args.seed)
-    )
+    prompt = bench.prompt_ids(ours.args.vocab_size, args.input_len, mx.random.key(args.seed))
 
     def request(variant):
         if variant == "mlx-lm":
@@ -105,10 +101,7 @@ def format_table(record: dict) -> str:
     ]
     for v, m in medians.items():
         decode = [s["decode_tok_s"] for s in samples[v]]
-        wins = sum(
-            a["decode_tok_s"] >= b["decode_tok_s"]
-            for a, b in zip(samples[v], samples["mlx-lm"], strict=True)
-        )
+        wins = at_or_above(samples[v], samples["mlx-lm"])
         ratio = m["decode_tok_s"] / medians["mlx-lm"]["decode_tok_s"]
         lines.append(
             f"| {v} | {m['decode_tok_s']:.2f} ({min(decode):.2f}–{max(decode):.2f}) | "

@@ -19,7 +19,7 @@ import qwen3_model
 from attn_kernels import SCHEDULES, _ext
 from mlx.utils import tree_flatten
 
-from llm_eval.record import SCHEMA_VERSION, collect_metadata, write_record
+from llm_eval.record import SCHEMA_VERSION, collect_metadata, refuse_overwrite, write_record
 
 CHECKPOINTS = ("composition", "decode-attention", "mlx-lm")
 GPU_BANDWIDTH_GBS = 4300.0  # H200, measured copy rate (shared/gpu-kit/README.md)
@@ -67,6 +67,12 @@ def forward(model, tokens, cache, last_only: bool):
     if model.args.tie_word_embeddings:
         return model.model.embed_tokens.as_linear(hidden)
     return model.lm_head(hidden)
+
+
+def prompt_ids(vocab: int, length: int, key) -> mx.array:
+    """(1, length) random ids well inside the ordinary vocabulary: Qwen3's special tokens sit at
+    the top."""
+    return mx.random.randint(min(100, vocab - 1), min(vocab - 1, 150000), (1, length), key=key)
 
 
 def run_request(model, make_cache, prompt: mx.array, output_len: int, last_only: bool) -> dict:
@@ -151,8 +157,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         )
     if args.num_seqs < 1 or args.warmup < 0:
         p.error("--num-seqs must be >= 1 and --warmup >= 0")
-    if args.json_output and args.json_output.exists() and not args.force:
-        p.error(f"{args.json_output} exists; pass --force to replace it")
+    refuse_overwrite(p, args.json_output, args.force)
     return args
 
 
@@ -180,13 +185,9 @@ def run(args) -> dict:
     out_lens = mx.random.randint(
         args.min_output_len, args.max_output_len + 1, (n,), key=mx.random.split(lengths_key)[0]
     ).tolist()
-    # Ids well inside the ordinary vocabulary: Qwen3's special tokens sit at the top.
-    high = min(vocab - 1, 150000)
     requests = []
     for i in range(n):
-        prompt = mx.random.randint(
-            100, high, (1, in_lens[i]), key=mx.random.split(tokens_key, n)[i]
-        )
+        prompt = prompt_ids(vocab, in_lens[i], mx.random.split(tokens_key, n)[i])
         label = "warmup" if i < args.warmup else f"request {i - args.warmup + 1}/{args.num_seqs}"
         print(
             f"  {label}: {in_lens[i]} prompt + {out_lens[i]} generated", file=sys.stderr, flush=True

@@ -25,7 +25,7 @@ import mlx.core as mx
 from attn_kernels import SCHEDULES, _ext, decode_attention_custom, scaled_dot_product_attention
 
 from llm_eval.progress import Progress
-from llm_eval.record import SCHEMA_VERSION, collect_metadata, write_record
+from llm_eval.record import SCHEMA_VERSION, collect_metadata, refuse_overwrite, write_record
 
 IMPLEMENTATIONS = ("readable", "custom", "mlx")
 # H200 HBM3e copy rate measured with MLX (shared/gpu-kit/README.md); CPUs are measured in-run.
@@ -206,8 +206,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("causal masks need every --query-length <= every --context")
     if args.context_repeats < 1:
         p.error("--context-repeats must be >= 1")
-    if args.json_output and args.json_output.exists() and not args.force:
-        p.error(f"{args.json_output} exists; pass --force to replace it")
+    refuse_overwrite(p, args.json_output, args.force)
     return args
 
 

@@ -22,7 +22,7 @@ from attn_kernels import SCHEDULES
 
 from llm_eval.bench import CHECKPOINTS, has_gpu
 from llm_eval.progress import Progress
-from llm_eval.record import SCHEMA_VERSION, collect_metadata, write_record
+from llm_eval.record import SCHEMA_VERSION, collect_metadata, refuse_overwrite, write_record
 
 METRICS = ("decode_tok_s", "prefill_tok_s", "output_tok_s", "peak_memory_bytes")
 
@@ -62,8 +62,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.variant = args.variant or list(CHECKPOINTS)
     if args.repeats < 2:
         p.error("--repeats must be at least 2: orders alternate")
-    if args.json_output and args.json_output.exists() and not args.force:
-        p.error(f"{args.json_output} exists; pass --force to replace it")
+    refuse_overwrite(p, args.json_output, args.force)
     return args
 
 
@@ -149,6 +148,11 @@ def run(args) -> dict:
     }
 
 
+def at_or_above(mine: list[dict], theirs: list[dict]) -> int:
+    """Repeats (paired by position) in which `mine` decoded at least as fast as `theirs`."""
+    return sum(a["decode_tok_s"] >= b["decode_tok_s"] for a, b in zip(mine, theirs, strict=True))
+
+
 def format_table(record: dict) -> str:
     medians = record["results"]["medians"]
     samples = record["results"]["samples"]
@@ -164,10 +168,7 @@ def format_table(record: dict) -> str:
             f"{m['prefill_tok_s']:.1f} | {m['peak_memory_bytes'] / 2**30:.2f} |"
         )
         for r in refs:
-            wins = sum(
-                mine["decode_tok_s"] >= theirs["decode_tok_s"]
-                for mine, theirs in zip(samples[v], samples[r], strict=True)
-            )
+            wins = at_or_above(samples[v], samples[r])
             ratio = m["decode_tok_s"] / medians[r]["decode_tok_s"]
             row += f" {ratio:.3f}x" + ("" if v == r else f" ({wins}/{len(decode)})") + " |"
         lines.append(row)

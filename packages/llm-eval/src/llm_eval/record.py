@@ -113,6 +113,12 @@ def validate(record: dict) -> None:
     json.dumps(record, allow_nan=False)  # strict JSON: no NaN/inf
 
 
+def refuse_overwrite(parser, path: Path | None, force: bool) -> None:
+    """At argument time, before a long run: the same rule write_record applies at the end."""
+    if path and path.exists() and not force:
+        parser.error(f"{path} exists; pass --force to replace it")
+
+
 def write_record(record: dict, path: str | Path, force: bool = False) -> Path:
     """Validate, then write atomically (temp file + rename); never replace without force."""
     path = Path(path)
