@@ -307,11 +307,11 @@ constexpr int kTile = 4;
 // order, accumulators are permuted to it on load and back on store. D % 32 == 0.
 //
 // K and V rows two blocks ahead are prefetched into L2, at most 16 lines at a time, spread over
-// the block's work (K rows during the scores, V rows during the update). Without useful prefetch
-// a call streaming from DRAM took the compute time *plus* the read time (one thread: 6.5 GB/s
-// against ~13 hot and ~13 read). Each block prefetched whole into L1 at the start of its use
-// changed nothing measurable, and so did K and V rows together in bursts of 32 lines during the
-// scores; spread like this it overlaps (dev/bench_cpu.cpp, cold; issue 2's closing note).
+// the block's work (K rows during the scores, V rows during the update). Without prefetch a call
+// streaming from DRAM took the compute time *plus* the read time (one thread: 6.5 GB/s against
+// ~13 hot and ~13 read). Spread like this, cold two-thread calls at S=16384 took 4.8-6.1 ms
+// against 6.3-7.3 without and 5.4-6.3 with each block prefetched whole at the start of its use;
+// 1, 4 or 8 blocks ahead did no better than 2 (dev/bench_cpu.cpp, cold; issue 2's closing note).
 constexpr int kPrefetchRows = 2 * kBlock;
 
 // GCC 12 deleted loops of _mm_prefetch as dead code (the kernel shipped without a single
@@ -320,9 +320,10 @@ ALWAYS_INLINE void prefetch_to_l2(const void* p) {
   asm volatile("prefetcht1 %0" : : "m"(*static_cast<const char*>(p)));
 }
 
-inline void prefetch_rows(const BFloat16* rows, int64_t stride, int D, int first, int count) {
+// Rows [first, end) of `rows` (null: nothing), one prefetch per 64-byte line.
+inline void prefetch_rows(const BFloat16* rows, int64_t stride, int D, int first, int end) {
   if (rows == nullptr) return;
-  for (int j = first; j < first + count; ++j) {
+  for (int j = first; j < end; ++j) {
     for (int d0 = 0; d0 < D; d0 += 32) {  // 32 bf16: one 64-byte line
       prefetch_to_l2(rows + j * stride + d0);
     }
@@ -386,7 +387,7 @@ ATTN_AVX512 void block_scores_bf16(const float* q, const BFloat16* keys, int64_t
                                    const BFloat16* prefetch, float* scores, int vectors, int D,
                                    float scale) {
   for (int j0 = 0; j0 < kBlock; j0 += 4) {
-    prefetch_rows(prefetch, key_stride, D, j0, 4);
+    prefetch_rows(prefetch, key_stride, D, j0, j0 + 4);
     const BFloat16* k = keys + j0 * key_stride;
     int r = 0;
     for (; r + 4 <= vectors; r += 4) {
@@ -417,6 +418,7 @@ ATTN_AVX512_INLINE void accumulate_tile_bf16(const float* weights, const float* 
     // This slice's share of the rows ahead, in four parts spaced four positions apart.
     const int ahead_begin = d0 / 32 * kBlock / slices;
     const int ahead_rows = (d0 / 32 + 1) * kBlock / slices - ahead_begin;
+    const auto ahead_part = [&](int part) { return ahead_begin + part * ahead_rows / 4; };
     __m512 lo[Tile], hi[Tile];
     for (int t = 0; t < Tile; ++t) {
       float* acc = state + t * state_size + kStateHeader + d0;
@@ -429,8 +431,7 @@ ATTN_AVX512_INLINE void accumulate_tile_bf16(const float* weights, const float* 
 #pragma GCC unroll 16
     for (int j = 0; j < kBlock; ++j) {
       if (prefetch && j % 4 == 0) {
-        const int part = j / 4, first = ahead_begin + part * ahead_rows / 4;
-        prefetch_rows(prefetch, value_stride, D, first, ahead_begin + (part + 1) * ahead_rows / 4 - first);
+        prefetch_rows(prefetch, value_stride, D, ahead_part(j / 4), ahead_part(j / 4 + 1));
       }
       const __m512i v = _mm512_loadu_si512(values + j * value_stride + d0);
       const __m512 v_lo = _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, v));
