@@ -12,6 +12,9 @@
 //   split-mma  split-gqa's work split on tensor cores (attend_mma below): the SIMT kernels
 //              spend ~80 warp instructions per position and stop at ~37% of HBM bandwidth;
 //              this one spends ~14 and reads at 91-97% (kernels-cuda/dev/NOTES.md).
+//   split-cluster  split-mma with the chunks of a head launched as one thread-block cluster
+//              (sm_90+, at most kMaxClusterBlocks chunks): the blocks merge through each
+//              other's shared memory instead of global memory, fences and atomics.
 //
 // In the SIMT kernels each row of D values is spread over a group of lanes that keeps its slice
 // of the scaled queries in registers; groups ("walkers") run the online-softmax recurrence over
@@ -20,6 +23,7 @@
 // denominator, and the threads each combine output dimensions. bf16/f16 are loaded and stored
 // directly; arithmetic is float32. No MLX headers here (nvcc cannot compile them); see
 // eval_gpu_cuda.cpp.
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -54,6 +58,12 @@ constexpr float kNegInf = -INFINITY;
 #ifndef ATTN_MMA_BLOCKS_PER_SM
 #define ATTN_MMA_BLOCKS_PER_SM 3
 #endif
+// Blocks in a split-cluster cluster: 8 is the portable limit, Hopper takes 16 when the kernel
+// allows non-portable sizes (handle() does).
+#ifndef ATTN_MAX_CLUSTER
+#define ATTN_MAX_CLUSTER 16
+#endif
+constexpr int kMaxClusterBlocks = ATTN_MAX_CLUSTER;
 
 template <int kMaxThreads>
 constexpr int kTileFor = kMaxThreads > 256 ? 2 : ATTN_TILE;
@@ -246,17 +256,73 @@ __device__ void merge_chunks(const DecodeProblem& p, float* smem, const float* p
   }
 }
 
+// Blocks in this block's cluster: 1 unless launched as a cluster (split-cluster, sm_90+).
+__device__ __forceinline__ unsigned cluster_blocks() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  return cooperative_groups::this_cluster().num_blocks();
+#else
+  return 1;
+#endif
+}
+
+// split-cluster's merge: the `splits` blocks of a (kv_row, tile) form one cluster and each
+// holds its chunk's state in shared memory (finish() leaves it there). After a cluster barrier
+// every block combines a share of the (vector, dimension) outputs by reading all chunks'
+// (max, denominator, accumulator) from the other blocks' shared memory; a second barrier keeps
+// each block's shared memory alive until the others have read it.
+template <typename T, int VPB>
+__device__ void merge_cluster(const DecodeProblem& p, const float* smem, int kv_row, int tile,
+                              int splits) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  auto cluster = cooperative_groups::this_cluster();
+  const int D = p.head_dim, L = p.query_len, vectors = p.group * L;
+  const int stride = D + 2, states = (blockDim.x / 32) * VPB * stride;
+  const int first = tile * VPB, count = min(VPB, vectors - first);
+  cluster.sync();
+  for (int item = int(cluster.block_rank()) * blockDim.x + threadIdx.x; item < count * D;
+       item += splits * blockDim.x) {
+    const int v = item / D, d = item % D;
+    float maxima[kMaxClusterBlocks], sums[kMaxClusterBlocks], accs[kMaxClusterBlocks];
+    float common = kNegInf;
+#pragma unroll
+    for (int s = 0; s < kMaxClusterBlocks; ++s) {
+      if (s < splits) {  // all loads first: one round trip through the cluster's network
+        const float* remote = cluster.map_shared_rank(smem, s);
+        maxima[s] = remote[states + 2 * v];
+        sums[s] = remote[states + 2 * v + 1];
+        accs[s] = remote[v * stride + 2 + d];
+        common = fmaxf(common, maxima[s]);
+      }
+    }
+    float total = 0.0f, sum = 0.0f;
+#pragma unroll
+    for (int s = 0; s < kMaxClusterBlocks; ++s) {
+      if (s < splits) {
+        const float f = maxima[s] == kNegInf ? 0.0f : __expf(maxima[s] - common);
+        total += sums[s] * f;
+        sum += accs[s] * f;
+      }
+    }
+    const int r = first + v, row = kv_row * p.group + r / L, i = r % L;
+    store(static_cast<T*>(p.out) + (int64_t{row} * L + i) * D + d, total > 0.0f ? sum / total : 0.0f);
+  }
+  cluster.sync();
+#endif
+}
+
 // The end of every attend kernel: shared memory holds one online-softmax state per warp and
 // vector, [warp][vector][max, denominator, D accumulators]. One thread per vector computes the
 // common max, each warp's rescale factor (stored over its max) and the denominator; then the
-// threads combine output dimensions across warps and write the output (one chunk) or the
-// block's partial state, which the group's last block merges.
+// threads combine output dimensions across warps and write the output (one chunk), or the
+// block's partial state: to global memory, merged by the group's last block, or (a cluster
+// launch) over warp 0's accumulators, merged by the cluster.
 template <typename T, int VPB>
 __device__ void finish(const DecodeProblem& p, float* smem, float* partials, int kv_row, int tile,
                        int split, int splits, unsigned slot) {
   const int D = p.head_dim, L = p.query_len, vectors = p.group * L;
   const int stride = D + 2, warps = blockDim.x / 32;
   float* denominators = smem + warps * VPB * stride;
+  const bool in_cluster = splits > 1 && cluster_blocks() == unsigned(splits);
   if (threadIdx.x < VPB) {
     const int v = threadIdx.x;
     float common = kNegInf;
@@ -286,6 +352,8 @@ __device__ void finish(const DecodeProblem& p, float* smem, float* partials, int
       const int row = kv_row * p.group + r / L, i = r % L;
       T* out = static_cast<T*>(p.out) + (int64_t{row} * L + i) * D;
       store(out + d, total > 0.0f ? sum / total : 0.0f);
+    } else if (in_cluster) {
+      smem[v * stride + 2 + d] = sum;  // warp 0's slot: only this thread reads it
     } else {
       float* part = partials + ((int64_t{kv_row} * vectors + r) * splits + split) * partial_stride(D);
       if (d == 0) {
@@ -295,7 +363,9 @@ __device__ void finish(const DecodeProblem& p, float* smem, float* partials, int
       part[4 + d] = sum;
     }
   }
-  if (splits > 1 && last_to_arrive(slot, splits)) {
+  if (in_cluster) {
+    merge_cluster<T, VPB>(p, smem, kv_row, tile, splits);
+  } else if (splits > 1 && last_to_arrive(slot, splits)) {
     merge_chunks<T, VPB>(p, smem, partials, kv_row, tile, splits);
   }
 }
@@ -650,7 +720,11 @@ CUfunction handle(const void* kernel) {
   if (cudaGetFuncBySymbol(&f, kernel) != cudaSuccess) {
     throw std::runtime_error("[decode_attention] cudaGetFuncBySymbol failed");
   }
-  return resolved[kernel] = reinterpret_cast<CUfunction>(f);
+  const CUfunction function = reinterpret_cast<CUfunction>(f);
+  // Clusters of 16 blocks (split-cluster) are Hopper's non-portable size; elsewhere this fails
+  // harmlessly and plan() keeps clusters at the portable 8.
+  cuFuncSetAttribute(function, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1);
+  return resolved[kernel] = function;
 }
 
 template <typename T, int VPB, int kMaxThreads>
@@ -690,6 +764,16 @@ bool has_bf16_mma() {  // mma.m16n8k16 with bf16: sm_80 and newer
   return yes;
 }
 
+// Thread-block clusters and distributed shared memory: sm_90 and newer; 16 blocks on sm_90
+// itself (non-portable), the portable 8 on anything newer until measured there.
+int max_cluster_blocks() {
+  static const int blocks = device_attribute(cudaDevAttrComputeCapabilityMajor) < 9 ? 1
+                            : device_attribute(cudaDevAttrComputeCapabilityMajor) == 9
+                                ? kMaxClusterBlocks
+                                : std::min(kMaxClusterBlocks, 8);
+  return blocks;
+}
+
 // Blocks of `kernel` that one SM holds at once (registers, shared memory, launch bounds).
 int resident_blocks(const void* kernel, int threads, size_t smem) {
   static std::mutex mutex;
@@ -709,6 +793,7 @@ int resident_blocks(const void* kernel, int threads, size_t smem) {
 Schedule parse_schedule(const std::string& name) {
   if (name == "auto") return Schedule::automatic;
   if (name == "split-mma") return Schedule::split_mma;
+  if (name == "split-cluster") return Schedule::split_cluster;
   if (name == "split-gqa") return Schedule::split_gqa;
   if (name == "split") return Schedule::split;
   if (name == "chapter-8") return Schedule::chapter8;
@@ -716,7 +801,8 @@ Schedule parse_schedule(const std::string& name) {
   if (name == "chapter-32") return Schedule::chapter32;
   throw std::invalid_argument(
       "[decode_attention] unknown schedule '" + name +
-      "': use auto, split-mma, split, split-gqa, chapter-8, chapter-16 or chapter-32");
+      "': use auto, split-mma, split-cluster, split, split-gqa, chapter-8, chapter-16 or "
+      "chapter-32");
 }
 
 namespace {
@@ -763,7 +849,8 @@ int split_count(const DecodeProblem& p, const void* attend, int threads, uint32_
 
 // `step`: positions a whole block takes per step; chunks are multiples of it, so that no warp
 // waits on a partial step of another.
-void finish_plan(Plan& plan, const DecodeProblem& p, int splits, int tiles, int step) {
+void finish_plan(Plan& plan, const DecodeProblem& p, int splits, int tiles, int step,
+                 bool cluster = false) {
   const int vectors = p.group * p.query_len;
   plan.chunk = (p.context + splits - 1) / splits;
   plan.chunk = (plan.chunk + step - 1) / step * step;
@@ -771,15 +858,17 @@ void finish_plan(Plan& plan, const DecodeProblem& p, int splits, int tiles, int 
   plan.splits = splits;
   plan.attend_grid[0] = p.kv_rows * tiles;
   plan.attend_grid[1] = splits;
-  plan.partial_floats =
-      splits > 1 ? size_t(p.kv_rows) * vectors * splits * partial_stride(p.head_dim) : 0;
-  if (splits > 1) {  // fresh arrival counters for this call, one per (kv_row, tile)
+  plan.cluster = cluster && splits > 1 ? splits : 1;
+  plan.partial_floats = splits > 1 && plan.cluster == 1
+                            ? size_t(p.kv_rows) * vectors * splits * partial_stride(p.head_dim)
+                            : 0;
+  if (plan.partial_floats) {  // fresh arrival counters for this call, one per (kv_row, tile)
     static std::atomic<unsigned> next_slot{0};
     plan.arrival_slot = next_slot.fetch_add(plan.attend_grid[0], std::memory_order_relaxed);
   }
 }
 
-Plan plan_mma(const DecodeProblem& p) {
+Plan plan_mma(const DecodeProblem& p, bool cluster) {
   Plan plan{};
   const void* attend = p.dtype == ElementType::float16 ? attend_mma_kernel<__half>(p.head_dim)
                                                        : attend_mma_kernel<__nv_bfloat16>(p.head_dim);
@@ -791,11 +880,14 @@ Plan plan_mma(const DecodeProblem& p) {
   // than the steps it saves while the context is at most kMmaUnsplitSteps block steps, where one
   // chunk is faster (kernels-cuda/dev/h200-bench_attend-mma-min-steps.txt).
   constexpr int kStep = kMmaWarps * kMmaStep, kMmaUnsplitSteps = 4;
-  const int splits = p.context <= kMmaUnsplitSteps * kStep
-                         ? 1
-                         : split_count(p, attend, plan.attend_threads, plan.attend_smem,
-                                       p.kv_rows * tiles, kStep, kMmaVectors);
-  finish_plan(plan, p, splits, tiles, kStep);
+  int splits = 1;
+  if (cluster) {  // one step per warp and chunk, up to the cluster's size
+    splits = std::min((p.context + kStep - 1) / kStep, max_cluster_blocks());
+  } else if (p.context > kMmaUnsplitSteps * kStep) {
+    splits = split_count(p, attend, plan.attend_threads, plan.attend_smem, p.kv_rows * tiles,
+                         kStep, kMmaVectors);
+  }
+  finish_plan(plan, p, splits, tiles, kStep, cluster);
   return plan;
 }
 
@@ -810,8 +902,12 @@ Plan plan(const DecodeProblem& p, Schedule schedule) {
     // (benchmark_results/h200-qwen3-4b-attention-L1-short-*.json).
     schedule = p.query_len == 1 && p.context <= 32 ? Schedule::split : Schedule::split_mma;
   }
+  if (schedule == Schedule::split_cluster) {
+    if (mma_applies(p) && max_cluster_blocks() > 1) return plan_mma(p, true);
+    schedule = Schedule::split_mma;
+  }
   if (schedule == Schedule::split_mma) {
-    if (mma_applies(p)) return plan_mma(p);
+    if (mma_applies(p)) return plan_mma(p, false);
     schedule = Schedule::split_gqa;
   }
   Plan plan{};

@@ -12,11 +12,21 @@
 
 namespace attn_kernels::cuda {
 
-enum class Schedule { automatic, split_mma, split_gqa, split, chapter8, chapter16, chapter32 };
+enum class Schedule {
+  automatic,
+  split_mma,
+  split_cluster,
+  split_gqa,
+  split,
+  chapter8,
+  chapter16,
+  chapter32
+};
 
 Schedule parse_schedule(const std::string& name);
 
-// One launch: attend(problem, partials, chunk, arrival_slot) on attend_grid.
+// One launch: attend(problem, partials, chunk, arrival_slot) on attend_grid, as clusters of
+// (1, cluster) blocks when cluster > 1.
 struct Plan {
   CUfunction attend;
   unsigned attend_grid[2];  // (kv_rows * tiles, splits)
@@ -24,7 +34,8 @@ struct Plan {
   uint32_t attend_smem;
   int chunk;
   int splits;
-  size_t partial_floats;  // workspace for the chunks' partial states, 0 when splits == 1
+  unsigned cluster;       // blocks per cluster along the splits (split-cluster), else 1
+  size_t partial_floats;  // workspace for the chunks' partial states, 0 unless merged globally
   unsigned arrival_slot;  // first of this call's arrival counters (splits > 1)
 };
 

@@ -18,10 +18,10 @@ void DecodeAttention::eval_gpu(
 
   DecodeProblem problem = make_problem(inputs, out, scale_, causal_);
   const cuda::Plan plan = cuda::plan(problem, cuda::parse_schedule(schedule_));
-  // (max, denominator, accumulator) per context chunk, merged inside the same launch; kept
-  // alive by the encoder until the graph has run.
+  // (max, denominator, accumulator) per context chunk when the chunks merge through global
+  // memory (inside the same launch); kept alive by the encoder until the graph has run.
   float* partials = nullptr;
-  if (plan.splits > 1) {
+  if (plan.partial_floats > 0) {
     mx::array workspace(mx::Shape{static_cast<int>(plan.partial_floats)}, mx::float32, nullptr,
                         std::vector<mx::array>{});
     workspace.set_data(mx::allocator::malloc(workspace.nbytes()));
@@ -33,7 +33,7 @@ void DecodeAttention::eval_gpu(
   void* args[] = {&problem, &partials, &chunk, &slot};
   encoder.add_kernel_node_raw(
       plan.attend, dim3(plan.attend_grid[0], plan.attend_grid[1]), dim3(plan.attend_threads),
-      dim3(1, 1, 1), plan.attend_smem, args);
+      dim3(1, plan.cluster, 1), plan.attend_smem, args);
 }
 
 }  // namespace attn_kernels
