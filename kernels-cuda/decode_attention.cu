@@ -12,9 +12,9 @@
 //   split-mma  split-gqa's work split on tensor cores (attend_mma below): the SIMT kernels
 //              spend ~80 warp instructions per position and stop at ~37% of HBM bandwidth;
 //              this one spends ~14 and reads at 91-97% (kernels-cuda/dev/NOTES.md).
-//   split-cluster  split-mma with the chunks of a head launched as one thread-block cluster
-//              (sm_90+, at most kMaxClusterBlocks chunks): the blocks merge through each
-//              other's shared memory instead of global memory, fences and atomics.
+//   split-cluster  split-mma with the chunks of a (head, tile) launched as one thread-block
+//              cluster (sm_90+, at most kMaxClusterBlocks chunks): the blocks merge through
+//              each other's shared memory instead of global memory, fences and atomics.
 //
 // In the SIMT kernels each row of D values is spread over a group of lanes that keeps its slice
 // of the scaled queries in registers; groups ("walkers") run the online-softmax recurrence over
@@ -58,10 +58,9 @@ constexpr float kNegInf = -INFINITY;
 #ifndef ATTN_MMA_BLOCKS_PER_SM
 #define ATTN_MMA_BLOCKS_PER_SM 3
 #endif
-// Blocks in a split-cluster cluster: 8 is the portable limit, Hopper takes 16 when the kernel
-// allows non-portable sizes (handle() does).
+// Blocks in the largest split-cluster cluster (a power of two; 8 is the portable limit).
 #ifndef ATTN_MAX_CLUSTER
-#define ATTN_MAX_CLUSTER 16
+#define ATTN_MAX_CLUSTER 8
 #endif
 constexpr int kMaxClusterBlocks = ATTN_MAX_CLUSTER;
 
@@ -578,9 +577,8 @@ __device__ __forceinline__ void load_words(uint32_t (&dst)[N], const void* src) 
 }
 
 template <typename T, int D>
-__global__ void __launch_bounds__(kMmaWarps * 32, ATTN_MMA_BLOCKS_PER_SM)
-    attend_mma(DecodeProblem p, float* partials, int chunk, unsigned slot) {
-  extern __shared__ float smem[];
+__device__ __forceinline__ void attend_mma_body(float* smem, const DecodeProblem& p,
+                                                float* partials, int chunk, unsigned slot) {
   constexpr int kSteps = D / 16;  // k-steps of Q K^T; 16-dim tiles of V^T P^T
   constexpr int kQK = D / 8;      // words in a lane's D/4 values of a query or K row
   constexpr int kV = D / 16;      // words in a lane's D/8 values of a V row
@@ -708,6 +706,22 @@ __global__ void __launch_bounds__(kMmaWarps * 32, ATTN_MMA_BLOCKS_PER_SM)
   finish<T, kMmaVectors>(p, smem, partials, kv_row, tile, split, splits, slot);
 }
 
+template <typename T, int D>
+__global__ void __launch_bounds__(kMmaWarps * 32, ATTN_MMA_BLOCKS_PER_SM)
+    attend_mma(DecodeProblem p, float* partials, int chunk, unsigned slot) {
+  extern __shared__ float smem[];
+  attend_mma_body<T, D>(smem, p, partials, chunk, slot);
+}
+
+// split-cluster: the kCluster chunks of a (kv_row, tile) as one cluster. The size is part of
+// the kernel: MLX's graph nodes take no launch-time cluster attribute.
+template <typename T, int D, int kCluster>
+__global__ void __cluster_dims__(1, kCluster, 1) __launch_bounds__(kMmaWarps * 32, ATTN_MMA_BLOCKS_PER_SM)
+    attend_mma_cluster(DecodeProblem p, float* partials, int chunk, unsigned slot) {
+  extern __shared__ float smem[];
+  attend_mma_body<T, D>(smem, p, partials, chunk, slot);
+}
+
 // MLX's libmlx carries its own CUDA runtime: hand it driver handles, not runtime pointers.
 // Resolved once per kernel (the lookup is not free and plan() runs on every call).
 CUfunction handle(const void* kernel) {
@@ -720,11 +734,7 @@ CUfunction handle(const void* kernel) {
   if (cudaGetFuncBySymbol(&f, kernel) != cudaSuccess) {
     throw std::runtime_error("[decode_attention] cudaGetFuncBySymbol failed");
   }
-  const CUfunction function = reinterpret_cast<CUfunction>(f);
-  // Clusters of 16 blocks (split-cluster) are Hopper's non-portable size; elsewhere this fails
-  // harmlessly and plan() keeps clusters at the portable 8.
-  cuFuncSetAttribute(function, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1);
-  return resolved[kernel] = function;
+  return resolved[kernel] = reinterpret_cast<CUfunction>(f);
 }
 
 template <typename T, int VPB, int kMaxThreads>
@@ -764,14 +774,9 @@ bool has_bf16_mma() {  // mma.m16n8k16 with bf16: sm_80 and newer
   return yes;
 }
 
-// Thread-block clusters and distributed shared memory: sm_90 and newer; 16 blocks on sm_90
-// itself (non-portable), the portable 8 on anything newer until measured there.
-int max_cluster_blocks() {
-  static const int blocks = device_attribute(cudaDevAttrComputeCapabilityMajor) < 9 ? 1
-                            : device_attribute(cudaDevAttrComputeCapabilityMajor) == 9
-                                ? kMaxClusterBlocks
-                                : std::min(kMaxClusterBlocks, 8);
-  return blocks;
+bool has_clusters() {  // thread-block clusters, distributed shared memory: sm_90 and newer
+  static const bool yes = device_attribute(cudaDevAttrComputeCapabilityMajor) >= 9;
+  return yes;
 }
 
 // Blocks of `kernel` that one SM holds at once (registers, shared memory, launch bounds).
@@ -829,10 +834,20 @@ uint32_t attend_smem_bytes(int warps, int vpb, int head_dim) {
   return static_cast<uint32_t>((warps * vpb * (head_dim + 2) + 2 * vpb) * sizeof(float));
 }
 
+template <typename T, int D>
+const void* attend_mma_kernel(int cluster) {
+  switch (cluster) {
+    case 1: return reinterpret_cast<const void*>(&attend_mma<T, D>);
+    case 2: return reinterpret_cast<const void*>(&attend_mma_cluster<T, D, 2>);
+    case 4: return reinterpret_cast<const void*>(&attend_mma_cluster<T, D, 4>);
+    case 8: return reinterpret_cast<const void*>(&attend_mma_cluster<T, D, 8>);
+    default: return reinterpret_cast<const void*>(&attend_mma_cluster<T, D, kMaxClusterBlocks>);
+  }
+}
+
 template <typename T>
-const void* attend_mma_kernel(int head_dim) {
-  return head_dim == 64 ? reinterpret_cast<const void*>(&attend_mma<T, 64>)
-                        : reinterpret_cast<const void*>(&attend_mma<T, 128>);
+const void* attend_mma_kernel(int head_dim, int cluster) {
+  return head_dim == 64 ? attend_mma_kernel<T, 64>(cluster) : attend_mma_kernel<T, 128>(cluster);
 }
 
 // Chunks of at least one step per walker (one round trip to memory each), and no more blocks
@@ -849,8 +864,7 @@ int split_count(const DecodeProblem& p, const void* attend, int threads, uint32_
 
 // `step`: positions a whole block takes per step; chunks are multiples of it, so that no warp
 // waits on a partial step of another.
-void finish_plan(Plan& plan, const DecodeProblem& p, int splits, int tiles, int step,
-                 bool cluster = false) {
+void finish_plan(Plan& plan, const DecodeProblem& p, int splits, int tiles, int step) {
   const int vectors = p.group * p.query_len;
   plan.chunk = (p.context + splits - 1) / splits;
   plan.chunk = (plan.chunk + step - 1) / step * step;
@@ -858,36 +872,46 @@ void finish_plan(Plan& plan, const DecodeProblem& p, int splits, int tiles, int 
   plan.splits = splits;
   plan.attend_grid[0] = p.kv_rows * tiles;
   plan.attend_grid[1] = splits;
-  plan.cluster = cluster && splits > 1 ? splits : 1;
-  plan.partial_floats = splits > 1 && plan.cluster == 1
-                            ? size_t(p.kv_rows) * vectors * splits * partial_stride(p.head_dim)
-                            : 0;
-  if (plan.partial_floats) {  // fresh arrival counters for this call, one per (kv_row, tile)
+  plan.partial_floats =
+      splits > 1 ? size_t(p.kv_rows) * vectors * splits * partial_stride(p.head_dim) : 0;
+  if (splits > 1) {  // fresh arrival counters for this call, one per (kv_row, tile)
     static std::atomic<unsigned> next_slot{0};
     plan.arrival_slot = next_slot.fetch_add(plan.attend_grid[0], std::memory_order_relaxed);
   }
 }
 
 Plan plan_mma(const DecodeProblem& p, bool cluster) {
+  constexpr int kStep = kMmaWarps * kMmaStep, kMmaUnsplitSteps = 4;
+  const int tiles = (p.group * p.query_len + kMmaVectors - 1) / kMmaVectors;
+  // split-cluster: one chunk per block step up to the largest cluster (a power of two, so the
+  // last chunks may be empty: their state is (-inf, 0, 0) and the merge weighs it 0).
+  int cluster_blocks = 1;
+  while (cluster && cluster_blocks < kMaxClusterBlocks && cluster_blocks * kStep < p.context) {
+    cluster_blocks *= 2;
+  }
+  auto kernel = [&](int blocks) {
+    return p.dtype == ElementType::float16 ? attend_mma_kernel<__half>(p.head_dim, blocks)
+                                           : attend_mma_kernel<__nv_bfloat16>(p.head_dim, blocks);
+  };
   Plan plan{};
-  const void* attend = p.dtype == ElementType::float16 ? attend_mma_kernel<__half>(p.head_dim)
-                                                       : attend_mma_kernel<__nv_bfloat16>(p.head_dim);
+  const void* attend = kernel(cluster_blocks);
   plan.attend = handle(attend);
   plan.attend_threads = kMmaWarps * 32;
   plan.attend_smem = attend_smem_bytes(kMmaWarps, kMmaVectors, p.head_dim);
-  const int tiles = (p.group * p.query_len + kMmaVectors - 1) / kMmaVectors;
+  if (cluster_blocks > 1) {
+    plan.splits = plan.attend_grid[1] = cluster_blocks;
+    plan.chunk = ((p.context + cluster_blocks - 1) / cluster_blocks + kStep - 1) / kStep * kStep;
+    plan.attend_grid[0] = p.kv_rows * tiles;
+    return plan;
+  }
   // A merge costs ~3 µs on the H200 (the last block's fence, atomics and L2 round trips): more
   // than the steps it saves while the context is at most kMmaUnsplitSteps block steps, where one
   // chunk is faster (kernels-cuda/dev/h200-bench_attend-mma-min-steps.txt).
-  constexpr int kStep = kMmaWarps * kMmaStep, kMmaUnsplitSteps = 4;
-  int splits = 1;
-  if (cluster) {  // one step per warp and chunk, up to the cluster's size
-    splits = std::min((p.context + kStep - 1) / kStep, max_cluster_blocks());
-  } else if (p.context > kMmaUnsplitSteps * kStep) {
-    splits = split_count(p, attend, plan.attend_threads, plan.attend_smem, p.kv_rows * tiles,
-                         kStep, kMmaVectors);
-  }
-  finish_plan(plan, p, splits, tiles, kStep, cluster);
+  const int splits = p.context <= kMmaUnsplitSteps * kStep
+                         ? 1
+                         : split_count(p, attend, plan.attend_threads, plan.attend_smem,
+                                       p.kv_rows * tiles, kStep, kMmaVectors);
+  finish_plan(plan, p, splits, tiles, kStep);
   return plan;
 }
 
@@ -903,7 +927,7 @@ Plan plan(const DecodeProblem& p, Schedule schedule) {
     schedule = p.query_len == 1 && p.context <= 32 ? Schedule::split : Schedule::split_mma;
   }
   if (schedule == Schedule::split_cluster) {
-    if (mma_applies(p) && max_cluster_blocks() > 1) return plan_mma(p, true);
+    if (mma_applies(p) && has_clusters()) return plan_mma(p, true);
     schedule = Schedule::split_mma;
   }
   if (schedule == Schedule::split_mma) {

@@ -25,8 +25,7 @@ enum class Schedule {
 
 Schedule parse_schedule(const std::string& name);
 
-// One launch: attend(problem, partials, chunk, arrival_slot) on attend_grid, as clusters of
-// (1, cluster) blocks when cluster > 1.
+// One launch: attend(problem, partials, chunk, arrival_slot) on attend_grid.
 struct Plan {
   CUfunction attend;
   unsigned attend_grid[2];  // (kv_rows * tiles, splits)
@@ -34,7 +33,6 @@ struct Plan {
   uint32_t attend_smem;
   int chunk;
   int splits;
-  unsigned cluster;       // blocks per cluster along the splits (split-cluster), else 1
   size_t partial_floats;  // workspace for the chunks' partial states, 0 unless merged globally
   unsigned arrival_slot;  // first of this call's arrival counters (splits > 1)
 };

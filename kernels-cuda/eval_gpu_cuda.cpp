@@ -33,7 +33,7 @@ void DecodeAttention::eval_gpu(
   void* args[] = {&problem, &partials, &chunk, &slot};
   encoder.add_kernel_node_raw(
       plan.attend, dim3(plan.attend_grid[0], plan.attend_grid[1]), dim3(plan.attend_threads),
-      dim3(1, plan.cluster, 1), plan.attend_smem, args);
+      dim3(1, 1, 1), plan.attend_smem, args);
 }
 
 }  // namespace attn_kernels

@@ -134,26 +134,10 @@ void run(const Case& c, double bandwidth, std::mt19937& rng) {
     int chunk = plan.chunk;
     unsigned slot = plan.arrival_slot;
     void* args[] = {&pr, &partials, &chunk, &slot};
-    CUlaunchAttribute cluster{};
-    cluster.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-    cluster.value.clusterDim.x = 1;
-    cluster.value.clusterDim.y = plan.cluster;
-    cluster.value.clusterDim.z = 1;
-    CUlaunchConfig config{};
-    config.gridDimX = plan.attend_grid[0];
-    config.gridDimY = plan.attend_grid[1];
-    config.gridDimZ = 1;
-    config.blockDimX = plan.attend_threads;
-    config.blockDimY = config.blockDimZ = 1;
-    config.sharedMemBytes = plan.attend_smem;
-    config.hStream = stream;
-    config.attrs = &cluster;
-    config.numAttrs = plan.cluster > 1 ? 1 : 0;
-    const CUresult launched = cuLaunchKernelEx(&config, plan.attend, args, nullptr);
-    if (launched != CUDA_SUCCESS) {
-      const char* what = nullptr;
-      cuGetErrorString(launched, &what);
-      std::fprintf(stderr, "attend launch failed: %s\n", what ? what : "?");
+    if (cuLaunchKernel(plan.attend, plan.attend_grid[0], plan.attend_grid[1], 1,
+                       plan.attend_threads, 1, 1, plan.attend_smem, stream, args,
+                       nullptr) != CUDA_SUCCESS) {
+      std::fprintf(stderr, "attend launch failed\n");
       std::exit(1);
     }
   };
@@ -253,7 +237,7 @@ int main(int argc, char** argv) {
       if (S <= max_s) run({schedule, 1, false, S}, bandwidth, rng);
     }
     for (int L : {2, 4, 8}) {
-      for (int S : {32, 256, 1024, 4096}) {
+      for (int S : {32, 256, 512, 1024, 4096}) {
         if (S <= max_s) run({schedule, L, true, S}, bandwidth, rng);
       }
     }
