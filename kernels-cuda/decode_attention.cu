@@ -12,9 +12,6 @@
 //   split-mma  split-gqa's work split on tensor cores (attend_mma below): the SIMT kernels
 //              spend ~80 warp instructions per position and stop at ~37% of HBM bandwidth;
 //              this one spends ~14 and reads at 91-97% (kernels-cuda/dev/NOTES.md).
-//   split-cluster  split-mma with the chunks of a (head, tile) launched as one thread-block
-//              cluster (sm_90+, at most kMaxClusterBlocks chunks): the blocks merge through
-//              each other's shared memory instead of global memory, fences and atomics.
 //
 // In the SIMT kernels each row of D values is spread over a group of lanes that keeps its slice
 // of the scaled queries in registers; groups ("walkers") run the online-softmax recurrence over
@@ -23,7 +20,6 @@
 // denominator, and the threads each combine output dimensions. bf16/f16 are loaded and stored
 // directly; arithmetic is float32. No MLX headers here (nvcc cannot compile them); see
 // eval_gpu_cuda.cpp.
-#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -58,11 +54,6 @@ constexpr float kNegInf = -INFINITY;
 #ifndef ATTN_MMA_BLOCKS_PER_SM
 #define ATTN_MMA_BLOCKS_PER_SM 3
 #endif
-// Blocks in the largest split-cluster cluster (a power of two; 8 is the portable limit).
-#ifndef ATTN_MAX_CLUSTER
-#define ATTN_MAX_CLUSTER 8
-#endif
-constexpr int kMaxClusterBlocks = ATTN_MAX_CLUSTER;
 
 template <int kMaxThreads>
 constexpr int kTileFor = kMaxThreads > 256 ? 2 : ATTN_TILE;
@@ -255,73 +246,17 @@ __device__ void merge_chunks(const DecodeProblem& p, float* smem, const float* p
   }
 }
 
-// Blocks in this block's cluster: 1 unless launched as a cluster (split-cluster, sm_90+).
-__device__ __forceinline__ unsigned cluster_blocks() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  return cooperative_groups::this_cluster().num_blocks();
-#else
-  return 1;
-#endif
-}
-
-// split-cluster's merge: the `splits` blocks of a (kv_row, tile) form one cluster and each
-// holds its chunk's state in shared memory (finish() leaves it there). After a cluster barrier
-// every block combines a share of the (vector, dimension) outputs by reading all chunks'
-// (max, denominator, accumulator) from the other blocks' shared memory; a second barrier keeps
-// each block's shared memory alive until the others have read it.
-template <typename T, int VPB>
-__device__ void merge_cluster(const DecodeProblem& p, const float* smem, int kv_row, int tile,
-                              int splits) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  auto cluster = cooperative_groups::this_cluster();
-  const int D = p.head_dim, L = p.query_len, vectors = p.group * L;
-  const int stride = D + 2, states = (blockDim.x / 32) * VPB * stride;
-  const int first = tile * VPB, count = min(VPB, vectors - first);
-  cluster.sync();
-  for (int item = int(cluster.block_rank()) * blockDim.x + threadIdx.x; item < count * D;
-       item += splits * blockDim.x) {
-    const int v = item / D, d = item % D;
-    float maxima[kMaxClusterBlocks], sums[kMaxClusterBlocks], accs[kMaxClusterBlocks];
-    float common = kNegInf;
-#pragma unroll
-    for (int s = 0; s < kMaxClusterBlocks; ++s) {
-      if (s < splits) {  // all loads first: one round trip through the cluster's network
-        const float* remote = cluster.map_shared_rank(smem, s);
-        maxima[s] = remote[states + 2 * v];
-        sums[s] = remote[states + 2 * v + 1];
-        accs[s] = remote[v * stride + 2 + d];
-        common = fmaxf(common, maxima[s]);
-      }
-    }
-    float total = 0.0f, sum = 0.0f;
-#pragma unroll
-    for (int s = 0; s < kMaxClusterBlocks; ++s) {
-      if (s < splits) {
-        const float f = maxima[s] == kNegInf ? 0.0f : __expf(maxima[s] - common);
-        total += sums[s] * f;
-        sum += accs[s] * f;
-      }
-    }
-    const int r = first + v, row = kv_row * p.group + r / L, i = r % L;
-    store(static_cast<T*>(p.out) + (int64_t{row} * L + i) * D + d, total > 0.0f ? sum / total : 0.0f);
-  }
-  cluster.sync();
-#endif
-}
-
 // The end of every attend kernel: shared memory holds one online-softmax state per warp and
 // vector, [warp][vector][max, denominator, D accumulators]. One thread per vector computes the
 // common max, each warp's rescale factor (stored over its max) and the denominator; then the
-// threads combine output dimensions across warps and write the output (one chunk), or the
-// block's partial state: to global memory, merged by the group's last block, or (a cluster
-// launch) over warp 0's accumulators, merged by the cluster.
+// threads combine output dimensions across warps and write the output (one chunk) or the
+// block's partial state, which the group's last block merges.
 template <typename T, int VPB>
 __device__ void finish(const DecodeProblem& p, float* smem, float* partials, int kv_row, int tile,
                        int split, int splits, unsigned slot) {
   const int D = p.head_dim, L = p.query_len, vectors = p.group * L;
   const int stride = D + 2, warps = blockDim.x / 32;
   float* denominators = smem + warps * VPB * stride;
-  const bool in_cluster = splits > 1 && cluster_blocks() == unsigned(splits);
   if (threadIdx.x < VPB) {
     const int v = threadIdx.x;
     float common = kNegInf;
@@ -351,8 +286,6 @@ __device__ void finish(const DecodeProblem& p, float* smem, float* partials, int
       const int row = kv_row * p.group + r / L, i = r % L;
       T* out = static_cast<T*>(p.out) + (int64_t{row} * L + i) * D;
       store(out + d, total > 0.0f ? sum / total : 0.0f);
-    } else if (in_cluster) {
-      smem[v * stride + 2 + d] = sum;  // warp 0's slot: only this thread reads it
     } else {
       float* part = partials + ((int64_t{kv_row} * vectors + r) * splits + split) * partial_stride(D);
       if (d == 0) {
@@ -362,9 +295,7 @@ __device__ void finish(const DecodeProblem& p, float* smem, float* partials, int
       part[4 + d] = sum;
     }
   }
-  if (in_cluster) {
-    merge_cluster<T, VPB>(p, smem, kv_row, tile, splits);
-  } else if (splits > 1 && last_to_arrive(slot, splits)) {
+  if (splits > 1 && last_to_arrive(slot, splits)) {
     merge_chunks<T, VPB>(p, smem, partials, kv_row, tile, splits);
   }
 }
@@ -577,8 +508,9 @@ __device__ __forceinline__ void load_words(uint32_t (&dst)[N], const void* src) 
 }
 
 template <typename T, int D>
-__device__ __forceinline__ void attend_mma_body(float* smem, const DecodeProblem& p,
-                                                float* partials, int chunk, unsigned slot) {
+__global__ void __launch_bounds__(kMmaWarps * 32, ATTN_MMA_BLOCKS_PER_SM)
+    attend_mma(DecodeProblem p, float* partials, int chunk, unsigned slot) {
+  extern __shared__ float smem[];
   constexpr int kSteps = D / 16;  // k-steps of Q K^T; 16-dim tiles of V^T P^T
   constexpr int kQK = D / 8;      // words in a lane's D/4 values of a query or K row
   constexpr int kV = D / 16;      // words in a lane's D/8 values of a V row
@@ -706,22 +638,6 @@ __device__ __forceinline__ void attend_mma_body(float* smem, const DecodeProblem
   finish<T, kMmaVectors>(p, smem, partials, kv_row, tile, split, splits, slot);
 }
 
-template <typename T, int D>
-__global__ void __launch_bounds__(kMmaWarps * 32, ATTN_MMA_BLOCKS_PER_SM)
-    attend_mma(DecodeProblem p, float* partials, int chunk, unsigned slot) {
-  extern __shared__ float smem[];
-  attend_mma_body<T, D>(smem, p, partials, chunk, slot);
-}
-
-// split-cluster: the kCluster chunks of a (kv_row, tile) as one cluster. The size is part of
-// the kernel: MLX's graph nodes take no launch-time cluster attribute.
-template <typename T, int D, int kCluster>
-__global__ void __cluster_dims__(1, kCluster, 1) __launch_bounds__(kMmaWarps * 32, ATTN_MMA_BLOCKS_PER_SM)
-    attend_mma_cluster(DecodeProblem p, float* partials, int chunk, unsigned slot) {
-  extern __shared__ float smem[];
-  attend_mma_body<T, D>(smem, p, partials, chunk, slot);
-}
-
 // MLX's libmlx carries its own CUDA runtime: hand it driver handles, not runtime pointers.
 // Resolved once per kernel (the lookup is not free and plan() runs on every call).
 CUfunction handle(const void* kernel) {
@@ -774,11 +690,6 @@ bool has_bf16_mma() {  // mma.m16n8k16 with bf16: sm_80 and newer
   return yes;
 }
 
-bool has_clusters() {  // thread-block clusters, distributed shared memory: sm_90 and newer
-  static const bool yes = device_attribute(cudaDevAttrComputeCapabilityMajor) >= 9;
-  return yes;
-}
-
 // Blocks of `kernel` that one SM holds at once (registers, shared memory, launch bounds).
 int resident_blocks(const void* kernel, int threads, size_t smem) {
   static std::mutex mutex;
@@ -798,7 +709,6 @@ int resident_blocks(const void* kernel, int threads, size_t smem) {
 Schedule parse_schedule(const std::string& name) {
   if (name == "auto") return Schedule::automatic;
   if (name == "split-mma") return Schedule::split_mma;
-  if (name == "split-cluster") return Schedule::split_cluster;
   if (name == "split-gqa") return Schedule::split_gqa;
   if (name == "split") return Schedule::split;
   if (name == "chapter-8") return Schedule::chapter8;
@@ -806,8 +716,7 @@ Schedule parse_schedule(const std::string& name) {
   if (name == "chapter-32") return Schedule::chapter32;
   throw std::invalid_argument(
       "[decode_attention] unknown schedule '" + name +
-      "': use auto, split-mma, split-cluster, split, split-gqa, chapter-8, chapter-16 or "
-      "chapter-32");
+      "': use auto, split-mma, split, split-gqa, chapter-8, chapter-16 or chapter-32");
 }
 
 namespace {
@@ -834,20 +743,10 @@ uint32_t attend_smem_bytes(int warps, int vpb, int head_dim) {
   return static_cast<uint32_t>((warps * vpb * (head_dim + 2) + 2 * vpb) * sizeof(float));
 }
 
-template <typename T, int D>
-const void* attend_mma_kernel(int cluster) {
-  switch (cluster) {
-    case 1: return reinterpret_cast<const void*>(&attend_mma<T, D>);
-    case 2: return reinterpret_cast<const void*>(&attend_mma_cluster<T, D, 2>);
-    case 4: return reinterpret_cast<const void*>(&attend_mma_cluster<T, D, 4>);
-    case 8: return reinterpret_cast<const void*>(&attend_mma_cluster<T, D, 8>);
-    default: return reinterpret_cast<const void*>(&attend_mma_cluster<T, D, kMaxClusterBlocks>);
-  }
-}
-
 template <typename T>
-const void* attend_mma_kernel(int head_dim, int cluster) {
-  return head_dim == 64 ? attend_mma_kernel<T, 64>(cluster) : attend_mma_kernel<T, 128>(cluster);
+const void* attend_mma_kernel(int head_dim) {
+  return head_dim == 64 ? reinterpret_cast<const void*>(&attend_mma<T, 64>)
+                        : reinterpret_cast<const void*>(&attend_mma<T, 128>);
 }
 
 // Chunks of at least one step per walker (one round trip to memory each), and no more blocks
@@ -880,33 +779,18 @@ void finish_plan(Plan& plan, const DecodeProblem& p, int splits, int tiles, int 
   }
 }
 
-Plan plan_mma(const DecodeProblem& p, bool cluster) {
-  constexpr int kStep = kMmaWarps * kMmaStep, kMmaUnsplitSteps = 4;
-  const int tiles = (p.group * p.query_len + kMmaVectors - 1) / kMmaVectors;
-  // split-cluster: one chunk per block step up to the largest cluster (a power of two, so the
-  // last chunks may be empty: their state is (-inf, 0, 0) and the merge weighs it 0).
-  int cluster_blocks = 1;
-  while (cluster && cluster_blocks < kMaxClusterBlocks && cluster_blocks * kStep < p.context) {
-    cluster_blocks *= 2;
-  }
-  auto kernel = [&](int blocks) {
-    return p.dtype == ElementType::float16 ? attend_mma_kernel<__half>(p.head_dim, blocks)
-                                           : attend_mma_kernel<__nv_bfloat16>(p.head_dim, blocks);
-  };
+Plan plan_mma(const DecodeProblem& p) {
   Plan plan{};
-  const void* attend = kernel(cluster_blocks);
+  const void* attend = p.dtype == ElementType::float16 ? attend_mma_kernel<__half>(p.head_dim)
+                                                       : attend_mma_kernel<__nv_bfloat16>(p.head_dim);
   plan.attend = handle(attend);
   plan.attend_threads = kMmaWarps * 32;
   plan.attend_smem = attend_smem_bytes(kMmaWarps, kMmaVectors, p.head_dim);
-  if (cluster_blocks > 1) {
-    plan.splits = plan.attend_grid[1] = cluster_blocks;
-    plan.chunk = ((p.context + cluster_blocks - 1) / cluster_blocks + kStep - 1) / kStep * kStep;
-    plan.attend_grid[0] = p.kv_rows * tiles;
-    return plan;
-  }
+  const int tiles = (p.group * p.query_len + kMmaVectors - 1) / kMmaVectors;
   // A merge costs ~3 µs on the H200 (the last block's fence, atomics and L2 round trips): more
   // than the steps it saves while the context is at most kMmaUnsplitSteps block steps, where one
   // chunk is faster (kernels-cuda/dev/h200-bench_attend-mma-min-steps.txt).
+  constexpr int kStep = kMmaWarps * kMmaStep, kMmaUnsplitSteps = 4;
   const int splits = p.context <= kMmaUnsplitSteps * kStep
                          ? 1
                          : split_count(p, attend, plan.attend_threads, plan.attend_smem,
@@ -926,12 +810,8 @@ Plan plan(const DecodeProblem& p, Schedule schedule) {
     // (benchmark_results/h200-qwen3-4b-attention-L1-short-*.json).
     schedule = p.query_len == 1 && p.context <= 32 ? Schedule::split : Schedule::split_mma;
   }
-  if (schedule == Schedule::split_cluster) {
-    if (mma_applies(p) && has_clusters()) return plan_mma(p, true);
-    schedule = Schedule::split_mma;
-  }
   if (schedule == Schedule::split_mma) {
-    if (mma_applies(p)) return plan_mma(p, false);
+    if (mma_applies(p)) return plan_mma(p);
     schedule = Schedule::split_gqa;
   }
   Plan plan{};

@@ -12,16 +12,7 @@
 
 namespace attn_kernels::cuda {
 
-enum class Schedule {
-  automatic,
-  split_mma,
-  split_cluster,
-  split_gqa,
-  split,
-  chapter8,
-  chapter16,
-  chapter32
-};
+enum class Schedule { automatic, split_mma, split_gqa, split, chapter8, chapter16, chapter32 };
 
 Schedule parse_schedule(const std::string& name);
 
@@ -33,7 +24,7 @@ struct Plan {
   uint32_t attend_smem;
   int chunk;
   int splits;
-  size_t partial_floats;  // workspace for the chunks' partial states, 0 unless merged globally
+  size_t partial_floats;  // workspace for the chunks' partial states, 0 when splits == 1
   unsigned arrival_slot;  // first of this call's arrival counters (splits > 1)
 };
 

@@ -18,10 +18,10 @@ void DecodeAttention::eval_gpu(
 
   DecodeProblem problem = make_problem(inputs, out, scale_, causal_);
   const cuda::Plan plan = cuda::plan(problem, cuda::parse_schedule(schedule_));
-  // (max, denominator, accumulator) per context chunk when the chunks merge through global
-  // memory (inside the same launch); kept alive by the encoder until the graph has run.
+  // (max, denominator, accumulator) per context chunk, merged inside the same launch; kept
+  // alive by the encoder until the graph has run.
   float* partials = nullptr;
-  if (plan.partial_floats > 0) {
+  if (plan.splits > 1) {
     mx::array workspace(mx::Shape{static_cast<int>(plan.partial_floats)}, mx::float32, nullptr,
                         std::vector<mx::array>{});
     workspace.set_data(mx::allocator::malloc(workspace.nbytes()));

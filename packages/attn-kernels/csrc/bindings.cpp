@@ -39,8 +39,7 @@ Args:
     scale: multiplier of the dot products.
     mask: optional (B, Hq, L, S), additive float or boolean (True keeps a key).
     causal: query i sees keys <= S - L + i (no mask tensor is built).
-    schedule: GPU kernel schedule (auto, split-mma, split-cluster, split, split-gqa,
-        chapter-8/16/32); the CPU ignores it.
+    schedule: GPU kernel schedule (auto, split-mma, split, split-gqa, chapter-8/16/32); the CPU ignores it.
 
 Returns:
     (B, Hq, L, D) in the queries' dtype. A row whose mask removes every key is all zeros.)");
