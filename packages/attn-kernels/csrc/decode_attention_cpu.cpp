@@ -307,11 +307,12 @@ constexpr int kTile = 4;
 // order, accumulators are permuted to it on load and back on store. D % 32 == 0.
 //
 // K and V rows two blocks ahead are prefetched into L2, spread over the block's work: four K rows
-// (16 lines) per four positions scored, and with every V line loaded the same line two blocks on. Without prefetch a call
-// streaming from DRAM took the compute time *plus* the read time (one thread: 6.5 GB/s against
-// ~13 hot and ~13 read). Spread like this, cold two-thread calls at S=16384 took 4.8-6.1 ms
-// against 6.3-7.3 without and 5.4-6.3 with each block prefetched whole at the start of its use;
-// 1, 4 or 8 blocks ahead did no better than 2 (dev/bench_cpu.cpp, cold; issue 2's closing note).
+// (16 lines) per four positions scored, and with every V line loaded the same line two blocks on.
+// Without prefetch a call streaming from DRAM took the compute time *plus* the read time (one
+// thread: 6.5 GB/s against ~13 hot and ~13 read). Spread over the block, cold two-thread calls at
+// S=16384 took 4.8-6.1 ms against 6.3-7.3 without and 5.4-6.3 with each block prefetched whole at
+// the start of its use; 1, 4 or 8 blocks ahead did no better than 2 (dev/bench_cpu.cpp, cold;
+// issue 2's closing note).
 constexpr int kPrefetchRows = 2 * kBlock;
 
 // GCC 12 deleted loops of _mm_prefetch as dead code (the kernel shipped without a single
