@@ -71,7 +71,16 @@ def collect_metadata(device: str) -> dict:
     dirty = os.environ.get("LLM_EVAL_GIT_DIRTY")
     if not sha:
         sha = _git("rev-parse", "HEAD")
-        dirty = _git("status", "--porcelain", "--untracked-files=no")
+        # Records written earlier in the same session (tools/cpu_operators.sh writes six) are
+        # not code: only changes outside benchmark_results/ make a measurement dirty.
+        dirty = _git(
+            "status",
+            "--porcelain",
+            "--untracked-files=no",
+            "--",
+            ":(top)",
+            ":(top,exclude)benchmark_results",
+        )
     return {
         "captured_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "git_sha": sha,
