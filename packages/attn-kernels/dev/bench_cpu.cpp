@@ -7,7 +7,8 @@
 //       packages/attn-kernels/csrc/decode_attention_cpu.cpp packages/attn-kernels/dev/bench_cpu.cpp \
 //       -o /tmp/bench_cpu -lpthread && /tmp/bench_cpu
 //
-// ATTN_KERNELS_NUM_THREADS and ATTN_KERNELS_PORTABLE apply as in the extension. In-process A/B of
+// ATTN_KERNELS_NUM_THREADS and ATTN_KERNELS_PORTABLE apply as in the extension (the one-head rows
+// use one thread by themselves: too little work to wake the pool). In-process A/B of
 // two versions of the kernel: ab_cpu.cpp.
 #include <algorithm>
 #include <chrono>
@@ -45,5 +46,23 @@ int main() {
       std::printf("%s S=%-6d median %8.1f us (min %8.1f)  %5.1f GB/s\n", cold ? "cold" : "hot ", S,
                   median, us.front(), c.kv_bytes() / median / 1e3);
     }
+  }
+  // The kernel's own rate: one KV head (4 query heads), one thread, K/V from L1 (S = 64) to L3,
+  // many calls in a row; ns per position (= per position and KV head).
+  for (const int S : {64, 256, 1024, 4096, 8192}) {
+    dev::Qwen3Case c(S, 1);
+    c.p.rows = c.p.q_heads = c.p.group;
+    c.p.kv_rows = c.p.kv_heads = 1;
+    const int calls = std::max(200, 400000 / S);
+    std::vector<double> ns;
+    for (int round = 0; round < 7; ++round) {
+      const auto start = std::chrono::steady_clock::now();
+      for (int i = 0; i < calls; ++i) decode_attention_cpu(c.p);
+      const auto stop = std::chrono::steady_clock::now();
+      ns.push_back(std::chrono::duration<double>(stop - start).count() * 1e9 / calls / S);
+    }
+    std::sort(ns.begin(), ns.end());
+    std::printf("one head, one thread, S=%-5d (K+V %5.0f KB): %5.1f ns per position (min %5.1f)\n", S,
+                4.0 * S * dev::kD / 1024, ns[ns.size() / 2], ns.front());
   }
 }
