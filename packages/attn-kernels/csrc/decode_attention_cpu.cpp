@@ -307,7 +307,7 @@ constexpr int kTile = 4;
 // order, accumulators are permuted to it on load and back on store. D % 32 == 0.
 //
 // K and V rows two blocks ahead are prefetched into L2, spread over the block's work: four K rows
-// (16 lines) per four positions scored, and with every V line loaded the same line two blocks on.
+// per four positions scored, and with every V line loaded the same line two blocks on.
 // Without prefetch a call streaming from DRAM took the compute time *plus* the read time (one
 // thread: 6.5 GB/s against ~13 hot and ~13 read). Spread over the block, cold two-thread calls at
 // S=16384 took 4.8-6.1 ms against 6.3-7.3 without and 5.4-6.3 with each block prefetched whole at
@@ -722,8 +722,8 @@ void run(const DecodeProblem& p) {
   const int threads = work < kMinParallelWork ? 1 : pool().size();
 
   // Few heads and a long cache: split the context too, into at least 8 units per thread. The pool
-  // hands units out as threads ask, so the worker that wakes ~110 µs late (see above) and the
-  // last unit leave a short tail. In-process A/B, Qwen3-4B shapes, hot, two runs, 8 vs 4 units per
+  // hands units out as threads ask, so a worker that starts late (~40 µs after the caller in a
+  // trace of two-thread calls) and the last unit leave a short tail. In-process A/B, Qwen3-4B shapes, hot, two runs, 8 vs 4 units per
   // thread: 0.95/0.89 of the time at S = 1024, 0.97/0.98 at 4096; 16 per thread: 1.05/1.03 at 1024.
   int chunks = 1;
   if (threads > 1 && p.kv_rows < 8 * threads) {

@@ -71,7 +71,8 @@ class ThreadPool {
   }
 
  private:
-  // ~1 ms of pause instructions (tens of cycles each) before the caller falls back to sleeping.
+  // Pause instructions before the caller falls back to sleeping: 0.1-2 ms, by the CPU's pause
+  // latency (~10 to ~140 cycles).
   static constexpr int kMaxSpins = 1 << 15;
 
   static void pause() {
