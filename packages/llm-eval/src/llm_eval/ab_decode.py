@@ -103,10 +103,10 @@ def format_table(record: dict) -> str:
         decode = [s["decode_tok_s"] for s in samples[v]]
         wins = at_or_above(samples[v], samples["mlx-lm"])
         ratio = m["decode_tok_s"] / medians["mlx-lm"]["decode_tok_s"]
-        versus = f"{ratio:.3f}x" + ("" if v == "mlx-lm" else f" ({wins}/{len(decode)})")
         lines.append(
             f"| {v} | {m['decode_tok_s']:.2f} ({min(decode):.2f}–{max(decode):.2f}) | "
-            f"{m['median_step_ms']:.2f} | {m['prefill_tok_s']:.1f} | {versus} |"
+            f"{m['median_step_ms']:.2f} | {m['prefill_tok_s']:.1f} | {ratio:.3f}x "
+            f"({wins}/{len(decode)}) |"
         )
     return "\n".join(lines)
 
