@@ -148,41 +148,79 @@ __host__ __device__ constexpr int partial_stride(int D) {
   return 4 + (D + 3) / 4 * 4;
 }
 
-constexpr int kMergeUnroll = 8;  // chunks' loads in flight per thread in the merge
 
 // Called by every thread after its partial stores; true in the last block of the group to
-// arrive, which then sees every block's partials.
+// arrive, which then sees every block's partials. The barrier orders the block's stores before
+// thread 0's arrival; the arrival is a release (publishes them) and an acquire (the last block
+// then sees every other block's), so no thread needs a fence of its own.
 __device__ bool last_to_arrive(unsigned slot, int splits) {
   __shared__ bool last;
-  __threadfence();  // this thread's partials are visible device-wide before the block arrives
   __syncthreads();
   if (threadIdx.x == 0) {
     unsigned* counter = &arrivals[(slot + blockIdx.x) % kArrivalSlots];
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 700
+    __threadfence();  // no acq_rel atomics before sm_70
     last = atomicAdd(counter, 1u) == unsigned(splits - 1);
+    __threadfence();
+#else
+    unsigned before;
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;"
+                 : "=r"(before)
+                 : "l"(counter)
+                 : "memory");
+    last = before == unsigned(splits - 1);
+#endif
     if (last) *counter = 0u;  // every block of this call has arrived
   }
   __syncthreads();
-  if (last) __threadfence();
   return last;
 }
 
-// The last block's merge of its VPB vectors, in three short phases: every chunk's (max,
-// denominator) in one round trip to L2 (__ldcg: other SMs wrote them, this SM's L1 may hold
-// nothing valid), one warp per vector for the common max, the rescale factors and the
-// denominator (shared memory, which the attend state no longer needs), then each thread sums
-// four output dimensions of up to kItems vectors over the chunks with 16-byte loads, kMergeUnroll
-// chunks of each in flight.
+constexpr int kMergeItems = 2;   // (vector, four dimensions) items per thread in the merge
+constexpr int kMergeUnroll = 8;  // chunks' accumulator loads in flight per item
+
+// The last block's merge of its VPB vectors. Each thread takes four output dimensions of up to
+// kMergeItems vectors (plan() checks that this covers the tile) and issues the 16-byte
+// accumulator loads of its first kMergeUnroll chunks before anything else, so that they travel
+// together with the chunks' (max, denominator) pairs, which the threads load next (__ldcg: other
+// SMs wrote them, this SM's L1 may hold nothing valid) into shared memory; one warp per vector
+// turns them into the common max, rescale factors and denominator; then the threads sum their
+// accumulators over the chunks. A merge of up to kMergeUnroll chunks costs one round trip to L2.
+// (Folding each chunk in online instead, with no shared phase, was slower from 16 chunks on:
+// every thread then repeats its vector's exponentials; kernels-cuda/dev/NOTES.md.)
 template <typename T, int VPB>
 __device__ void merge_chunks(const DecodeProblem& p, float* smem, const float* partials,
                              int kv_row, int tile, int splits) {
-  constexpr int kItems = 2;
   const int D = p.head_dim, L = p.query_len, vectors = p.group * L, stride = partial_stride(D);
   const int first = tile * VPB, count = min(VPB, vectors - first);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  const float* base = partials + (int64_t{kv_row} * vectors + first) * splits * stride;
+  const int quads = (D + 3) / 4, items = count * quads;
+
+  const float4* column[kMergeItems];
+  int item[kMergeItems];
+#pragma unroll
+  for (int k = 0; k < kMergeItems; ++k) {
+    item[k] = threadIdx.x + k * int(blockDim.x);
+    const int at = min(item[k], items - 1);  // repeats the last: harmless
+    column[k] = reinterpret_cast<const float4*>(base + int64_t{at / quads} * splits * stride + 4 +
+                                                at % quads * 4);
+  }
+  float4 x[kMergeItems][kMergeUnroll];
+  auto load_batch = [&](int s0) {
+#pragma unroll
+    for (int k = 0; k < kMergeItems; ++k) {
+#pragma unroll
+      for (int u = 0; u < kMergeUnroll; ++u) {
+        x[k][u] = __ldcg(column[k] + int64_t{min(s0 + u, splits - 1)} * (stride / 4));
+      }
+    }
+  };
+  load_batch(0);
+
   float* factors = smem;                    // [VPB][splits]: the chunks' maxima, then factors
   float* sums = smem + VPB * splits;        // [VPB][splits]: the chunks' denominators
   float* totals = smem + 2 * VPB * splits;  // [VPB]
-  const float* base = partials + (int64_t{kv_row} * vectors + first) * splits * stride;
   __syncthreads();  // finish() may still read the attend state in shared memory
   for (int at = threadIdx.x; at < count * splits; at += blockDim.x) {
     const float2 state = __ldcg(reinterpret_cast<const float2*>(base + int64_t{at} * stride));
@@ -207,41 +245,34 @@ __device__ void merge_chunks(const DecodeProblem& p, float* smem, const float* p
     if (lane == 0) totals[v] = total;
   }
   __syncthreads();
-  const int quads = (D + 3) / 4, items = count * quads;
-  for (int item0 = threadIdx.x; item0 < items; item0 += kItems * blockDim.x) {
-    const float4* column[kItems];
-    const float* f[kItems];
-    float sum[kItems][4] = {};
+
+  float sum[kMergeItems][4] = {};
+  for (int s0 = 0;;) {
 #pragma unroll
-    for (int k = 0; k < kItems; ++k) {
-      const int item = min(item0 + k * int(blockDim.x), items - 1);  // repeats the last: harmless
-      const int v = item / quads, d = item % quads * 4;
-      column[k] = reinterpret_cast<const float4*>(base + int64_t{v} * splits * stride + 4 + d);
-      f[k] = factors + v * splits;
-    }
-#pragma unroll kMergeUnroll
-    for (int s = 0; s < splits; ++s) {
+    for (int k = 0; k < kMergeItems; ++k) {
+      const float* f = factors + min(item[k], items - 1) / quads * splits;
 #pragma unroll
-      for (int k = 0; k < kItems; ++k) {
-        const float4 x = __ldcg(column[k] + int64_t{s} * (stride / 4));
-        const float w = f[k][s];
-        sum[k][0] += x.x * w;
-        sum[k][1] += x.y * w;
-        sum[k][2] += x.z * w;
-        sum[k][3] += x.w * w;
+      for (int u = 0; u < kMergeUnroll; ++u) {
+        const float w = s0 + u < splits ? f[s0 + u] : 0.0f;
+        sum[k][0] += x[k][u].x * w;
+        sum[k][1] += x[k][u].y * w;
+        sum[k][2] += x[k][u].z * w;
+        sum[k][3] += x[k][u].w * w;
       }
     }
+    s0 += kMergeUnroll;
+    if (s0 >= splits) break;
+    load_batch(s0);
+  }
 #pragma unroll
-    for (int k = 0; k < kItems; ++k) {
-      const int item = item0 + k * int(blockDim.x);
-      if (item >= items) break;
-      const int v = item / quads, d = item % quads * 4;
-      const int r = first + v, row = kv_row * p.group + r / L, i = r % L;
-      T* out = static_cast<T*>(p.out) + (int64_t{row} * L + i) * D;
-      const float total = totals[v];
-      for (int e = 0; e < 4 && d + e < D; ++e) {
-        store(out + d + e, total > 0.0f ? sum[k][e] / total : 0.0f);
-      }
+  for (int k = 0; k < kMergeItems; ++k) {
+    if (item[k] >= items) break;
+    const int v = item[k] / quads, d = item[k] % quads * 4;
+    const int r = first + v, row = kv_row * p.group + r / L, i = r % L;
+    T* out = static_cast<T*>(p.out) + (int64_t{row} * L + i) * D;
+    const float total = totals[v];
+    for (int e = 0; e < 4 && d + e < D; ++e) {
+      store(out + d + e, total > 0.0f ? sum[k][e] / total : 0.0f);
     }
   }
 }
@@ -755,6 +786,7 @@ const void* attend_mma_kernel(int head_dim) {
 int split_count(const DecodeProblem& p, const void* attend, int threads, uint32_t smem,
                 int blocks, int min_chunk, int vpb) {
   if (unsigned(blocks) > kArrivalSlots / 64) return 1;  // enough blocks without a split
+  if (vpb * ((p.head_dim + 3) / 4) > kMergeItems * threads) return 1;  // one merge pass per tile
   const int wanted = (p.context + min_chunk - 1) / min_chunk;
   const int room = resident_blocks(attend, threads, smem) * sm_count();
   const int fit = (static_cast<int>(smem / sizeof(float)) - vpb) / (2 * vpb);
