@@ -186,8 +186,8 @@ constexpr int kMergeUnroll = 8;  // chunks' accumulator loads in flight per item
 // SMs wrote them, this SM's L1 may hold nothing valid) into shared memory; one warp per vector
 // turns them into the common max, rescale factors and denominator; then the threads sum their
 // accumulators over the chunks. A merge of up to kMergeUnroll chunks costs one round trip to L2.
-// (Folding each chunk in online instead, with no shared phase, was slower from 16 chunks on:
-// every thread then repeats its vector's exponentials; kernels-cuda/dev/NOTES.md.)
+// (Folding each chunk in online instead, with no shared phase, was 1.2 µs slower at 32 chunks;
+// kernels-cuda/dev/NOTES.md.)
 template <typename T, int VPB>
 __device__ void merge_chunks(const DecodeProblem& p, float* smem, const float* partials,
                              int kv_row, int tile, int splits) {
