@@ -148,7 +148,6 @@ __host__ __device__ constexpr int partial_stride(int D) {
   return 4 + (D + 3) / 4 * 4;
 }
 
-
 // Called by every thread after its partial stores; true in the last block of the group to
 // arrive, which then sees every block's partials. The barrier orders the block's stores before
 // thread 0's arrival; the arrival is a release (publishes them) and an acquire (the last block
