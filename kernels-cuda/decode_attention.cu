@@ -220,7 +220,9 @@ __device__ void merge_chunks(const DecodeProblem& p, float* smem, const float* p
   float* factors = smem;                    // [VPB][splits]: the chunks' maxima, then factors
   float* sums = smem + VPB * splits;        // [VPB][splits]: the chunks' denominators
   float* totals = smem + 2 * VPB * splits;  // [VPB]
-  __syncthreads();  // finish() may still read the attend state in shared memory
+  // Redundant after last_to_arrive()'s barrier (finish() has read its shared state by then);
+  // kept until its removal can be re-checked on a GPU.
+  __syncthreads();
   for (int at = threadIdx.x; at < count * splits; at += blockDim.x) {
     const float2 state = __ldcg(reinterpret_cast<const float2*>(base + int64_t{at} * stride));
     factors[at] = state.x;
