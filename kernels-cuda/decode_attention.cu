@@ -197,12 +197,13 @@ __device__ void merge_chunks(const DecodeProblem& p, float* smem, const float* p
   const int quads = (D + 3) / 4, items = count * quads;
 
   const float4* column[kMergeItems];
-  int item[kMergeItems];
+  int item[kMergeItems], vector[kMergeItems];
 #pragma unroll
   for (int k = 0; k < kMergeItems; ++k) {
     item[k] = threadIdx.x + k * int(blockDim.x);
     const int at = min(item[k], items - 1);  // repeats the last: harmless
-    column[k] = reinterpret_cast<const float4*>(base + int64_t{at / quads} * splits * stride + 4 +
+    vector[k] = at / quads;
+    column[k] = reinterpret_cast<const float4*>(base + int64_t{vector[k]} * splits * stride + 4 +
                                                 at % quads * 4);
   }
   float4 x[kMergeItems][kMergeUnroll];
@@ -220,9 +221,7 @@ __device__ void merge_chunks(const DecodeProblem& p, float* smem, const float* p
   float* factors = smem;                    // [VPB][splits]: the chunks' maxima, then factors
   float* sums = smem + VPB * splits;        // [VPB][splits]: the chunks' denominators
   float* totals = smem + 2 * VPB * splits;  // [VPB]
-  // Redundant after last_to_arrive()'s barrier (finish() has read its shared state by then);
-  // kept until its removal can be re-checked on a GPU.
-  __syncthreads();
+  // No barrier first: last_to_arrive()'s ends every thread's reads of finish()'s shared state.
   for (int at = threadIdx.x; at < count * splits; at += blockDim.x) {
     const float2 state = __ldcg(reinterpret_cast<const float2*>(base + int64_t{at} * stride));
     factors[at] = state.x;
@@ -251,7 +250,7 @@ __device__ void merge_chunks(const DecodeProblem& p, float* smem, const float* p
   for (int s0 = 0;;) {
 #pragma unroll
     for (int k = 0; k < kMergeItems; ++k) {
-      const float* f = factors + min(item[k], items - 1) / quads * splits;
+      const float* f = factors + vector[k] * splits;
 #pragma unroll
       for (int u = 0; u < kMergeUnroll; ++u) {
         const float w = s0 + u < splits ? f[s0 + u] : 0.0f;
@@ -268,7 +267,7 @@ __device__ void merge_chunks(const DecodeProblem& p, float* smem, const float* p
 #pragma unroll
   for (int k = 0; k < kMergeItems; ++k) {
     if (item[k] >= items) break;
-    const int v = item[k] / quads, d = item[k] % quads * 4;
+    const int v = vector[k], d = item[k] % quads * 4;
     const int r = first + v, row = kv_row * p.group + r / L, i = r % L;
     T* out = static_cast<T*>(p.out) + (int64_t{row} * L + i) * D;
     const float total = totals[v];
@@ -820,9 +819,11 @@ Plan plan_mma(const DecodeProblem& p) {
   plan.attend_threads = kMmaWarps * 32;
   plan.attend_smem = attend_smem_bytes(kMmaWarps, kMmaVectors, p.head_dim);
   const int tiles = (p.group * p.query_len + kMmaVectors - 1) / kMmaVectors;
-  // A merge costs ~3 µs on the H200 (the last block's fence, atomics and L2 round trips): more
-  // than the steps it saves while the context is at most kMmaUnsplitSteps block steps, where one
-  // chunk is faster (kernels-cuda/dev/h200-bench_attend-mma-min-steps.txt).
+  // A merge costs ~2-3 µs on the H200 (the arrival atomic and L2 round trips): more than the
+  // steps it saves while the context is at most kMmaUnsplitSteps block steps, where one chunk is
+  // faster (kernels-cuda/dev/h200-bench_attend-mma-min-steps.txt). Re-measured with the cheaper
+  // merge: 2 steps wins kernel-only by 0.2-0.8 µs at S = 192/256, 4 wins through MLX, where K/V
+  // stay in L2 and calls overlap (kernels-cuda/dev/h200-mlx-workspace-ab.txt).
   constexpr int kStep = kMmaWarps * kMmaStep, kMmaUnsplitSteps = 4;
   const int splits = p.context <= kMmaUnsplitSteps * kStep
                          ? 1

@@ -9,25 +9,22 @@ namespace attn_kernels {
 void DecodeAttention::eval_gpu(
     const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
   auto& out = outputs[0];
-  out.set_data(mx::allocator::malloc(out.nbytes()));
+  DecodeProblem problem = make_problem(inputs, nullptr, scale_, causal_);
+  const cuda::Plan plan = cuda::plan(problem, cuda::parse_schedule(schedule_));
+  // A split call's (max, denominator, accumulator) per context chunk, merged inside the same
+  // launch, live behind the output (256-byte aligned) in its allocation: a workspace array of
+  // its own cost 0.5-1.5 µs more per split call (kernels-cuda/dev/h200-mlx-workspace-ab.txt).
+  const size_t partials_at = (out.nbytes() + 255) / 256 * 256;
+  out.set_data(mx::allocator::malloc(
+      plan.splits > 1 ? partials_at + plan.partial_floats * sizeof(float) : out.nbytes()));
+  problem.out = out.data<void>();
+  float* partials =
+      plan.splits > 1 ? reinterpret_cast<float*>(out.data<char>() + partials_at) : nullptr;
   auto& encoder = mx::cu::get_command_encoder(stream());
   for (const auto& in : inputs) {
     encoder.set_input_array(in);
   }
   encoder.set_output_array(out);
-
-  DecodeProblem problem = make_problem(inputs, out, scale_, causal_);
-  const cuda::Plan plan = cuda::plan(problem, cuda::parse_schedule(schedule_));
-  // (max, denominator, accumulator) per context chunk, merged inside the same launch; kept
-  // alive by the encoder until the graph has run.
-  float* partials = nullptr;
-  if (plan.splits > 1) {
-    mx::array workspace(mx::Shape{static_cast<int>(plan.partial_floats)}, mx::float32, nullptr,
-                        std::vector<mx::array>{});
-    workspace.set_data(mx::allocator::malloc(workspace.nbytes()));
-    encoder.add_temporary(workspace);
-    partials = workspace.data<float>();
-  }
   int chunk = plan.chunk;
   unsigned slot = plan.arrival_slot;
   void* args[] = {&problem, &partials, &chunk, &slot};

@@ -42,7 +42,7 @@ void DecodeAttention::eval_gpu(
     const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
   auto& out = outputs[0];
   out.set_data(mx::allocator::malloc(out.nbytes()));
-  const DecodeProblem problem = make_problem(inputs, out, scale_, causal_);
+  const DecodeProblem problem = make_problem(inputs, out.data<void>(), scale_, causal_);
 
   DecodeAttentionParams params{};
   params.rows = problem.rows;

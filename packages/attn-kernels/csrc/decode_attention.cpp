@@ -138,7 +138,7 @@ bool DecodeAttention::is_equivalent(const mx::Primitive& other) const {
 }
 
 DecodeProblem make_problem(
-    const std::vector<mx::array>& inputs, mx::array& out, float scale, bool causal) {
+    const std::vector<mx::array>& inputs, void* out, float scale, bool causal) {
   const auto& q = inputs[0];
   const auto& k = inputs[1];
   const auto& v = inputs[2];
@@ -147,7 +147,7 @@ DecodeProblem make_problem(
   p.keys = k.data<void>();
   p.values = v.data<void>();
   p.mask = inputs.size() > 3 ? inputs[3].data<void>() : nullptr;
-  p.out = out.data<void>();
+  p.out = out;
   p.dtype = element_type(q.dtype());
   p.mask_dtype = inputs.size() > 3 ? element_type(inputs[3].dtype()) : ElementType::float32;
   p.q_heads = q.shape(1);
@@ -178,7 +178,7 @@ void DecodeAttention::eval_cpu(
     encoder.set_input_array(in);
   }
   encoder.set_output_array(out);
-  encoder.dispatch([problem = make_problem(inputs, out, scale_, causal_)]() {
+  encoder.dispatch([problem = make_problem(inputs, out.data<void>(), scale_, causal_)]() {
     decode_attention_cpu(problem);
   });
 }

@@ -64,9 +64,10 @@ class DecodeAttention : public mx::Primitive {
   std::string schedule_;
 };
 
-// Reads the evaluated inputs and the allocated output into a DecodeProblem.
+// Reads the evaluated inputs into a DecodeProblem that writes to `out` (may be set later: the
+// CUDA backend plans before it allocates the output).
 DecodeProblem make_problem(
-    const std::vector<mx::array>& inputs, mx::array& out, float scale, bool causal);
+    const std::vector<mx::array>& inputs, void* out, float scale, bool causal);
 
 void decode_attention_cpu(const DecodeProblem& problem);
 
