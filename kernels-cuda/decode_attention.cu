@@ -179,39 +179,39 @@ constexpr int kMergeItems = 2;   // (vector, four dimensions) items per thread i
 constexpr int kMergeUnroll = 8;  // chunks' accumulator loads in flight per item
 
 // The last block's merge of its VPB vectors. Each thread takes four output dimensions of up to
-// kMergeItems vectors (plan() checks that this covers the tile) and issues the 16-byte
-// accumulator loads of its first kMergeUnroll chunks before anything else, so that they travel
+// ITEMS vectors (plan() checks that kMergeItems cover the tile) and issues the 16-byte
+// accumulator loads of its first UNROLL chunks before anything else, so that they travel
 // together with the chunks' (max, denominator) pairs, which the threads load next (__ldcg: other
 // SMs wrote them, this SM's L1 may hold nothing valid) into shared memory; one warp per vector
 // turns them into the common max, rescale factors and denominator; then the threads sum their
-// accumulators over the chunks. A merge of up to kMergeUnroll chunks costs one round trip to L2.
+// accumulators over the chunks. A merge of up to UNROLL chunks costs one round trip to L2.
 // (Folding each chunk in online instead, with no shared phase, was 1.2 µs slower at 32 chunks;
 // kernels-cuda/dev/NOTES.md.)
-template <typename T, int VPB>
-__device__ void merge_chunks(const DecodeProblem& p, float* smem, const float* partials,
-                             int kv_row, int tile, int splits) {
+template <typename T, int VPB, int ITEMS, int UNROLL>
+__device__ void merge_chunks_with(const DecodeProblem& p, float* smem, const float* partials,
+                                  int kv_row, int tile, int splits) {
   const int D = p.head_dim, L = p.query_len, vectors = p.group * L, stride = partial_stride(D);
   const int first = tile * VPB, count = min(VPB, vectors - first);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   const float* base = partials + (int64_t{kv_row} * vectors + first) * splits * stride;
   const int quads = (D + 3) / 4, items = count * quads;
 
-  const float4* column[kMergeItems];
-  int item[kMergeItems], vector[kMergeItems];
+  const float4* column[ITEMS];
+  int item[ITEMS], vector[ITEMS];
 #pragma unroll
-  for (int k = 0; k < kMergeItems; ++k) {
+  for (int k = 0; k < ITEMS; ++k) {
     item[k] = threadIdx.x + k * int(blockDim.x);
     const int at = min(item[k], items - 1);  // repeats the last: harmless
     vector[k] = at / quads;
     column[k] = reinterpret_cast<const float4*>(base + int64_t{vector[k]} * splits * stride + 4 +
                                                 at % quads * 4);
   }
-  float4 x[kMergeItems][kMergeUnroll];
+  float4 x[ITEMS][UNROLL];
   auto load_batch = [&](int s0) {
 #pragma unroll
-    for (int k = 0; k < kMergeItems; ++k) {
+    for (int k = 0; k < ITEMS; ++k) {
 #pragma unroll
-      for (int u = 0; u < kMergeUnroll; ++u) {
+      for (int u = 0; u < UNROLL; ++u) {
         x[k][u] = __ldcg(column[k] + int64_t{min(s0 + u, splits - 1)} * (stride / 4));
       }
     }
@@ -246,13 +246,13 @@ __device__ void merge_chunks(const DecodeProblem& p, float* smem, const float* p
   }
   __syncthreads();
 
-  float sum[kMergeItems][4] = {};
+  float sum[ITEMS][4] = {};
   for (int s0 = 0;;) {
 #pragma unroll
-    for (int k = 0; k < kMergeItems; ++k) {
+    for (int k = 0; k < ITEMS; ++k) {
       const float* f = factors + vector[k] * splits;
 #pragma unroll
-      for (int u = 0; u < kMergeUnroll; ++u) {
+      for (int u = 0; u < UNROLL; ++u) {
         const float w = s0 + u < splits ? f[s0 + u] : 0.0f;
         sum[k][0] += x[k][u].x * w;
         sum[k][1] += x[k][u].y * w;
@@ -260,12 +260,12 @@ __device__ void merge_chunks(const DecodeProblem& p, float* smem, const float* p
         sum[k][3] += x[k][u].w * w;
       }
     }
-    s0 += kMergeUnroll;
+    s0 += UNROLL;
     if (s0 >= splits) break;
     load_batch(s0);
   }
 #pragma unroll
-  for (int k = 0; k < kMergeItems; ++k) {
+  for (int k = 0; k < ITEMS; ++k) {
     if (item[k] >= items) break;
     const int v = vector[k], d = item[k] % quads * 4;
     const int r = first + v, row = kv_row * p.group + r / L, i = r % L;
@@ -274,6 +274,21 @@ __device__ void merge_chunks(const DecodeProblem& p, float* smem, const float* p
     for (int e = 0; e < 4 && d + e < D; ++e) {
       store(out + d + e, total > 0.0f ? sum[k][e] / total : 0.0f);
     }
+  }
+}
+
+// A tile of at most one item per thread (L = 1 with 4 query heads per KV head: 128 items) puts
+// the registers of the second item to work as 8 more chunks in flight: half the L2 round trips at
+// 16-32 chunks (L=1 S=1024/2048/4096: 8.91/11.37/13.23 -> 8.33/10.50/12.36 µs kernel-only).
+template <typename T, int VPB>
+__device__ void merge_chunks(const DecodeProblem& p, float* smem, const float* partials,
+                             int kv_row, int tile, int splits) {
+  const int count = min(VPB, p.group * p.query_len - tile * VPB);
+  if (count * ((p.head_dim + 3) / 4) <= int(blockDim.x)) {
+    constexpr int kWide = kMergeItems * kMergeUnroll;
+    merge_chunks_with<T, VPB, 1, kWide>(p, smem, partials, kv_row, tile, splits);
+  } else {
+    merge_chunks_with<T, VPB, kMergeItems, kMergeUnroll>(p, smem, partials, kv_row, tile, splits);
   }
 }
 
