@@ -6,8 +6,9 @@ R=benchmark_results/cpu-2core-qwen3-4b-attention
 ops() { uv run --package llm-eval bench-operators --device cpu --force "$@"; }
 ops --context 32 --context 128 --context 256 --context 1024 --context 4096 --context 16384 \
   --context-repeats 4 --json-output "$R-L1-mlx-0.32.4.json"
-# A decode step evaluates every layer in one mx.eval: 8 calls per eval leave out most of MLX's
-# per-eval synchronisation (~120 µs here), which the record above pays on every call.
+# A decode step evaluates every layer in one mx.eval: 8 calls per eval leave out most of the
+# per-eval hand-offs (16-119 µs on this VM, mostly vCPU wake-ups: tools/cpu_eval_overhead.py),
+# which the record above pays on every call.
 ops --context 256 --context 1024 --context 4096 --context 16384 --calls-per-eval 8 \
   --context-repeats 2 --json-output "$R-L1-8-calls-per-eval-mlx-0.32.4.json"
 ops --query-length 2 --query-length 4 --query-length 8 --attention-mask causal --context 32 \

@@ -19,7 +19,7 @@ from llm_eval.progress import Progress
 from llm_eval.progression import at_or_above, variant_order
 from llm_eval.record import SCHEMA_VERSION, collect_metadata, refuse_overwrite, write_record
 
-VARIANTS = ["composition", "decode-attention", "mlx-lm"]
+VARIANTS = list(bench.CHECKPOINTS)
 
 
 def parse_args(argv=None) -> argparse.Namespace:

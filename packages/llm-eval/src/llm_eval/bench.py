@@ -185,9 +185,10 @@ def run(args) -> dict:
     out_lens = mx.random.randint(
         args.min_output_len, args.max_output_len + 1, (n,), key=mx.random.split(lengths_key)[0]
     ).tolist()
+    prompt_keys = mx.random.split(tokens_key, n)
     requests = []
     for i in range(n):
-        prompt = prompt_ids(vocab, in_lens[i], mx.random.split(tokens_key, n)[i])
+        prompt = prompt_ids(vocab, in_lens[i], prompt_keys[i])
         label = "warmup" if i < args.warmup else f"request {i - args.warmup + 1}/{args.num_seqs}"
         print(
             f"  {label}: {in_lens[i]} prompt + {out_lens[i]} generated", file=sys.stderr, flush=True
