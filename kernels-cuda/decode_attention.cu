@@ -293,7 +293,8 @@ __device__ void merge_chunks(const DecodeProblem& p, float* smem, const float* p
 }
 
 // The end of every attend kernel: shared memory holds one online-softmax state per warp and
-// vector, [warp][vector][max, denominator, D accumulators]. One thread per vector computes the
+// vector, [warp][vector][max, denominator, 2 unused, D accumulators] (the partials' layout,
+// partial_stride(D) floats: 16-byte aligned accumulators). One thread per vector computes the
 // common max, each warp's rescale factor (stored over its max) and the denominator; then the
 // threads combine output dimensions across warps and write the output (one chunk) or the
 // block's partial state, which the group's last block merges.
@@ -301,7 +302,7 @@ template <typename T, int VPB>
 __device__ void finish(const DecodeProblem& p, float* smem, float* partials, int kv_row, int tile,
                        int split, int splits, unsigned slot) {
   const int D = p.head_dim, L = p.query_len, vectors = p.group * L;
-  const int stride = D + 2, warps = blockDim.x / 32;
+  const int stride = partial_stride(D), warps = blockDim.x / 32;
   float* denominators = smem + warps * VPB * stride;
   if (threadIdx.x < VPB) {
     const int v = threadIdx.x;
@@ -318,27 +319,38 @@ __device__ void finish(const DecodeProblem& p, float* smem, float* partials, int
     denominators[2 * v + 1] = total;
   }
   __syncthreads();
-  for (int idx = threadIdx.x; idx < VPB * D; idx += blockDim.x) {
-    const int v = idx / D, d = idx % D;
+  // Four dimensions per thread and pass (16-byte shared loads: the slots are padded like the
+  // partials), the warps' loads of a pass in flight together: the combine is on every block's
+  // critical path.
+  const int quads = (D + 3) / 4;
+  for (int idx = threadIdx.x; idx < VPB * quads; idx += blockDim.x) {
+    const int v = idx / quads, d = idx % quads * 4;
     const int r = tile * VPB + v;
     if (r >= vectors) continue;
-    float sum = 0.0f;
+    float sum[4] = {};
+#pragma unroll 4
     for (int w = 0; w < warps; ++w) {
-      const float* slot = smem + (w * VPB + v) * stride;
-      sum += slot[2 + d] * slot[0];
+      const float* state = smem + (w * VPB + v) * stride;
+      const float factor = state[0];
+      const float4 acc = *reinterpret_cast<const float4*>(state + 4 + d);
+      sum[0] += acc.x * factor;
+      sum[1] += acc.y * factor;
+      sum[2] += acc.z * factor;
+      sum[3] += acc.w * factor;
     }
     const float common = denominators[2 * v], total = denominators[2 * v + 1];
     if (splits == 1) {
       const int row = kv_row * p.group + r / L, i = r % L;
-      T* out = static_cast<T*>(p.out) + (int64_t{row} * L + i) * D;
-      store(out + d, total > 0.0f ? sum / total : 0.0f);
+      T* out = static_cast<T*>(p.out) + (int64_t{row} * L + i) * D + d;
+      const float scale = total > 0.0f ? 1.0f / total : 0.0f;
+      for (int e = 0; e < 4 && d + e < D; ++e) store(out + e, sum[e] * scale);
     } else {
-      float* part = partials + ((int64_t{kv_row} * vectors + r) * splits + split) * partial_stride(D);
+      float* part = partials + ((int64_t{kv_row} * vectors + r) * splits + split) * stride;
       if (d == 0) {
         part[0] = common;
         part[1] = total;
       }
-      part[4 + d] = sum;
+      *reinterpret_cast<float4*>(part + 4 + d) = make_float4(sum[0], sum[1], sum[2], sum[3]);
     }
   }
   if (splits > 1 && last_to_arrive(slot, splits)) {
@@ -348,13 +360,13 @@ __device__ void finish(const DecodeProblem& p, float* smem, float* partials, int
 
 // grid: (kv_rows * tiles, splits); block: up to kMaxThreads threads = G warps = G * 32 / LPR
 // row walkers; a walker takes positions w, w + walkers, ... of the block's chunk, a tile of them
-// per step. Shared memory: G * VPB * (D + 2) + 2 * VPB floats. With splits == 1 the block writes
+// per step. Shared memory: G * VPB * partial_stride(D) + 2 * VPB floats. With splits == 1 the block writes
 // the output; otherwise (max, denominator, unnormalised accumulator) per vector to `partials`,
 // merged by the group's last block (merge_chunks). Two blocks of 256 threads fit an SM's registers, so their loads overlap.
 template <typename T, int VPB, int LPR, int kMaxThreads>
 __global__ void __launch_bounds__(kMaxThreads, kMaxThreads > 256 ? 1 : ATTN_BLOCKS_PER_SM)
     attend(DecodeProblem p, float* partials, int chunk, unsigned slot) {
-  extern __shared__ float smem[];
+  extern __shared__ __align__(16) float smem[];
   constexpr int kRowsPerWarp = 32 / LPR;
   constexpr int kTile = kTileFor<kMaxThreads>;
   const int lane = threadIdx.x % 32, sublane = lane % LPR;
@@ -470,7 +482,7 @@ __global__ void __launch_bounds__(kMaxThreads, kMaxThreads > 256 ? 1 : ATTN_BLOC
       }
     }
   }
-  const int stride = D + 2, warp = threadIdx.x / 32;
+  const int stride = partial_stride(D), warp = threadIdx.x / 32;
   if (lane < LPR) {
 #pragma unroll
     for (int v = 0; v < VPB; ++v) {
@@ -482,7 +494,7 @@ __global__ void __launch_bounds__(kMaxThreads, kMaxThreads > 256 ? 1 : ATTN_BLOC
 #pragma unroll
       for (int e = 0; e < kDPL; ++e) {
         const int d = sublane * kDPL + e;
-        if (d < D) slot[2 + d] = acc[v][e];
+        if (d < D) slot[4 + d] = acc[v][e];
       }
     }
   }
@@ -557,7 +569,7 @@ __device__ __forceinline__ void load_words(uint32_t (&dst)[N], const void* src) 
 template <typename T, int D>
 __global__ void __launch_bounds__(kMmaWarps * 32, ATTN_MMA_BLOCKS_PER_SM)
     attend_mma(DecodeProblem p, float* partials, int chunk, unsigned slot) {
-  extern __shared__ float smem[];
+  extern __shared__ __align__(16) float smem[];
   constexpr int kSteps = D / 16;  // k-steps of Q K^T; 16-dim tiles of V^T P^T
   constexpr int kQK = D / 8;      // words in a lane's D/4 values of a query or K row
   constexpr int kV = D / 16;      // words in a lane's D/8 values of a V row
@@ -674,19 +686,30 @@ __global__ void __launch_bounds__(kMmaWarps * 32, ATTN_MMA_BLOCKS_PER_SM)
   l += __shfl_xor_sync(0xffffffffu, l, 1);
   l += __shfl_xor_sync(0xffffffffu, l, 2);
 
-  const int stride = D + 2;
-  float* slots = smem + warp * kMmaVectors * stride;  // [vector][max, denominator, D]
+  // finish()'s slots: [warp][vector][max, denominator, 2 unused, D accumulators].
+  const int stride = partial_stride(D);
+  float* slots = smem + warp * kMmaVectors * stride;
   if (c == 0) {
     slots[g * stride] = m;
     slots[g * stride + 1] = l;
   }
+  // The lane holds dims 64w + 8g .. + 7 of vectors 2c (o[..][0] and [2]) and 2c + 1 ([1], [3]):
+  // two 16-byte stores per vector and w. Odd c stores the upper half first, so that the 8 lanes
+  // of each quarter warp write 8 distinct bank quads (stride = 4 mod 32): no bank conflicts, where
+  // the 4-byte stores of stride D + 2 were 3.7-way (ncu).
 #pragma unroll
-  for (int t = 0; t < kSteps; ++t) {
-    const int d = 2 + dim(t);
-    slots[(2 * c) * stride + d] = o[t][0];
-    slots[(2 * c + 1) * stride + d] = o[t][1];
-    slots[(2 * c) * stride + d + 1] = o[t][2];
-    slots[(2 * c + 1) * stride + d + 1] = o[t][3];
+  for (int w = 0; w < D / 64; ++w) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const float(&t0)[4] = o[4 * w], (&t1)[4] = o[4 * w + 1];
+      const float(&t2)[4] = o[4 * w + 2], (&t3)[4] = o[4 * w + 3];
+      const float4 low = make_float4(t0[e], t0[e + 2], t1[e], t1[e + 2]);
+      const float4 high = make_float4(t2[e], t2[e + 2], t3[e], t3[e + 2]);
+      float4* at = reinterpret_cast<float4*>(slots + (2 * c + e) * stride + 4 + dim(4 * w));
+      const bool odd = c & 1;
+      at[odd] = odd ? high : low;
+      at[!odd] = odd ? low : high;
+    }
   }
   __syncthreads();
   finish<T, kMmaVectors>(p, smem, partials, kv_row, tile, split, splits, slot);
@@ -794,7 +817,7 @@ bool mma_applies(const DecodeProblem& p) {
 // finish()'s shared memory: one (max, denominator, D accumulators) per warp and vector, then a
 // (common max, denominator) per vector; the merge reuses it.
 uint32_t attend_smem_bytes(int warps, int vpb, int head_dim) {
-  return static_cast<uint32_t>((warps * vpb * (head_dim + 2) + 2 * vpb) * sizeof(float));
+  return static_cast<uint32_t>((warps * vpb * partial_stride(head_dim) + 2 * vpb) * sizeof(float));
 }
 
 template <typename T>

@@ -234,14 +234,18 @@ int main(int argc, char** argv) {
   // BENCH_MAX_S=1024: only the short contexts (e.g. under compute-sanitizer).
   const char* max_env = std::getenv("BENCH_MAX_S");
   const int max_s = max_env ? std::atoi(max_env) : 1 << 30;
+  // BENCH_L=8: only that query length (e.g. to profile one case with ncu -c 1).
+  const char* l_env = std::getenv("BENCH_L");
+  const int only_l = l_env ? std::atoi(l_env) : 0;
+  auto wanted = [&](int L, int S) { return S <= max_s && (only_l == 0 || L == only_l); };
   const int contexts[] = {1, 32, 64, 128, 192, 256, 512, 1024, 2048, 4096, 16384, 32768, 131072};
   for (const char* schedule : schedules) {
     for (int S : contexts) {
-      if (S <= max_s) run({schedule, 1, false, S}, bandwidth, rng);
+      if (wanted(1, S)) run({schedule, 1, false, S}, bandwidth, rng);
     }
     for (int L : {2, 4, 8}) {
       for (int S : {32, 256, 512, 1024, 4096}) {
-        if (S <= max_s) run({schedule, L, true, S}, bandwidth, rng);
+        if (wanted(L, S)) run({schedule, L, true, S}, bandwidth, rng);
       }
     }
   }
