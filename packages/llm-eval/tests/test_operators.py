@@ -148,3 +148,22 @@ def test_chained_calls_feed_each_output_to_the_next_query():
     seen.clear()
     operators.time_sample(fn, (mx.zeros((2,)), mx.ones((2,)), None), 3)
     assert [x[0].item() for x in seen] == [0.0, 0.0, 0.0]
+
+
+def test_warmup_runs_the_timed_batch(tmp_path, monkeypatch):
+    """Warm-up samples are the timed eval (same calls per eval, same chaining), so the first timed
+    sample of a shape does not pay for building that batch's graph."""
+    seen = []
+    real = operators.time_sample
+
+    def spy(fn, args, calls, chain=False):
+        seen.append((calls, chain))
+        return real(fn, args, calls, chain)
+
+    monkeypatch.setattr(operators, "time_sample", spy)
+    _, record = small_run(tmp_path, "--calls-per-eval", "3", "--chain", "--warmup", "2")
+    implementations = len(record["config"]["implementations"])
+    timed = sum(len(e["order"]) for e in record["execution_order"])
+    warmups = 2 * implementations * 2 * 2  # per implementation, shape (2) and pass (2)
+    assert len(seen) == timed + warmups
+    assert set(seen) == {(3, True)}

@@ -1,7 +1,9 @@
 """bench-operators: attention operator sweeps, implementations interleaved in one run.
 
 Protocol: for each pass over the shapes (forward, then reverse, alternating), each shape's
-implementations are warmed up, then timed `--iterations` times; iteration i runs them in the
+implementations are warmed up with `--warmup` untimed samples (the same batched eval as a timed
+one: through MLX's CUDA backend the first eval of a new batch builds its graph, and warm-up calls
+evaluated one by one left that to the first timed sample, up to 17x the others), then timed `--iterations` times; iteration i runs them in the
 i-th of all their orders (every order equally often), so drift and cache effects fall on every
 implementation alike. A sample is the wall time of `--calls-per-eval` calls evaluated together,
 divided by that count: independent calls (throughput; MLX may overlap them on a GPU), or with
@@ -138,7 +140,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="passes over the shapes, alternating forward and reverse order",
     )
     p.add_argument(
-        "--warmup", type=int, default=3, help="untimed calls per implementation and shape"
+        "--warmup",
+        type=int,
+        default=3,
+        help="untimed samples (each --calls-per-eval calls, chained with --chain) per "
+        "implementation, shape and pass, before the timed ones",
     )
     p.add_argument(
         "--iterations",
@@ -257,7 +263,7 @@ def run(args) -> dict:
             )
             for name, fn in fns.items():
                 for _ in range(args.warmup):
-                    mx.eval(fn(q, k, v))
+                    time_sample(fn, (q, k, v), args.calls_per_eval, args.chain)
                 if name not in entry["peak_extra_bytes"]:
                     entry["peak_extra_bytes"][name] = peak_bytes(fn, (q, k, v))
             pass_samples = {n: [] for n in fns}
