@@ -51,6 +51,9 @@ constexpr float kNegInf = -INFINITY;
 #ifndef ATTN_BLOCKS_PER_SM
 #define ATTN_BLOCKS_PER_SM 2
 #endif
+#ifndef ATTN_MMA_PREFETCH
+#define ATTN_MMA_PREFETCH 1
+#endif
 #ifndef ATTN_MMA_BLOCKS_PER_SM
 #define ATTN_MMA_BLOCKS_PER_SM 3
 #endif
@@ -599,6 +602,23 @@ __global__ void __launch_bounds__(kMmaWarps * 32, ATTN_MMA_BLOCKS_PER_SM)
   // The dim of O^T's row g in tile t (word t of a lane's V slice; row g + 8 is the next dim).
   auto dim = [g](int t) { return (t / 4) * 64 + g * 8 + 2 * (t % 4); };
 
+#if ATTN_MMA_PREFETCH && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // A warp issues a step's K/V loads only after the previous step's mmas, so every step after the
+  // first waits on HBM again. In an unsplit call of 3-4 block steps (S = 129..256: 8-32 blocks,
+  // HBM mostly idle) the copy engine pulls the rest of the chunk into L2 meanwhile: 0.2-0.7 µs
+  // less kernel-only. Split calls fill the GPU, and there the same prefetch cost 1.5 µs at
+  // S=4096 and 18% at 131072 (dev/h200-bench_attend-prefetch.txt). Rows of one head are
+  // contiguous in MLX's caches; other strides go without.
+  const int ahead = begin + warps * kMmaStep;
+  if (threadIdx.x == 0 && splits == 1 && ahead + warps * kMmaStep < end &&
+      p.k_strides[2] == D && p.v_strides[2] == D) {
+    const uint32_t bytes = uint32_t(end - ahead) * D * sizeof(T);
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(K + int64_t{ahead} * D), "r"(bytes)
+                 : "memory");
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(V + int64_t{ahead} * D), "r"(bytes)
+                 : "memory");
+  }
+#endif
   // o[t]: O^T tile t, rows = dims dim(t) (c0, c1) and + 1 (c2, c3), columns = vectors
   // 2c, 2c + 1. m: vector g's running max; l: this lane's part of its denominator.
   float o[kSteps][4] = {};
