@@ -363,9 +363,10 @@ __device__ void finish(const DecodeProblem& p, float* smem, float* partials, int
 
 // grid: (kv_rows * tiles, splits); block: up to kMaxThreads threads = G warps = G * 32 / LPR
 // row walkers; a walker takes positions w, w + walkers, ... of the block's chunk, a tile of them
-// per step. Shared memory: G * VPB * partial_stride(D) + 2 * VPB floats. With splits == 1 the block writes
-// the output; otherwise (max, denominator, unnormalised accumulator) per vector to `partials`,
-// merged by the group's last block (merge_chunks). Two blocks of 256 threads fit an SM's registers, so their loads overlap.
+// per step. Shared memory: G * VPB * partial_stride(D) + 2 * VPB floats. With splits == 1 the
+// block writes the output; otherwise (max, denominator, unnormalised accumulator) per vector to
+// `partials`, merged by the group's last block (merge_chunks). Two blocks of 256 threads fit an
+// SM's registers, so their loads overlap.
 template <typename T, int VPB, int LPR, int kMaxThreads>
 __global__ void __launch_bounds__(kMaxThreads, kMaxThreads > 256 ? 1 : ATTN_BLOCKS_PER_SM)
     attend(DecodeProblem p, float* partials, int chunk, unsigned slot) {
@@ -605,7 +606,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, ATTN_MMA_BLOCKS_PER_SM)
 #if ATTN_MMA_PREFETCH && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // A warp issues a step's K/V loads only after the previous step's mmas, so every step after the
   // first waits on HBM again. In an unsplit call of 3-4 block steps (S = 129..256: 8-32 blocks,
-  // HBM mostly idle) the copy engine pulls the rest of the chunk into L2 meanwhile: 0.2-0.7 µs
+  // HBM mostly idle) the copy engine pulls the rest of the chunk into L2 meanwhile: 0.2-0.65 µs
   // less kernel-only. Split calls fill the GPU, and there the same prefetch cost 1.5 µs at
   // S=4096 and 18% at 131072 (dev/h200-bench_attend-prefetch.txt). Rows of one head are
   // contiguous in MLX's caches; other strides go without.
@@ -613,10 +614,10 @@ __global__ void __launch_bounds__(kMmaWarps * 32, ATTN_MMA_BLOCKS_PER_SM)
   if (threadIdx.x == 0 && splits == 1 && ahead + warps * kMmaStep < end &&
       p.k_strides[2] == D && p.v_strides[2] == D) {
     const uint32_t bytes = uint32_t(end - ahead) * D * sizeof(T);
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(K + int64_t{ahead} * D), "r"(bytes)
-                 : "memory");
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(V + int64_t{ahead} * D), "r"(bytes)
-                 : "memory");
+    const T* k_rows = K + int64_t{ahead} * D;
+    const T* v_rows = V + int64_t{ahead} * D;
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(k_rows), "r"(bytes) : "memory");
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(v_rows), "r"(bytes) : "memory");
   }
 #endif
   // o[t]: O^T tile t, rows = dims dim(t) (c0, c1) and + 1 (c2, c3), columns = vectors
@@ -834,8 +835,8 @@ bool mma_applies(const DecodeProblem& p) {
          aligned16(p.keys, p.k_strides, 3) && aligned16(p.values, p.v_strides, 3);
 }
 
-// finish()'s shared memory: one (max, denominator, D accumulators) per warp and vector, then a
-// (common max, denominator) per vector; the merge reuses it.
+// finish()'s shared memory: one (max, denominator, 2 unused, D accumulators) per warp and vector,
+// then a (common max, denominator) per vector; the merge reuses it.
 uint32_t attend_smem_bytes(int warps, int vpb, int head_dim) {
   return static_cast<uint32_t>((warps * vpb * partial_stride(head_dim) + 2 * vpb) * sizeof(float));
 }

@@ -3,14 +3,14 @@
 Protocol: for each pass over the shapes (forward, then reverse, alternating), each shape's
 implementations are warmed up with `--warmup` untimed samples (the same batched eval as a timed
 one: through MLX's CUDA backend the first eval of a new batch builds its graph, and warm-up calls
-evaluated one by one left that to the first timed sample, up to 17x the others), then timed `--iterations` times; iteration i runs them in the
-i-th of all their orders (every order equally often), so drift and cache effects fall on every
-implementation alike. A sample is the wall time of `--calls-per-eval` calls evaluated together,
-divided by that count: independent calls (throughput; MLX may overlap them on a GPU), or with
-`--chain` each call's query the previous call's output (latency, as the layers of a decode step
-wait on each other). Every sample is kept; medians, spread and per-pass wins are
-derived from them. Each time is reported with GB/s of K+V read and the fraction of the
-bandwidth floor (K+V bytes / measured or given read bandwidth).
+evaluated one by one left that to the first timed sample, up to 17x the others), then timed
+`--iterations` times; iteration i runs them in the i-th of all their orders (every order equally
+often), so drift and cache effects fall on every implementation alike. A sample is the wall time
+of `--calls-per-eval` calls evaluated together, divided by that count: independent calls
+(throughput; MLX may overlap them on a GPU), or with `--chain` each call's query the previous
+call's output (latency, as the layers of a decode step wait on each other). Every sample is kept;
+medians, spread and per-pass wins are derived from them. Each time is reported with GB/s of K+V
+read and the fraction of the bandwidth floor (K+V bytes / measured or given read bandwidth).
 """
 
 from __future__ import annotations
