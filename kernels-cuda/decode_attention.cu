@@ -29,8 +29,6 @@
 #include <cstring>
 #include <type_traits>
 #include <cmath>
-#include <mutex>
-#include <unordered_map>
 #include <stdexcept>
 #include <string>
 
@@ -178,6 +176,7 @@ __device__ bool last_to_arrive(unsigned slot, int splits) {
   return last;
 }
 
+constexpr int kMmaVectors = 8;  // split-mma's query vectors per block: the N of both mmas
 constexpr int kMergeItems = 2;   // (vector, four dimensions) items per thread in the merge
 constexpr int kMergeUnroll = 8;  // chunks' accumulator loads in flight per item
 
@@ -282,14 +281,21 @@ __device__ void merge_chunks_with(const DecodeProblem& p, float* smem, const flo
 
 // A tile of at most one item per thread (L = 1 with 4 query heads per KV head: 128 items) puts
 // the registers of the second item to work as 8 more chunks in flight: half the L2 round trips at
-// 16-32 chunks (L=1 S=1024/2048/4096: 8.91/11.37/13.23 -> 8.33/10.50/12.36 µs kernel-only).
+// 16-32 chunks (L=1 S=1024/2048/4096: 8.91/11.37/13.23 -> 8.33/10.50/12.36 µs kernel-only). The
+// tensor-core kernel (8 vectors, 168 registers) has room for 32 in flight, which pays past 16
+// chunks only: below, the loads past the last chunk repeat it (S=512/1024 +0.2 µs, S=2048/4096
+// -0.36; dev/h200-bench_attend-merge32.txt). The SIMT kernels' 128-register cap would spill.
 template <typename T, int VPB>
 __device__ void merge_chunks(const DecodeProblem& p, float* smem, const float* partials,
                              int kv_row, int tile, int splits) {
   const int count = min(VPB, p.group * p.query_len - tile * VPB);
   if (count * ((p.head_dim + 3) / 4) <= int(blockDim.x)) {
     constexpr int kWide = kMergeItems * kMergeUnroll;
-    merge_chunks_with<T, VPB, 1, kWide>(p, smem, partials, kv_row, tile, splits);
+    if (VPB == kMmaVectors && splits > kWide) {
+      merge_chunks_with<T, VPB, 1, 2 * kWide>(p, smem, partials, kv_row, tile, splits);
+    } else {
+      merge_chunks_with<T, VPB, 1, kWide>(p, smem, partials, kv_row, tile, splits);
+    }
   } else {
     merge_chunks_with<T, VPB, kMergeItems, kMergeUnroll>(p, smem, partials, kv_row, tile, splits);
   }
@@ -516,7 +522,6 @@ __global__ void __launch_bounds__(kMaxThreads, kMaxThreads > 256 ? 1 : ATTN_BLOC
 // (D/4 values of a K row and of its query, D/8 values of four V rows) and the k and row indices
 // of the mma are mapped onto them (see the comments at each use). A, B, C layouts: PTX ISA,
 // "Matrix fragments for mma.m16n8k16".
-constexpr int kMmaVectors = 8;  // query vectors per block: the N of both mmas
 constexpr int kMmaWarps = 4;
 constexpr int kMmaStep = 16;  // positions per warp step: the K of the P V mma
 
@@ -736,39 +741,67 @@ __global__ void __launch_bounds__(kMmaWarps * 32, ATTN_MMA_BLOCKS_PER_SM)
   finish<T, kMmaVectors>(p, smem, partials, kv_row, tile, split, splits, slot);
 }
 
-// MLX's libmlx carries its own CUDA runtime: hand it driver handles, not runtime pointers.
-// Resolved once per kernel (the lookup is not free and plan() runs on every call).
-CUfunction handle(const void* kernel) {
-  static std::mutex mutex;
-  static std::unordered_map<const void*, CUfunction> resolved;
-  std::lock_guard lock(mutex);
-  auto it = resolved.find(kernel);
-  if (it != resolved.end()) return it->second;
+// finish()'s shared memory: one (max, denominator, 2 unused, D accumulators) per warp and vector,
+// then a (common max, denominator) per vector; the merge reuses it.
+uint32_t attend_smem_bytes(int warps, int vpb, int head_dim) {
+  return static_cast<uint32_t>((warps * vpb * partial_stride(head_dim) + 2 * vpb) * sizeof(float));
+}
+
+// A kernel as plan() needs it. MLX's libmlx carries its own CUDA runtime: hand it driver handles,
+// not runtime pointers. `resident`: blocks of `threads` threads one SM holds at once.
+struct Kernel {
+  CUfunction function;
+  int resident;
+};
+
+Kernel resolve(const void* kernel, int threads, size_t smem) {
   cudaFunction_t f;
   if (cudaGetFuncBySymbol(&f, kernel) != cudaSuccess) {
     throw std::runtime_error("[decode_attention] cudaGetFuncBySymbol failed");
   }
-  return resolved[kernel] = reinterpret_cast<CUfunction>(f);
+  int blocks = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, smem) != cudaSuccess) {
+    blocks = 1;
+  }
+  return {reinterpret_cast<CUfunction>(f), std::max(blocks, 1)};
+}
+
+// Resolved once per instantiation (a function-local static: plan() runs on every call, and the
+// lookups are not free). Residency is taken with a full block and the largest D of its lanes.
+template <typename T, int VPB, int LPR, int kMaxThreads>
+const Kernel& simt_kernel() {
+  static const Kernel kernel =
+      resolve(reinterpret_cast<const void*>(&attend<T, VPB, LPR, kMaxThreads>), kMaxThreads,
+              attend_smem_bytes(kMaxThreads / 32, VPB, LPR * kDPL));
+  return kernel;
+}
+
+template <typename T, int D>
+const Kernel& mma_kernel() {
+  static const Kernel kernel =
+      resolve(reinterpret_cast<const void*>(&attend_mma<T, D>), kMmaWarps * 32,
+              attend_smem_bytes(kMmaWarps, kMmaVectors, D));
+  return kernel;
 }
 
 template <typename T, int VPB, int kMaxThreads>
-const void* attend_kernel(int lpr) {
+const Kernel& simt_kernel(int lpr) {
   switch (lpr) {
-    case 1: return reinterpret_cast<const void*>(&attend<T, VPB, 1, kMaxThreads>);
-    case 2: return reinterpret_cast<const void*>(&attend<T, VPB, 2, kMaxThreads>);
-    case 4: return reinterpret_cast<const void*>(&attend<T, VPB, 4, kMaxThreads>);
-    case 8: return reinterpret_cast<const void*>(&attend<T, VPB, 8, kMaxThreads>);
-    case 16: return reinterpret_cast<const void*>(&attend<T, VPB, 16, kMaxThreads>);
-    default: return reinterpret_cast<const void*>(&attend<T, VPB, 32, kMaxThreads>);
+    case 1: return simt_kernel<T, VPB, 1, kMaxThreads>();
+    case 2: return simt_kernel<T, VPB, 2, kMaxThreads>();
+    case 4: return simt_kernel<T, VPB, 4, kMaxThreads>();
+    case 8: return simt_kernel<T, VPB, 8, kMaxThreads>();
+    case 16: return simt_kernel<T, VPB, 16, kMaxThreads>();
+    default: return simt_kernel<T, VPB, 32, kMaxThreads>();
   }
 }
 
 // The three block shapes: chapter (one vector, up to 1024 threads), split (one vector, 256) and
 // split-gqa (four vectors, 256).
 template <typename T>
-const void* attend_kernel(int lpr, int vpb, int threads) {
-  if (vpb == 4) return attend_kernel<T, 4, 256>(lpr);
-  return threads > 256 ? attend_kernel<T, 1, 1024>(lpr) : attend_kernel<T, 1, 256>(lpr);
+const Kernel& simt_kernel(int lpr, int vpb, int threads) {
+  if (vpb == 4) return simt_kernel<T, 4, 256>(lpr);
+  return threads > 256 ? simt_kernel<T, 1, 1024>(lpr) : simt_kernel<T, 1, 256>(lpr);
 }
 
 int device_attribute(cudaDeviceAttr attribute) {
@@ -786,20 +819,6 @@ int sm_count() {
 bool has_bf16_mma() {  // mma.m16n8k16 with bf16: sm_80 and newer
   static const bool yes = device_attribute(cudaDevAttrComputeCapabilityMajor) >= 8;
   return yes;
-}
-
-// Blocks of `kernel` that one SM holds at once (registers, shared memory, launch bounds).
-int resident_blocks(const void* kernel, int threads, size_t smem) {
-  static std::mutex mutex;
-  static std::unordered_map<const void*, int> known;
-  std::lock_guard lock(mutex);
-  auto it = known.find(kernel);
-  if (it != known.end()) return it->second;
-  int blocks = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, smem) != cudaSuccess) {
-    blocks = 1;
-  }
-  return known[kernel] = std::max(blocks, 1);
 }
 
 }  // namespace
@@ -835,27 +854,20 @@ bool mma_applies(const DecodeProblem& p) {
          aligned16(p.keys, p.k_strides, 3) && aligned16(p.values, p.v_strides, 3);
 }
 
-// finish()'s shared memory: one (max, denominator, 2 unused, D accumulators) per warp and vector,
-// then a (common max, denominator) per vector; the merge reuses it.
-uint32_t attend_smem_bytes(int warps, int vpb, int head_dim) {
-  return static_cast<uint32_t>((warps * vpb * partial_stride(head_dim) + 2 * vpb) * sizeof(float));
-}
-
 template <typename T>
-const void* attend_mma_kernel(int head_dim) {
-  return head_dim == 64 ? reinterpret_cast<const void*>(&attend_mma<T, 64>)
-                        : reinterpret_cast<const void*>(&attend_mma<T, 128>);
+const Kernel& mma_kernel(int head_dim) {
+  return head_dim == 64 ? mma_kernel<T, 64>() : mma_kernel<T, 128>();
 }
 
 // Chunks of at least one step per walker (one round trip to memory each), and no more blocks
-// than the SMs hold at once: a second wave would only add a tail. The merge keeps two floats per
-// vector (`vpb` of them) and chunk in the kernel's shared memory.
-int split_count(const DecodeProblem& p, const void* attend, int threads, uint32_t smem,
-                int blocks, int min_chunk, int vpb) {
+// than `per_sm` per SM (at most what it holds at once: a second wave would only add a tail). The
+// merge keeps two floats per vector (`vpb` of them) and chunk in the kernel's shared memory.
+int split_count(const DecodeProblem& p, int per_sm, uint32_t smem, int blocks, int min_chunk,
+                int vpb, int threads) {
   if (unsigned(blocks) > kArrivalSlots / 64) return 1;  // enough blocks without a split
   if (vpb * ((p.head_dim + 3) / 4) > kMergeItems * threads) return 1;  // one merge pass per tile
   const int wanted = (p.context + min_chunk - 1) / min_chunk;
-  const int room = resident_blocks(attend, threads, smem) * sm_count();
+  const int room = per_sm * sm_count();
   const int fit = (static_cast<int>(smem / sizeof(float)) - vpb) / (2 * vpb);
   return std::clamp(std::min(room / blocks, fit), 1, wanted);
 }
@@ -880,9 +892,9 @@ void finish_plan(Plan& plan, const DecodeProblem& p, int splits, int tiles, int 
 
 Plan plan_mma(const DecodeProblem& p) {
   Plan plan{};
-  const void* attend = p.dtype == ElementType::float16 ? attend_mma_kernel<__half>(p.head_dim)
-                                                       : attend_mma_kernel<__nv_bfloat16>(p.head_dim);
-  plan.attend = handle(attend);
+  const Kernel& attend = p.dtype == ElementType::float16 ? mma_kernel<__half>(p.head_dim)
+                                                         : mma_kernel<__nv_bfloat16>(p.head_dim);
+  plan.attend = attend.function;
   plan.attend_threads = kMmaWarps * 32;
   plan.attend_smem = attend_smem_bytes(kMmaWarps, kMmaVectors, p.head_dim);
   const int tiles = (p.group * p.query_len + kMmaVectors - 1) / kMmaVectors;
@@ -892,10 +904,17 @@ Plan plan_mma(const DecodeProblem& p) {
   // merge: 2 steps wins kernel-only by 0.2-0.8 µs at S = 192/256, 4 wins through MLX, where K/V
   // stay in L2 and calls overlap (kernels-cuda/dev/h200-mlx-workspace-ab.txt).
   constexpr int kStep = kMmaWarps * kMmaStep, kMmaUnsplitSteps = 4;
+  // Split for two blocks per SM, not the three it holds: a sweep of split counts (K/V from HBM,
+  // calls in sequence) had its lowest latency near 256 blocks at most shapes from S = 2048 on;
+  // filling all 396 slots was 2-11% slower at L=1/2 S >= 8192 and L=4/8 S = 2048-8192
+  // (L=4 S=16384 is 2% faster that way), where the merge's extra chunks cost more than the
+  // added warps bring (kernels-cuda/dev/h200-bench_attend-split-sweep.txt).
+  constexpr int kMmaSplitBlocksPerSM = 2;
   const int splits = p.context <= kMmaUnsplitSteps * kStep
                          ? 1
-                         : split_count(p, attend, plan.attend_threads, plan.attend_smem,
-                                       p.kv_rows * tiles, kStep, kMmaVectors);
+                         : split_count(p, std::min(attend.resident, kMmaSplitBlocksPerSM),
+                                       plan.attend_smem, p.kv_rows * tiles, kStep, kMmaVectors,
+                                       plan.attend_threads);
   finish_plan(plan, p, splits, tiles, kStep);
   return plan;
 }
@@ -926,11 +945,11 @@ Plan plan(const DecodeProblem& p, Schedule schedule) {
                     : schedule == Schedule::chapter16 ? 16
                                                       : 32;
   const int threads = warps * 32;
-  const void* attend = p.dtype == ElementType::float32 ? attend_kernel<float>(lpr, vpb, threads)
-                       : p.dtype == ElementType::float16
-                           ? attend_kernel<__half>(lpr, vpb, threads)
-                           : attend_kernel<__nv_bfloat16>(lpr, vpb, threads);
-  plan.attend = handle(attend);
+  const Kernel& attend = p.dtype == ElementType::float32 ? simt_kernel<float>(lpr, vpb, threads)
+                         : p.dtype == ElementType::float16
+                             ? simt_kernel<__half>(lpr, vpb, threads)
+                             : simt_kernel<__nv_bfloat16>(lpr, vpb, threads);
+  plan.attend = attend.function;
   plan.attend_threads = threads;
   plan.attend_smem = attend_smem_bytes(warps, vpb, p.head_dim);
   if (plan.attend_smem > 48 * 1024) {
@@ -940,7 +959,9 @@ Plan plan(const DecodeProblem& p, Schedule schedule) {
   const int walkers = threads / lpr;
   const int step = walkers * (threads > 256 ? kTileFor<1024> : kTileFor<256>);
   const int splits =
-      split ? split_count(p, attend, threads, plan.attend_smem, p.kv_rows * tiles, step, vpb) : 1;
+      split ? split_count(p, attend.resident, plan.attend_smem, p.kv_rows * tiles, step, vpb,
+                          threads)
+            : 1;
   finish_plan(plan, p, splits, tiles, step);
   return plan;
 }

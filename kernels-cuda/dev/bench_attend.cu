@@ -8,9 +8,20 @@
 //
 // Prints one row per (schedule, L, S): µs per call (median of replays), GB/s of K+V, the fraction
 // of the copy-bandwidth floor measured in the same run, and the relative error.
+//
+// Environment: BENCH_S=512,4096 and BENCH_L=2,8 pick cases (BENCH_MAX_S caps S); BENCH_REPLAYS=1
+// times one replay (e.g. under compute-sanitizer); BENCH_WARM=1 gives every call the same K/V
+// (L2-resident, as in MLX's operator benchmarks); BENCH_INDEPENDENT=1 builds the graph without
+// edges between calls, each with its own plan() and partials, as MLX's graph holds independent
+// calls (they may run side by side: µs per call is then throughput, not latency).
+// BENCH_SPLITS=0,8,16 (split-mma only) runs each case at those split counts (0: plan()'s)
+// (rounded to whole block steps as plan() rounds), for the sweeps behind split_count();
+// BENCH_CHECK_HEADS=4 checks only every eighth query head against float64 (faster sweeps).
 #include <cuda.h>
 
 #include <algorithm>
+#include <array>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -81,11 +92,67 @@ struct Case {
   int S;
 };
 
-void run(const Case& c, double bandwidth, std::mt19937& rng) {
+// "512,4096" -> {512, 4096}; empty when unset.
+std::vector<int> env_list(const char* name) {
+  std::vector<int> values;
+  if (const char* text = std::getenv(name)) {
+    for (const char* at = text; *at; ++at) {
+      if (at == text || at[-1] == ',') values.push_back(std::atoi(at));
+    }
+  }
+  return values;
+}
+
+bool env_flag(const char* name) {
+  const char* value = std::getenv(name);
+  return value && std::atoi(value) != 0;
+}
+
+struct Mode {
+  bool warm, independent;
+  std::vector<int> splits;  // split-mma split counts to time instead of plan()'s (empty: plan()'s)
+  int checked_heads;        // query heads checked against float64
+};
+
+// Output rows of the checked heads (every kHq / checked_heads-th) in float64.
+std::vector<double> reference(const Case& c, const std::vector<uint16_t>& hq,
+                              const std::vector<uint16_t>& hk, const std::vector<uint16_t>& hv,
+                              float scale, int head_step) {
+  const int group = kHq / kHkv;
+  std::vector<double> expected, w(c.S);
+  for (int h = 0; h < kHq; h += head_step) {
+    const int kvh = h / group;
+    for (int i = 0; i < c.L; ++i) {
+      const int visible = c.causal ? c.S - c.L + i + 1 : c.S;
+      double mx = -INFINITY;
+      for (int j = 0; j < visible; ++j) {
+        double s = 0;
+        for (int d = 0; d < kD; ++d) {
+          s += double(bf16_to_float(hq[(size_t(h) * c.L + i) * kD + d])) *
+               bf16_to_float(hk[(size_t(kvh) * c.S + j) * kD + d]);
+        }
+        w[j] = s * scale;
+        mx = std::max(mx, w[j]);
+      }
+      double den = 0;
+      for (int j = 0; j < visible; ++j) den += (w[j] = std::exp(w[j] - mx));
+      for (int d = 0; d < kD; ++d) {
+        double o = 0;
+        for (int j = 0; j < visible; ++j) o += w[j] * bf16_to_float(hv[(size_t(kvh) * c.S + j) * kD + d]);
+        expected.push_back(o / den);
+      }
+    }
+  }
+  return expected;
+}
+
+void run(const Case& c, double bandwidth, std::mt19937& rng, const Mode& mode) {
+  const bool independent = mode.independent;
   const size_t q_elems = size_t{kHq} * c.L * kD, kv_elems = size_t{kHkv} * c.S * kD;
   const double kv_bytes = 2.0 * kv_elems * 2;
   // Enough K/V sets that one graph's calls read more than L2 (50 MB) holds.
-  const int sets = std::clamp(static_cast<int>(std::ceil(256e6 / kv_bytes)), 1, kCalls);
+  const int sets =
+      mode.warm ? 1 : std::clamp(static_cast<int>(std::ceil(256e6 / kv_bytes)), 1, kCalls);
   std::normal_distribution<float> normal;
   std::vector<uint16_t> hq(q_elems), hk(kv_elems), hv(kv_elems);
   for (auto& x : hq) x = float_to_bf16(normal(rng));
@@ -94,13 +161,13 @@ void run(const Case& c, double bandwidth, std::mt19937& rng) {
   uint16_t *q, *kv, *out;
   CHECK(cudaMalloc(&q, q_elems * 2));
   CHECK(cudaMalloc(&kv, 2 * kv_elems * 2 * sets));
-  CHECK(cudaMalloc(&out, q_elems * 2));
+  const int outs = independent ? kCalls : 1;  // concurrent calls write outputs of their own
+  CHECK(cudaMalloc(&out, outs * q_elems * 2));
   CHECK(cudaMemcpy(q, hq.data(), q_elems * 2, cudaMemcpyHostToDevice));
   for (int s = 0; s < sets; ++s) {
     CHECK(cudaMemcpy(kv + 2 * s * kv_elems, hk.data(), kv_elems * 2, cudaMemcpyHostToDevice));
     CHECK(cudaMemcpy(kv + (2 * s + 1) * kv_elems, hv.data(), kv_elems * 2, cudaMemcpyHostToDevice));
   }
-  CHECK(cudaMemset(out, 0xff, q_elems * 2));  // NaN poison: every element must be written
 
   DecodeProblem p{};
   p.queries = q;
@@ -122,105 +189,144 @@ void run(const Case& c, double bandwidth, std::mt19937& rng) {
   std::copy(qs, qs + 4, p.q_strides);
   std::copy(ks, ks + 4, p.k_strides);
   std::copy(ks, ks + 4, p.v_strides);
+  const int head_step = kHq / std::clamp(mode.checked_heads, 1, kHq);
+  const std::vector<double> expected = reference(c, hq, hk, hv, p.scale, head_step);
 
-  const ak::Plan plan = ak::plan(p, ak::parse_schedule(c.schedule));
-  float* partials = nullptr;
-  if (plan.partial_floats) CHECK(cudaMalloc(&partials, plan.partial_floats * sizeof(float)));
+  const ak::Schedule schedule = ak::parse_schedule(c.schedule);
+  // Host time of plan() itself (it runs on every eval_gpu call).
+  constexpr int kPlanRuns = 20000;
+  const auto plan_start = std::chrono::steady_clock::now();
+  for (int i = 0; i < kPlanRuns; ++i) ak::plan(p, schedule);
+  const double plan_ns = std::chrono::duration<double, std::nano>(
+                             std::chrono::steady_clock::now() - plan_start).count() / kPlanRuns;
 
   cudaStream_t stream;
   CHECK(cudaStreamCreate(&stream));
-  std::vector<DecodeProblem> problems(kCalls, p);
-  auto launch = [&](DecodeProblem& pr) {
-    int chunk = plan.chunk;
-    unsigned slot = plan.arrival_slot;
-    void* args[] = {&pr, &partials, &chunk, &slot};
-    if (cuLaunchKernel(plan.attend, plan.attend_grid[0], plan.attend_grid[1], 1,
-                       plan.attend_threads, 1, 1, plan.attend_smem, stream, args,
-                       nullptr) != CUDA_SUCCESS) {
-      std::fprintf(stderr, "attend launch failed\n");
-      std::exit(1);
-    }
-  };
-  for (int i = 0; i < kCalls; ++i) {
-    const int s = i % sets;
-    problems[i].keys = kv + 2 * s * kv_elems;
-    problems[i].values = kv + (2 * s + 1) * kv_elems;
-  }
-
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  for (int i = 0; i < kCalls; ++i) launch(problems[i]);
-  CHECK(cudaStreamEndCapture(stream, &graph));
-  CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  cudaEvent_t t0, t1;
-  cudaEventCreate(&t0);
-  cudaEventCreate(&t1);
-  std::vector<float> us;
-  // BENCH_REPLAYS=1: one timed replay (e.g. under compute-sanitizer, which serialises everything).
-  const char* replays_env = std::getenv("BENCH_REPLAYS");
-  const int replays = replays_env ? std::max(1, std::atoi(replays_env)) : kReplays;
-  for (int r = 0; r < replays + 2; ++r) {
-    cudaEventRecord(t0, stream);
-    CHECK(cudaGraphLaunch(exec, stream));
-    cudaEventRecord(t1, stream);
-    CHECK(cudaEventSynchronize(t1));
-    float ms;
-    cudaEventElapsedTime(&ms, t0, t1);
-    if (r >= 2) us.push_back(ms * 1e3f / kCalls);
-  }
-  CHECK(cudaGetLastError());
-  // Correctness of the first set against float64, after the timed replays: split calls reuse
-  // their arrival counters, so a counter left non-zero would show here.
-  CHECK(cudaMemset(out, 0xff, q_elems * 2));
-  launch(problems[0]);
-  CHECK(cudaStreamSynchronize(stream));
-  CHECK(cudaGetLastError());
-  std::vector<uint16_t> hout(q_elems);
-  CHECK(cudaMemcpy(hout.data(), out, q_elems * 2, cudaMemcpyDeviceToHost));
-  double err = 0, norm = 0;
-  const int group = kHq / kHkv;
-  std::vector<double> w(c.S);
-  for (int h = 0; h < kHq; ++h) {
-    const int kvh = h / group;
-    for (int i = 0; i < c.L; ++i) {
-      const int visible = c.causal ? c.S - c.L + i + 1 : c.S;
-      double mx = -INFINITY;
-      for (int j = 0; j < visible; ++j) {
-        double s = 0;
-        for (int d = 0; d < kD; ++d) {
-          s += double(bf16_to_float(hq[(size_t(h) * c.L + i) * kD + d])) *
-               bf16_to_float(hk[(size_t(kvh) * c.S + j) * kD + d]);
+  const std::vector<int> split_counts = mode.splits.empty() ? std::vector<int>{0} : mode.splits;
+  for (const int forced : split_counts) {
+    // One plan per call, as eval_gpu makes them: concurrent calls need their own arrival slots.
+    std::vector<ak::Plan> plans(kCalls);
+    for (auto& each : plans) {
+      each = ak::plan(p, schedule);
+      if (forced) {
+        if (schedule != ak::Schedule::split_mma || !ak::mma_applies(p)) {
+          std::fprintf(stderr, "BENCH_SPLITS needs split-mma\n");
+          std::exit(1);
         }
-        w[j] = s * p.scale;
-        mx = std::max(mx, w[j]);
+        const int tiles = (p.group * p.query_len + ak::kMmaVectors - 1) / ak::kMmaVectors;
+        ak::finish_plan(each, p, std::min(forced, c.S), tiles, ak::kMmaWarps * ak::kMmaStep);
       }
-      double den = 0;
-      for (int j = 0; j < visible; ++j) den += (w[j] = std::exp(w[j] - mx));
-      for (int d = 0; d < kD; ++d) {
-        double o = 0;
-        for (int j = 0; j < visible; ++j) o += w[j] * bf16_to_float(hv[(size_t(kvh) * c.S + j) * kD + d]);
-        o /= den;
-        const double got = bf16_to_float(hout[(size_t(h) * c.L + i) * kD + d]);
+    }
+    const ak::Plan& plan = plans[0];
+    const int partial_sets = independent ? kCalls : 1;
+    float* partial_base = nullptr;
+    if (plan.partial_floats) {
+      CHECK(cudaMalloc(&partial_base, partial_sets * plan.partial_floats * sizeof(float)));
+    }
+    std::vector<DecodeProblem> problems(kCalls, p);
+    std::vector<float*> partials(kCalls, partial_base);
+    std::vector<int> chunks(kCalls);
+    std::vector<unsigned> slots(kCalls);
+    std::vector<std::array<void*, 4>> args(kCalls);
+    for (int i = 0; i < kCalls; ++i) {
+      const int s = i % sets;
+      problems[i].keys = kv + 2 * s * kv_elems;
+      problems[i].values = kv + (2 * s + 1) * kv_elems;
+      if (independent) {
+        problems[i].out = out + i * q_elems;
+        if (partial_base) partials[i] = partial_base + i * plan.partial_floats;
+      }
+      chunks[i] = plans[i].chunk;
+      slots[i] = plans[i].arrival_slot;
+      args[i] = {&problems[i], &partials[i], &chunks[i], &slots[i]};
+    }
+    auto launch = [&](int i) {
+      if (cuLaunchKernel(plan.attend, plan.attend_grid[0], plan.attend_grid[1], 1,
+                         plan.attend_threads, 1, 1, plan.attend_smem, stream, args[i].data(),
+                         nullptr) != CUDA_SUCCESS) {
+        std::fprintf(stderr, "attend launch failed\n");
+        std::exit(1);
+      }
+    };
+
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    if (independent) {
+      CHECK(cudaGraphCreate(&graph, 0));
+      for (int i = 0; i < kCalls; ++i) {
+        CUDA_KERNEL_NODE_PARAMS node{};
+        node.func = plan.attend;
+        node.gridDimX = plan.attend_grid[0];
+        node.gridDimY = plan.attend_grid[1];
+        node.gridDimZ = 1;
+        node.blockDimX = plan.attend_threads;
+        node.blockDimY = node.blockDimZ = 1;
+        node.sharedMemBytes = plan.attend_smem;
+        node.kernelParams = args[i].data();
+        CUgraphNode added;
+        if (cuGraphAddKernelNode(&added, graph, nullptr, 0, &node) != CUDA_SUCCESS) {
+          std::fprintf(stderr, "cuGraphAddKernelNode failed\n");
+          std::exit(1);
+        }
+      }
+    } else {
+      CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+      for (int i = 0; i < kCalls; ++i) launch(i);
+      CHECK(cudaStreamEndCapture(stream, &graph));
+    }
+    CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    cudaEvent_t t0, t1;
+    cudaEventCreate(&t0);
+    cudaEventCreate(&t1);
+    std::vector<float> us;
+    // BENCH_REPLAYS=1: one timed replay (e.g. under compute-sanitizer, which serialises all).
+    const char* replays_env = std::getenv("BENCH_REPLAYS");
+    const int replays = replays_env ? std::max(1, std::atoi(replays_env)) : kReplays;
+    for (int r = 0; r < replays + 2; ++r) {
+      cudaEventRecord(t0, stream);
+      CHECK(cudaGraphLaunch(exec, stream));
+      cudaEventRecord(t1, stream);
+      CHECK(cudaEventSynchronize(t1));
+      float ms;
+      cudaEventElapsedTime(&ms, t0, t1);
+      if (r >= 2) us.push_back(ms * 1e3f / kCalls);
+    }
+    CHECK(cudaGetLastError());
+    // Correctness of the first set against float64, after the timed replays: split calls reuse
+    // their arrival counters, so a counter left non-zero would show here.
+    CHECK(cudaMemset(out, 0xff, q_elems * 2));  // NaN poison: every element must be written
+    launch(0);
+    CHECK(cudaStreamSynchronize(stream));
+    CHECK(cudaGetLastError());
+    std::vector<uint16_t> hout(q_elems);
+    CHECK(cudaMemcpy(hout.data(), out, q_elems * 2, cudaMemcpyDeviceToHost));
+    double err = 0, norm = 0;
+    size_t at = 0;
+    for (int h = 0; h < kHq; h += head_step) {
+      for (size_t e = 0; e < size_t(c.L) * kD; ++e, ++at) {
+        const double got = bf16_to_float(hout[size_t(h) * c.L * kD + e]), o = expected[at];
         err += (got - o) * (got - o);
         norm += o * o;
       }
     }
+    const double rel = std::isfinite(err) ? std::sqrt(err / norm) : INFINITY;
+    std::sort(us.begin(), us.end());
+    const double median = us[us.size() / 2];
+    const double gbs = kv_bytes / (median * 1e-6) / 1e9;
+    std::printf("%-13s L=%d %-6s S=%-7d splits=%-4d %8.2f us [%7.2f..%7.2f] %7.0f GB/s %5.1f%% floor  err %.1e  plan %.0f ns%s\n",
+                c.schedule, c.L, c.causal ? "causal" : "none", c.S, plan.splits, median,
+                us.front(), us.back(), gbs, 100.0 * gbs * 1e9 / bandwidth, rel, plan_ns,
+                rel < 1e-2 ? "" : "  WRONG");
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaEventDestroy(t0);
+    cudaEventDestroy(t1);
+    if (partial_base) cudaFree(partial_base);
   }
-  const double rel = std::isfinite(err) ? std::sqrt(err / norm) : INFINITY;
-  std::sort(us.begin(), us.end());
-  const double median = us[us.size() / 2];
-  const double gbs = kv_bytes / (median * 1e-6) / 1e9;
-  std::printf("%-13s L=%d %-6s S=%-7d splits=%-4d %8.2f us [%7.2f..%7.2f] %7.0f GB/s %5.1f%% floor  err %.1e%s\n",
-              c.schedule, c.L, c.causal ? "causal" : "none", c.S, plan.splits, median, us.front(),
-              us.back(), gbs, 100.0 * gbs * 1e9 / bandwidth, rel, rel < 1e-2 ? "" : "  WRONG");
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
   cudaFree(q);
   cudaFree(kv);
   cudaFree(out);
-  if (partials) cudaFree(partials);
 }
 
 }  // namespace
@@ -231,22 +337,30 @@ int main(int argc, char** argv) {
   std::printf("copy bandwidth %.0f GB/s (read + write)\n", bandwidth / 1e9);
   std::vector<const char*> schedules = {"split-mma", "split-gqa", "chapter-32"};
   if (argc > 1) schedules.assign(argv + 1, argv + argc);
-  // BENCH_MAX_S=1024: only the short contexts (e.g. under compute-sanitizer).
   const char* max_env = std::getenv("BENCH_MAX_S");
   const int max_s = max_env ? std::atoi(max_env) : 1 << 30;
-  // BENCH_L=8: only that query length (e.g. to profile one case with ncu -c 1).
-  const char* l_env = std::getenv("BENCH_L");
-  const int only_l = l_env ? std::atoi(l_env) : 0;
-  auto wanted = [&](int L, int S) { return S <= max_s && (only_l == 0 || L == only_l); };
-  const int contexts[] = {1, 32, 64, 128, 192, 256, 512, 1024, 2048, 4096, 16384, 32768, 131072};
+  const std::vector<int> only_l = env_list("BENCH_L"), only_s = env_list("BENCH_S");
+  auto listed = [](const std::vector<int>& list, int x) {
+    return list.empty() || std::find(list.begin(), list.end(), x) != list.end();
+  };
+  auto wanted = [&](int L, int S) { return S <= max_s && listed(only_l, L) && listed(only_s, S); };
+  Mode mode{env_flag("BENCH_WARM"), env_flag("BENCH_INDEPENDENT"), env_list("BENCH_SPLITS"), kHq};
+  if (const char* heads = std::getenv("BENCH_CHECK_HEADS")) mode.checked_heads = std::atoi(heads);
+  std::printf("K/V %s, calls %s\n", mode.warm ? "warm (one set)" : "from HBM (rotated sets)",
+              mode.independent ? "independent (no graph edges)" : "in sequence");
+  auto run_case = [&](const Case& c) {
+    if (wanted(c.L, c.S)) run(c, bandwidth, rng, mode);
+  };
+  const std::vector<int> contexts =
+      only_s.empty() ? std::vector<int>{1, 32, 64, 128, 192, 256, 512, 1024, 2048, 4096, 16384,
+                                        32768, 131072}
+                     : only_s;
+  const std::vector<int> causal_contexts =
+      only_s.empty() ? std::vector<int>{32, 256, 512, 1024, 4096} : only_s;
   for (const char* schedule : schedules) {
-    for (int S : contexts) {
-      if (wanted(1, S)) run({schedule, 1, false, S}, bandwidth, rng);
-    }
+    for (int S : contexts) run_case({schedule, 1, false, S});
     for (int L : {2, 4, 8}) {
-      for (int S : {32, 256, 512, 1024, 4096}) {
-        if (wanted(L, S)) run({schedule, L, true, S}, bandwidth, rng);
-      }
+      for (int S : causal_contexts) run_case({schedule, L, true, S});
     }
   }
 }
