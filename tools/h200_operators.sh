@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the H200 after `source .gpu-kit/activate.sh && source tools/h200.sh`: the operator records
-# of issues 5 and 7 (Qwen3-4B shapes), written to $OUT. `tools/h200_operators.sh kernels|grid|short`.
+# of issues 5 and 7 (Qwen3-4B shapes), written to $OUT. `tools/h200_operators.sh kernels|grid|short|long`.
 set -euo pipefail
 OUT="${OUT:-/tmp/out}"
 ops() { python3 -m llm_eval.operators --device gpu "$@"; }
@@ -45,5 +45,15 @@ case "${1:-kernels}" in
     ops --query-length 2 --query-length 8 --attention-mask causal --context 32 --context 256 \
       --context 1024 --context 4096 --implementations custom,mlx --context-repeats 2 \
       --json-output "$OUT/h200-qwen3-4b-attention-L2-L8-short-mlx-0.32.4.json"
+    ;;
+  long)  # chained calls from S=4096 on: one call at a time reads K/V from HBM, where independent
+    # calls at long contexts run side by side and share K/V through L2 (past 100% of the floor)
+    ops --context 4096 --context 16384 --context 32768 --context 131072 --schedule auto \
+      --implementations mlx --context-repeats 2 --chain \
+      --json-output "$OUT/h200-qwen3-4b-attention-L1-long-chained-mlx-0.32.4.json"
+    ops --query-length 2 --query-length 4 --query-length 8 --attention-mask causal \
+      --context 4096 --context 16384 --context 32768 --context 131072 \
+      --implementations custom,mlx --context-repeats 2 --chain \
+      --json-output "$OUT/h200-qwen3-4b-attention-L2-L8-long-chained-mlx-0.32.4.json"
     ;;
 esac
