@@ -21,10 +21,11 @@ CHECKPOINTS = ("composition", "decode-attention")
 #        (the largest measured) for L = 1, 2, 4 and 8; the 6-pass query and context sweeps
 #        (cpu-2core-qwen3-4b-attention-query-sweep, -context-sweep) agree.
 #   cuda: benchmark_results/h200-qwen3-4b-attention-L1-mlx-0.32.4.json (L=1, every schedule)
-#        and h200-qwen3-4b-attention-L2-L8-causal-mlx-0.32.4.json (L = 2, 4, 8), both of f214fee
-#        (kernels of 11764b5): wins at every S <= 131072, the largest measured; so do the
-#        short-context runs (-L1-short-independent/-chained, -L2-L8-short) and the chapter's
-#        grid, context and query sweeps of the same run (-grid-*, -context-sweep, -query-sweep).
+#        and h200-qwen3-4b-attention-L2-L8-causal-mlx-0.32.4.json (L = 2, 4, 8), both of 52e6f6d:
+#        wins at every S <= 131072, the largest measured; so do the short-context runs of the
+#        same build (-L1-short-independent/-chained, -L2-L8-short) and the chapter's grid,
+#        context and query sweeps (-grid-*, -context-sweep, -query-sweep; f214fee, whose plans
+#        for those shapes 52e6f6d keeps).
 #   metal: no record of ours yet (no Mac here): the chapter's M4 Pro evidence, L <= 2, S <= 256.
 MAX_QUERY = {"cpu": 8, "cuda": 8, "metal": 2}
 MAX_CONTEXT = {"cpu": 16384, "cuda": 131072, "metal": 256}
