@@ -42,7 +42,9 @@ constexpr float kNegInf = -INFINITY;
 // Positions a walker takes per step ("tile"): all their K and V loads are in flight before the
 // first score, and the running max and the accumulators are rescaled once per tile instead of
 // once per position. Blocks of up to 1024 threads have at most 64 registers a thread: half.
-// ATTN_TILE, ATTN_BLOCKS_PER_SM and ATTN_MMA_BLOCKS_PER_SM are knobs for kernels-cuda/dev/bench_attend.cu.
+// ATTN_TILE, ATTN_BLOCKS_PER_SM, ATTN_MMA_PREFETCH and ATTN_MMA_BLOCKS_PER_SM are knobs for
+// kernels-cuda/dev/bench_attend.cu; ATTN_MMA_MAX_SPLITS caps split-mma's split count for builds
+// timed through MLX (kernels-cuda/dev/h200-mlx-split-cap.txt).
 #ifndef ATTN_TILE
 #define ATTN_TILE 2
 #endif
@@ -51,6 +53,9 @@ constexpr float kNegInf = -INFINITY;
 #endif
 #ifndef ATTN_MMA_PREFETCH
 #define ATTN_MMA_PREFETCH 1
+#endif
+#ifndef ATTN_MMA_MAX_SPLITS
+#define ATTN_MMA_MAX_SPLITS (1 << 30)
 #endif
 #ifndef ATTN_MMA_BLOCKS_PER_SM
 #define ATTN_MMA_BLOCKS_PER_SM 3
@@ -910,11 +915,12 @@ Plan plan_mma(const DecodeProblem& p) {
   // (L=4 S=16384 is 2% faster that way), where the merge's extra chunks cost more than the
   // added warps bring (kernels-cuda/dev/h200-bench_attend-split-sweep.txt).
   constexpr int kMmaSplitBlocksPerSM = 2;
-  const int splits = p.context <= kMmaUnsplitSteps * kStep
-                         ? 1
-                         : split_count(p, std::min(attend.resident, kMmaSplitBlocksPerSM),
-                                       plan.attend_smem, p.kv_rows * tiles, kStep, kMmaVectors,
-                                       plan.attend_threads);
+  int splits = 1;
+  if (p.context > kMmaUnsplitSteps * kStep) {
+    splits = split_count(p, std::min(attend.resident, kMmaSplitBlocksPerSM), plan.attend_smem,
+                         p.kv_rows * tiles, kStep, kMmaVectors, plan.attend_threads);
+    splits = std::min(splits, ATTN_MMA_MAX_SPLITS);
+  }
   finish_plan(plan, p, splits, tiles, kStep);
   return plan;
 }
