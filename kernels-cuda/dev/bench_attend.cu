@@ -7,15 +7,16 @@
 //        kernels-cuda/dev/bench_attend.cu -o /tmp/bench_attend -lcuda && /tmp/bench_attend
 //
 // Prints one row per (schedule, L, S): µs per call (median of replays), GB/s of K+V, the fraction
-// of the copy-bandwidth floor measured in the same run, and the relative error.
+// of the copy-bandwidth floor measured in the same run, the relative error, and the host time of
+// one plan() call.
 //
 // Environment: BENCH_S=512,4096 and BENCH_L=2,8 pick cases (BENCH_MAX_S caps S); BENCH_REPLAYS=1
 // times one replay (e.g. under compute-sanitizer); BENCH_WARM=1 gives every call the same K/V
 // (L2-resident, as in MLX's operator benchmarks); BENCH_INDEPENDENT=1 builds the graph without
 // edges between calls, each with its own plan() and partials, as MLX's graph holds independent
 // calls (they may run side by side: µs per call is then throughput, not latency).
-// BENCH_SPLITS=0,8,16 (split-mma only) runs each case at those split counts (0: plan()'s)
-// (rounded to whole block steps as plan() rounds), for the sweeps behind split_count();
+// BENCH_SPLITS=0,8,16 (split-mma only) times each case at those split counts, rounded to whole
+// block steps as plan() rounds them (0: plan()'s own), for the sweeps behind split_count();
 // BENCH_CHECK_HEADS=4 checks only every eighth query head against float64 (faster sweeps).
 #include <cuda.h>
 
