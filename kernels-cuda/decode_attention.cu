@@ -912,8 +912,8 @@ Plan plan_mma(const DecodeProblem& p) {
   // Split for two blocks per SM, not the three it holds: a sweep of split counts (K/V from HBM,
   // calls in sequence) had its lowest latency near 256 blocks at most shapes from S = 2048 on;
   // filling all 396 slots was 2-11% slower at L=1/2 S >= 8192 and L=4/8 S = 2048-8192
-  // (L=4 S=16384 is 2% faster that way), where the merge's extra chunks cost more than the
-  // added warps bring (kernels-cuda/dev/h200-bench_attend-split-sweep.txt).
+  // (L=4 S=16384 is 2% faster that way), probably because the merge's extra chunks cost more
+  // than the added warps bring (not profiled; kernels-cuda/dev/h200-bench_attend-split-sweep.txt).
   constexpr int kMmaSplitBlocksPerSM = 2;
   int splits = 1;
   if (p.context > kMmaUnsplitSteps * kStep) {

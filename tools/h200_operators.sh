@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # On the H200 after `source .gpu-kit/activate.sh && source tools/h200.sh`: the operator records
-# of issues 5 and 7 (Qwen3-4B shapes), written to $OUT. `tools/h200_operators.sh kernels|grid|short|long`.
+# of issues 5 and 7 (Qwen3-4B shapes), written to $OUT.
+#   tools/h200_operators.sh kernels|grid|short|long
 set -euo pipefail
 OUT="${OUT:-/tmp/out}"
 ops() { python3 -m llm_eval.operators --device gpu "$@"; }
