@@ -241,39 +241,30 @@ void run(const Case& c, double bandwidth, std::mt19937& rng, const Mode& mode) {
       slots[i] = plans[i].arrival_slot;
       args[i] = {&problems[i], &partials[i], &chunks[i], &slots[i]};
     }
-    auto launch = [&](int i) {
-      if (cuLaunchKernel(plan.attend, plan.attend_grid[0], plan.attend_grid[1], 1,
-                         plan.attend_threads, 1, 1, plan.attend_smem, stream, args[i].data(),
-                         nullptr) != CUDA_SUCCESS) {
-        std::fprintf(stderr, "attend launch failed\n");
-        std::exit(1);
-      }
-    };
-
+    // The calls as graph nodes: in sequence each waits on the one before (a decode step's
+    // layers); independent calls have no edges (MLX's graph of unrelated calls).
     cudaGraph_t graph;
     cudaGraphExec_t exec;
-    if (independent) {
-      CHECK(cudaGraphCreate(&graph, 0));
-      for (int i = 0; i < kCalls; ++i) {
-        CUDA_KERNEL_NODE_PARAMS node{};
-        node.func = plan.attend;
-        node.gridDimX = plan.attend_grid[0];
-        node.gridDimY = plan.attend_grid[1];
-        node.gridDimZ = 1;
-        node.blockDimX = plan.attend_threads;
-        node.blockDimY = node.blockDimZ = 1;
-        node.sharedMemBytes = plan.attend_smem;
-        node.kernelParams = args[i].data();
-        CUgraphNode added;
-        if (cuGraphAddKernelNode(&added, graph, nullptr, 0, &node) != CUDA_SUCCESS) {
-          std::fprintf(stderr, "cuGraphAddKernelNode failed\n");
-          std::exit(1);
-        }
+    CHECK(cudaGraphCreate(&graph, 0));
+    CUgraphNode previous = nullptr;
+    for (int i = 0; i < kCalls; ++i) {
+      CUDA_KERNEL_NODE_PARAMS node{};
+      node.func = plan.attend;
+      node.gridDimX = plan.attend_grid[0];
+      node.gridDimY = plan.attend_grid[1];
+      node.gridDimZ = 1;
+      node.blockDimX = plan.attend_threads;
+      node.blockDimY = node.blockDimZ = 1;
+      node.sharedMemBytes = plan.attend_smem;
+      node.kernelParams = args[i].data();
+      const bool after = !independent && previous;
+      CUgraphNode added;
+      if (cuGraphAddKernelNode(&added, graph, after ? &previous : nullptr, after ? 1 : 0, &node) !=
+          CUDA_SUCCESS) {
+        std::fprintf(stderr, "cuGraphAddKernelNode failed\n");
+        std::exit(1);
       }
-    } else {
-      CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-      for (int i = 0; i < kCalls; ++i) launch(i);
-      CHECK(cudaStreamEndCapture(stream, &graph));
+      previous = added;
     }
     CHECK(cudaGraphInstantiate(&exec, graph, 0));
     cudaEvent_t t0, t1;
@@ -296,7 +287,12 @@ void run(const Case& c, double bandwidth, std::mt19937& rng, const Mode& mode) {
     // Correctness of the first set against float64, after the timed replays: split calls reuse
     // their arrival counters, so a counter left non-zero would show here.
     CHECK(cudaMemset(out, 0xff, q_elems * 2));  // NaN poison: every element must be written
-    launch(0);
+    if (cuLaunchKernel(plan.attend, plan.attend_grid[0], plan.attend_grid[1], 1,
+                       plan.attend_threads, 1, 1, plan.attend_smem, stream, args[0].data(),
+                       nullptr) != CUDA_SUCCESS) {
+      std::fprintf(stderr, "attend launch failed\n");
+      std::exit(1);
+    }
     CHECK(cudaStreamSynchronize(stream));
     CHECK(cudaGetLastError());
     std::vector<uint16_t> hout(q_elems);
