@@ -11,7 +11,7 @@
 //              last block of each head to finish merges the chunks (one launch per call).
 //   split-mma  split-gqa's work split on tensor cores (attend_mma below): the SIMT kernels
 //              spend ~80 warp instructions per position and stop at ~37% of HBM bandwidth;
-//              this one spends ~14 and reads at 91-97% (kernels-cuda/dev/NOTES.md).
+//              this one spends ~14 and reads at 91-97% (docs/cuda-kernel.md).
 //
 // In the SIMT kernels each row of D values is spread over a group of lanes that keeps its slice
 // of the scaled queries in registers; groups ("walkers") run the online-softmax recurrence over
@@ -193,7 +193,7 @@ constexpr int kMergeUnroll = 8;  // chunks' accumulator loads in flight per item
 // turns them into the common max, rescale factors and denominator; then the threads sum their
 // accumulators over the chunks. A merge of up to UNROLL chunks costs one round trip to L2.
 // (Folding each chunk in online instead, with no shared phase, was 1.2 µs slower at 32 chunks;
-// kernels-cuda/dev/NOTES.md.)
+// docs/cuda-kernel.md.)
 template <typename T, int VPB, int ITEMS, int UNROLL>
 __device__ void merge_chunks_with(const DecodeProblem& p, float* smem, const float* partials,
                                   int kv_row, int tile, int splits) {

@@ -1,6 +1,6 @@
 """One representative GPU call per schedule, checked against the readable path (python3
 tools/gpu_sanity_case.py). Under compute-sanitizer MLX's own kernels get in the way; sanitize the
-kernels with kernels-cuda/dev/bench_attend.cu instead (see kernels-cuda/dev/NOTES.md)."""
+kernels with kernels-cuda/dev/bench_attend.cu instead (see docs/cuda-kernel.md)."""
 
 import mlx.core as mx
 from attn_kernels import SCHEDULES, decode_attention_custom, scaled_dot_product_attention
