@@ -191,7 +191,8 @@ def decode_attention_custom(
         b, hq, _hkv, length, s, _d = _check_shapes(query, key, value)
         explicit = _broadcast_mask(_check_mask(mask), (b, hq, length, s))
     if scale is None:
-        scale = 1.0 / math.sqrt(query.shape[-1])
+        d = query.shape[-1] if query.ndim else 0
+        scale = 1.0 / math.sqrt(d) if d > 0 else 1.0  # D < 1 is refused below
     try:
         return _ext.decode_attention(
             query, key, value, float(scale), explicit, causal, schedule, stream=stream
