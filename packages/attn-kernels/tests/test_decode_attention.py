@@ -196,7 +196,7 @@ def test_output_fully_written(device, dtype):
     mx.eval(q, k, v)
     reused = 0
     with mx.stream(device):
-        for _ in range(3):
+        for _ in range(20):  # the CPU allocator is malloc: reuse is likely, not certain
             poison = mx.full(q.shape, mx.nan, dtype=dtype)
             poisoned_at = data_address(poison)
             del poison
