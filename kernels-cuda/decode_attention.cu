@@ -268,7 +268,8 @@ __device__ void merge_chunks_with(const DecodeProblem& p, float* smem, const flo
       const float* f = factors + vector[k] * splits;
 #pragma unroll
       for (int u = 0; u < UNROLL; ++u) {
-        const float w = s0 + u < splits ? f[s0 + u] : 0.0f;
+        if (s0 + u >= splits) break;  // the loads repeat the last chunk: 0 * inf would be NaN
+        const float w = f[s0 + u];
         sum[k][0] += x[k][u].x * w;
         sum[k][1] += x[k][u].y * w;
         sum[k][2] += x[k][u].z * w;
@@ -439,6 +440,12 @@ __global__ void __launch_bounds__(kMaxThreads, kMaxThreads > 256 ? 1 : ATTN_BLOC
       const int j = min(j0 + u * walkers, end - 1);
       load_packed(k[u], K + j * p.k_strides[2], sublane, D, p.k_strides[3]);
       load_packed(val[u], V + j * p.v_strides[2], sublane, D, p.v_strides[3]);
+      // A position past the end repeats the last one with weight 0: zero its values, or an inf
+      // there would add 0 * inf = NaN (the contract in attention.py).
+      if (j0 + u * walkers >= end) {
+#pragma unroll
+        for (int e = 0; e < kDPL; ++e) val[u].v[e] = T(0.0f);
+      }
     }
     // All scores of the tile first: their shuffle chains are independent and overlap.
     float score[kTile][VPB];
@@ -654,8 +661,12 @@ __global__ void __launch_bounds__(kMmaWarps * 32, ATTN_MMA_BLOCKS_PER_SM)
     uint32_t v[4][kV];
 #pragma unroll
     for (int x = 0; x < 4; ++x) {
-      const int j = min(base + 2 * c + (x & 1) + 8 * (x >> 1), end - 1);
+      const int at = base + 2 * c + (x & 1) + 8 * (x >> 1), j = min(at, end - 1);
       load_words<8>(v[x], V + j * p.v_strides[2] + g * 8);
+      if (at >= end) {  // weight 0: zero values, not 0 * a repeated inf (see the SIMT kernel)
+#pragma unroll
+        for (int w = 0; w < kV; ++w) v[x][w] = 0u;
+      }
     }
     // S = Q K^T over two tiles of 8 positions. k-step s maps mma k = 2c, 2c+1 to word 2s and
     // k = 2c + 8, 2c + 9 to word 2s + 1 of the lane's Q and K slices (the same dims in both).
