@@ -124,15 +124,23 @@ __device__ __forceinline__ float row_sum(float x) {
   return x;
 }
 
-__device__ __forceinline__ float mask_value(const DecodeProblem& p, int64_t at) {
+// The score after the mask: an additive mask adds, a boolean one removes the key whatever its
+// score (NaN included), as the readable path's mx.where does.
+__device__ __forceinline__ float apply_mask(const DecodeProblem& p, int64_t at, float score) {
   switch (p.mask_dtype) {
-    case ElementType::float32: return static_cast<const float*>(p.mask)[at];
-    case ElementType::float16: return __half2float(static_cast<const __half*>(p.mask)[at]);
+    case ElementType::float32: return score + static_cast<const float*>(p.mask)[at];
+    case ElementType::float16: return score + __half2float(static_cast<const __half*>(p.mask)[at]);
     case ElementType::bfloat16:
-      return __bfloat162float(static_cast<const __nv_bfloat16*>(p.mask)[at]);
-    case ElementType::boolean: return static_cast<const bool*>(p.mask)[at] ? 0.0f : kNegInf;
+      return score + __bfloat162float(static_cast<const __nv_bfloat16*>(p.mask)[at]);
+    case ElementType::boolean: return static_cast<const bool*>(p.mask)[at] ? score : kNegInf;
   }
-  return 0.0f;
+  return score;
+}
+
+// fmaxf drops a NaN argument; softmax must not: a NaN score makes its row NaN, as in the readable
+// path.
+__device__ __forceinline__ float max_nan(float a, float b) {
+  return a > b || isnan(a) ? a : b;
 }
 
 // ---- Split contexts: flash-decoding's merge inside the attend kernel ----
@@ -237,9 +245,9 @@ __device__ void merge_chunks_with(const DecodeProblem& p, float* smem, const flo
   __syncthreads();
   for (int v = warp; v < count; v += warps) {
     float common = kNegInf;
-    for (int s = lane; s < splits; s += 32) common = fmaxf(common, factors[v * splits + s]);
+    for (int s = lane; s < splits; s += 32) common = max_nan(common, factors[v * splits + s]);
     for (int offset = 16; offset > 0; offset /= 2)
-      common = fmaxf(common, __shfl_xor_sync(0xffffffffu, common, offset));
+      common = max_nan(common, __shfl_xor_sync(0xffffffffu, common, offset));
     float total = 0.0f;
     for (int s = lane; s < splits; s += 32) {
       const float m = factors[v * splits + s];
@@ -260,7 +268,8 @@ __device__ void merge_chunks_with(const DecodeProblem& p, float* smem, const flo
       const float* f = factors + vector[k] * splits;
 #pragma unroll
       for (int u = 0; u < UNROLL; ++u) {
-        const float w = s0 + u < splits ? f[s0 + u] : 0.0f;
+        if (s0 + u >= splits) break;  // the loads repeat the last chunk: 0 * inf would be NaN
+        const float w = f[s0 + u];
         sum[k][0] += x[k][u].x * w;
         sum[k][1] += x[k][u].y * w;
         sum[k][2] += x[k][u].z * w;
@@ -279,7 +288,7 @@ __device__ void merge_chunks_with(const DecodeProblem& p, float* smem, const flo
     T* out = static_cast<T*>(p.out) + (int64_t{row} * L + i) * D;
     const float total = totals[v];
     for (int e = 0; e < 4 && d + e < D; ++e) {
-      store(out + d + e, total > 0.0f ? sum[k][e] / total : 0.0f);
+      store(out + d + e, total == 0.0f ? 0.0f : sum[k][e] / total);  // NaN stays NaN
     }
   }
 }
@@ -321,7 +330,7 @@ __device__ void finish(const DecodeProblem& p, float* smem, float* partials, int
   if (threadIdx.x < VPB) {
     const int v = threadIdx.x;
     float common = kNegInf;
-    for (int w = 0; w < warps; ++w) common = fmaxf(common, smem[(w * VPB + v) * stride]);
+    for (int w = 0; w < warps; ++w) common = max_nan(common, smem[(w * VPB + v) * stride]);
     float total = 0.0f;
     for (int w = 0; w < warps; ++w) {
       float* slot = smem + (w * VPB + v) * stride;
@@ -356,7 +365,7 @@ __device__ void finish(const DecodeProblem& p, float* smem, float* partials, int
     if (splits == 1) {
       const int row = kv_row * p.group + r / L, i = r % L;
       T* out = static_cast<T*>(p.out) + (int64_t{row} * L + i) * D + d;
-      const float scale = total > 0.0f ? 1.0f / total : 0.0f;
+      const float scale = total == 0.0f ? 0.0f : 1.0f / total;  // NaN stays NaN
       for (int e = 0; e < 4 && d + e < D; ++e) store(out + e, sum[e] * scale);
     } else {
       float* part = partials + ((int64_t{kv_row} * vectors + r) * splits + split) * stride;
@@ -431,6 +440,12 @@ __global__ void __launch_bounds__(kMaxThreads, kMaxThreads > 256 ? 1 : ATTN_BLOC
       const int j = min(j0 + u * walkers, end - 1);
       load_packed(k[u], K + j * p.k_strides[2], sublane, D, p.k_strides[3]);
       load_packed(val[u], V + j * p.v_strides[2], sublane, D, p.v_strides[3]);
+      // A position past the end repeats the last one with weight 0: zero its values, or an inf
+      // there would add 0 * inf = NaN (the contract in attention.py).
+      if (j0 + u * walkers >= end) {
+#pragma unroll
+        for (int e = 0; e < kDPL; ++e) val[u].v[e] = T(0.0f);
+      }
     }
     // All scores of the tile first: their shuffle chains are independent and overlap.
     float score[kTile][VPB];
@@ -454,14 +469,14 @@ __global__ void __launch_bounds__(kMaxThreads, kMaxThreads > 256 ? 1 : ATTN_BLOC
         if (j >= end || j > last[v]) {
           s = kNegInf;
         } else if (p.mask) {
-          s += mask_value(p, mask_base[v] + int64_t{j} * p.m_strides[3]);
+          s = apply_mask(p, mask_base[v] + int64_t{j} * p.m_strides[3], s);
         }
         score[u][v] = s;
-        tile_max = fmaxf(tile_max, s);
+        tile_max = max_nan(tile_max, s);
       }
       // new_max = max(m, tile max); one rescale factor for l and every dimension per tile. An
       // all-masked prefix keeps m = -inf; exponentiate against 0 then so every weight is 0.
-      const float new_max = fmaxf(m[v], tile_max);
+      const float new_max = max_nan(m[v], tile_max);
       const float base = new_max == kNegInf ? 0.0f : new_max;
       const float old_factor = __expf(m[v] - base);
       l[v] *= old_factor;
@@ -486,7 +501,7 @@ __global__ void __launch_bounds__(kMaxThreads, kMaxThreads > 256 ? 1 : ATTN_BLOC
     for (int v = 0; v < VPB; ++v) {
       const float m_other = __shfl_xor_sync(0xffffffffu, m[v], offset);
       const float l_other = __shfl_xor_sync(0xffffffffu, l[v], offset);
-      const float common = fmaxf(m[v], m_other);
+      const float common = max_nan(m[v], m_other);
       const float f = m[v] == kNegInf ? 0.0f : __expf(m[v] - common);
       const float f_other = m_other == kNegInf ? 0.0f : __expf(m_other - common);
       l[v] = l[v] * f + l_other * f_other;
@@ -646,8 +661,12 @@ __global__ void __launch_bounds__(kMmaWarps * 32, ATTN_MMA_BLOCKS_PER_SM)
     uint32_t v[4][kV];
 #pragma unroll
     for (int x = 0; x < 4; ++x) {
-      const int j = min(base + 2 * c + (x & 1) + 8 * (x >> 1), end - 1);
+      const int at = base + 2 * c + (x & 1) + 8 * (x >> 1), j = min(at, end - 1);
       load_words<8>(v[x], V + j * p.v_strides[2] + g * 8);
+      if (at >= end) {  // weight 0: zero values, not 0 * a repeated inf (see the SIMT kernel)
+#pragma unroll
+        for (int w = 0; w < kV; ++w) v[x][w] = 0u;
+      }
     }
     // S = Q K^T over two tiles of 8 positions. k-step s maps mma k = 2c, 2c+1 to word 2s and
     // k = 2c + 8, 2c + 9 to word 2s + 1 of the lane's Q and K slices (the same dims in both).
@@ -672,16 +691,16 @@ __global__ void __launch_bounds__(kMmaWarps * 32, ATTN_MMA_BLOCKS_PER_SM)
         if (j >= end || j > last) {
           sc = kNegInf;
         } else if (p.mask) {
-          sc += mask_value(p, mask_base + int64_t{j} * p.m_strides[3]);
+          sc = apply_mask(p, mask_base + int64_t{j} * p.m_strides[3], sc);
         }
         score[n][e] = sc;
-        tile_max = fmaxf(tile_max, sc);
+        tile_max = max_nan(tile_max, sc);
       }
     }
-    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+    tile_max = max_nan(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+    tile_max = max_nan(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
     // One rescale factor per vector and step; an all-masked prefix keeps m = -inf (weights 0).
-    const float new_max = fmaxf(m, tile_max);
+    const float new_max = max_nan(m, tile_max);
     const float shift = new_max == kNegInf ? 0.0f : new_max;
     const float old_factor = __expf(m - shift);
     m = new_max;

@@ -3,23 +3,30 @@
 #include "decode_attention.h"
 #include "decode_attention_cuda.h"
 #include "mlx/backend/cuda/device.h"
+#include "mlx/backend/cuda/utils.h"
 
 namespace attn_kernels {
 
 void DecodeAttention::eval_gpu(
     const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
   auto& out = outputs[0];
-  DecodeProblem problem = make_problem(inputs, nullptr, scale_, causal_);
+  // Device pointers as MLX's own kernels take them: data() would move every input that lives in
+  // device memory into unified memory (a copy on its first use; kernels-cuda/README.md).
+  const auto device_pointer = [](const mx::array& a) { return mx::gpu_ptr<void>(a); };
+  DecodeProblem problem = make_problem(inputs, scale_, causal_, device_pointer);
   const cuda::Plan plan = cuda::plan(problem, cuda::parse_schedule(schedule_));
+  // allocator::malloc is the only allocation an extension can reach (cu::malloc_async, which MLX's
+  // own ops use, is not exported); it returns CUDA managed memory (kernels-cuda/README.md).
   // A split call's (max, denominator, accumulator) per context chunk, merged inside the same
   // launch, live behind the output (256-byte aligned) in its allocation: a workspace array of
   // its own cost 0.5-1.5 µs more per split call (kernels-cuda/dev/h200-mlx-workspace-ab.txt).
   const size_t partials_at = (out.nbytes() + 255) / 256 * 256;
   out.set_data(mx::allocator::malloc(
       plan.splits > 1 ? partials_at + plan.partial_floats * sizeof(float) : out.nbytes()));
-  problem.out = out.data<void>();
-  float* partials =
-      plan.splits > 1 ? reinterpret_cast<float*>(out.data<char>() + partials_at) : nullptr;
+  problem.out = device_pointer(out);
+  float* partials = plan.splits > 1
+      ? reinterpret_cast<float*>(mx::gpu_ptr<char>(out) + partials_at)
+      : nullptr;
   auto& encoder = mx::cu::get_command_encoder(stream());
   for (const auto& in : inputs) {
     encoder.set_input_array(in);

@@ -51,14 +51,22 @@ inline void store(device ushort* p, float x) {
   *p = ushort(u >> 16);
 }
 
-inline float mask_value(const device uchar* mask, int kind, attn_i64 at) {
+// The score after the mask: an additive mask adds, a boolean one removes the key whatever its
+// score (NaN included), as the readable path's mx.where does.
+inline float apply_mask(const device uchar* mask, int kind, attn_i64 at, float score) {
   switch (kind) {
-    case 1: return ((const device float*)mask)[at];
-    case 2: return float(((const device half*)mask)[at]);
-    case 3: return as_type<float>(uint(((const device ushort*)mask)[at]) << 16);
-    case 4: return ((const device bool*)mask)[at] ? 0.0f : -INFINITY;
+    case 1: return score + ((const device float*)mask)[at];
+    case 2: return score + float(((const device half*)mask)[at]);
+    case 3: return score + as_type<float>(uint(((const device ushort*)mask)[at]) << 16);
+    case 4: return ((const device bool*)mask)[at] ? score : -INFINITY;
   }
-  return 0.0f;
+  return score;
+}
+
+// max() is fmax() for floats, which drops a NaN argument; softmax must not (a NaN score makes its
+// row NaN, as in the readable path). The library is built with -fno-fast-math (mlx_build_metallib).
+inline float max_nan(float a, float b) {
+  return (a > b || a != a) ? a : b;
 }
 
 template <typename T, int G>
@@ -105,12 +113,12 @@ template <typename T, int G>
     }
     float score = simd_sum(partial);
     if (p.mask_kind != 0) {
-      score += mask_value(mask, p.mask_kind, mask_base + j * p.m_strides[3]);
+      score = apply_mask(mask, p.mask_kind, mask_base + j * p.m_strides[3], score);
     }
     if (score == -INFINITY) {
       continue;  // a removed key contributes nothing (uniform across the SIMD group)
     }
-    const float new_max = max(running_max, score);
+    const float new_max = max_nan(running_max, score);
     const float old_factor = fast::exp(running_max - new_max);
     const float weight = fast::exp(score - new_max);
     denominator = denominator * old_factor + weight;
@@ -141,7 +149,9 @@ template <typename T, int G>
   threadgroup_barrier(mem_flags::mem_threadgroup);
   if (simd_id == 0) {
     const float group_max = int(lane) < G ? shared[int(lane) * stride] : -INFINITY;
-    const float common = simd_max(group_max);
+    // simd_max drops NaN too: a NaN group max is added back through the sum (NaN + 0 is NaN).
+    const float nan_part = simd_sum(group_max != group_max ? group_max : 0.0f);
+    const float common = simd_max(group_max) + nan_part;
     if (int(lane) < G) {
       factors[lane] = group_max == -INFINITY ? 0.0f : fast::exp(group_max - common);
     }
@@ -151,7 +161,10 @@ template <typename T, int G>
       for (int g = 0; g < G; ++g) {
         total += shared[g * stride + 1] * factors[g];
       }
-      factors[G] = total;
+      // A NaN or +inf score makes the row NaN, as softmax does (NaN - NaN and inf - inf are NaN),
+      // whatever fast::exp returns for such arguments.
+      const bool poisoned = common != common || common == INFINITY;
+      factors[G] = poisoned ? common - common : total;
     }
   }
   threadgroup_barrier(mem_flags::mem_threadgroup);
@@ -161,7 +174,8 @@ template <typename T, int G>
       sum += shared[g * stride + 2 + int(tid)] * factors[g];
     }
     const float total = factors[G];
-    store(out + (attn_i64(row) * L + i) * D + tid, total > 0.0f ? sum / total : 0.0f);
+    // Zeros only when no key was kept; a NaN total stays NaN.
+    store(out + (attn_i64(row) * L + i) * D + tid, total == 0.0f ? 0.0f : sum / total);
   }
 }
 

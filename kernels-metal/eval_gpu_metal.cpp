@@ -42,7 +42,8 @@ void DecodeAttention::eval_gpu(
     const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
   auto& out = outputs[0];
   out.set_data(mx::allocator::malloc(out.nbytes()));
-  const DecodeProblem problem = make_problem(inputs, out.data<void>(), scale_, causal_);
+  // Only shapes, strides and flags: the buffers are bound to the encoder below.
+  const DecodeProblem problem = problem_shape(inputs, scale_, causal_);
 
   DecodeAttentionParams params{};
   params.rows = problem.rows;
@@ -55,7 +56,7 @@ void DecodeAttention::eval_gpu(
   params.scale = problem.scale;
   params.causal = problem.causal ? 1 : 0;
   params.mask_kind = 0;
-  if (problem.mask) {
+  if (inputs.size() > 3) {
     switch (problem.mask_dtype) {
       case ElementType::float32: params.mask_kind = 1; break;
       case ElementType::float16: params.mask_kind = 2; break;

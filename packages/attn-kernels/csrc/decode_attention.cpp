@@ -98,12 +98,6 @@ mx::array decode_attention(
     fail("query heads (" + std::to_string(q_heads) + ") must be a positive multiple of key/value heads (" +
          std::to_string(kv_heads) + ")");
   }
-  if (context < 1) {
-    fail("keys must hold at least one position, got shape " + shape_str(keys));
-  }
-  if (query_len < 1) {
-    fail("queries must hold at least one position, got shape " + shape_str(queries));
-  }
   if (causal && mask) {
     fail("pass either an explicit mask or causal=True, not both");
   }
@@ -127,6 +121,11 @@ mx::array decode_attention(
     inputs.push_back(*mask);
   }
   auto stream = mx::to_stream(s);
+  if (context == 0 || query_len == 0 || batch == 0 || q_heads == 0) {
+    // The contract (attention.py): no keys is the fully masked row (zeros); no queries, an empty
+    // output. Neither needs a kernel.
+    return mx::zeros(queries.shape(), queries.dtype(), stream);
+  }
   return mx::array(
       queries.shape(), queries.dtype(), std::make_shared<DecodeAttention>(stream, scale, causal, schedule),
       std::move(inputs));
@@ -137,17 +136,11 @@ bool DecodeAttention::is_equivalent(const mx::Primitive& other) const {
   return scale_ == o.scale_ && causal_ == o.causal_ && schedule_ == o.schedule_;
 }
 
-DecodeProblem make_problem(
-    const std::vector<mx::array>& inputs, void* out, float scale, bool causal) {
+DecodeProblem problem_shape(const std::vector<mx::array>& inputs, float scale, bool causal) {
   const auto& q = inputs[0];
   const auto& k = inputs[1];
   const auto& v = inputs[2];
   DecodeProblem p{};
-  p.queries = q.data<void>();
-  p.keys = k.data<void>();
-  p.values = v.data<void>();
-  p.mask = inputs.size() > 3 ? inputs[3].data<void>() : nullptr;
-  p.out = out;
   p.dtype = element_type(q.dtype());
   p.mask_dtype = inputs.size() > 3 ? element_type(inputs[3].dtype()) : ElementType::float32;
   p.q_heads = q.shape(1);
@@ -163,7 +156,7 @@ DecodeProblem make_problem(
   copy_strides(q, p.q_strides);
   copy_strides(k, p.k_strides);
   copy_strides(v, p.v_strides);
-  if (p.mask) {
+  if (inputs.size() > 3) {
     copy_strides(inputs[3], p.m_strides);
   }
   return p;
@@ -178,9 +171,10 @@ void DecodeAttention::eval_cpu(
     encoder.set_input_array(in);
   }
   encoder.set_output_array(out);
-  encoder.dispatch([problem = make_problem(inputs, out.data<void>(), scale_, causal_)]() {
-    decode_attention_cpu(problem);
-  });
+  DecodeProblem problem =
+      make_problem(inputs, scale_, causal_, [](const mx::array& a) { return a.data<void>(); });
+  problem.out = out.data<void>();
+  encoder.dispatch([problem]() { decode_attention_cpu(problem); });
 }
 
 }  // namespace attn_kernels

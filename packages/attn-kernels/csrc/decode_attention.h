@@ -64,10 +64,23 @@ class DecodeAttention : public mx::Primitive {
   std::string schedule_;
 };
 
-// Reads the evaluated inputs into a DecodeProblem that writes to `out` (may be set later: the
-// CUDA backend plans before it allocates the output).
+// The shapes, strides and flags part of make_problem (no pointers).
+DecodeProblem problem_shape(const std::vector<mx::array>& inputs, float scale, bool causal);
+
+// Shapes, strides and flags of the evaluated inputs, and their pointers as `pointer(array)`
+// returns them: a.data<void>() on the CPU, gpu_ptr on CUDA (there data() moves a device buffer
+// into unified memory, a copy, the first time it is asked). The output pointer is set by the
+// backend once it has allocated the output (the CUDA backend plans first).
+template <typename Pointer>
 DecodeProblem make_problem(
-    const std::vector<mx::array>& inputs, void* out, float scale, bool causal);
+    const std::vector<mx::array>& inputs, float scale, bool causal, Pointer pointer) {
+  DecodeProblem p = problem_shape(inputs, scale, causal);
+  p.queries = pointer(inputs[0]);
+  p.keys = pointer(inputs[1]);
+  p.values = pointer(inputs[2]);
+  p.mask = inputs.size() > 3 ? pointer(inputs[3]) : nullptr;
+  return p;
+}
 
 void decode_attention_cpu(const DecodeProblem& problem);
 

@@ -63,9 +63,6 @@ ALWAYS_INLINE float to_float(Float16 x) {
   return std::bit_cast<float>(sign | ((exp + 112) << 23) | (man << 13));
 #endif
 }
-ALWAYS_INLINE float to_float(bool x) {
-  return x ? 0.0f : -std::numeric_limits<float>::infinity();
-}
 
 ALWAYS_INLINE void store(float* dst, float x) {
   *dst = x;
@@ -180,8 +177,9 @@ ALWAYS_INLINE void load_padded(float* dst, const T* src, int n, int n_padded, in
 // exp(x) for x <= 0 without a libm call, so a block of weights vectorises: 2^(x log2 e) split
 // into an integer power (exponent bits) and a degree-6 polynomial on [-ln2/2, ln2/2]
 // (relative error ~2e-7). Returns exactly 0 below -87 and for -inf.
+// NaN in, NaN out (the clamp keeps the integer conversion below defined).
 ALWAYS_INLINE float exp_nonpositive(float x) {
-  const float clamped = std::max(x, -87.0f);
+  const float clamped = x > -87.0f ? x : -87.0f;
   constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
   const float n = (clamped * 1.44269504f + kRound) - kRound;
   const float r = (clamped - n * 0.693145752f) - n * 1.42860677e-6f;
@@ -193,14 +191,19 @@ ALWAYS_INLINE float exp_nonpositive(float x) {
   poly = poly * r + 1.0f;
   poly = poly * r + 1.0f;
   const float scale = std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
-  return x < -87.0f ? 0.0f : poly * scale;
+  return x < -87.0f ? 0.0f : (x == x ? poly * scale : x);
 }
 
 // Horizontal max and sum of a block's kBlock == kLanes scores as a log-depth tree: written as
 // scalar loops they were chains of 16 dependent operations per vector and block (GCC does not
 // reassociate them).
+// Maxima that keep NaN (std::max and x > y ? x : y drop it when it is the second argument): a
+// NaN score must reach the output, as it does in the readable path's softmax.
 ALWAYS_INLINE Lanes lanes_max2(Lanes x, Lanes y) {
-  return x > y ? x : y;
+  return (x > y) | (x != x) ? x : y;
+}
+ALWAYS_INLINE float max_nan(float x, float y) {
+  return x > y || x != x ? x : y;
 }
 ALWAYS_INLINE float lanes_max(Lanes x) {
   static_assert(kLanes == 16, "the shuffles are written for 16 lanes");
@@ -597,7 +600,9 @@ ALWAYS_INLINE void attend_chunk(
             case ElementType::float32: s[j] += static_cast<const float*>(p.mask)[at]; break;
             case ElementType::float16: s[j] += to_float(static_cast<const Float16*>(p.mask)[at]); break;
             case ElementType::bfloat16: s[j] += to_float(static_cast<const BFloat16*>(p.mask)[at]); break;
-            case ElementType::boolean: s[j] += to_float(static_cast<const bool*>(p.mask)[at]); break;
+            case ElementType::boolean:  // removes the key whatever its score (NaN included)
+              if (!static_cast<const bool*>(p.mask)[at]) s[j] = neg_inf;
+              break;
           }
         }
       }
@@ -608,7 +613,7 @@ ALWAYS_INLINE void attend_chunk(
         std::fill(s, s + kBlock, 0.0f);  // every key of this block is hidden from this vector
         continue;
       }
-      const float new_max = std::max(st[0], block_max);
+      const float new_max = max_nan(st[0], block_max);
       rescale[r] = exp_nonpositive(st[0] - new_max);
       for (int j = 0; j < kBlock; ++j) {
         s[j] = exp_nonpositive(s[j] - new_max);
@@ -664,7 +669,7 @@ template <typename T>
 void finish(const float* states, int chunks, int chunk_stride, int D, T* out) {
   float max = -std::numeric_limits<float>::infinity();
   for (int c = 0; c < chunks; ++c) {
-    max = std::max(max, states[c * chunk_stride]);
+    max = max_nan(max, states[c * chunk_stride]);
   }
   float denominator = 0.0f;
   float acc[kMaxHeadDim] = {};
@@ -678,7 +683,7 @@ void finish(const float* states, int chunks, int chunk_stride, int D, T* out) {
       }
     }
   }
-  const float inv = denominator > 0.0f ? 1.0f / denominator : 0.0f;
+  const float inv = denominator == 0.0f ? 0.0f : 1.0f / denominator;  // NaN stays NaN
   for (int d = 0; d < D; ++d) {
     store(out + d, acc[d] * inv);
   }

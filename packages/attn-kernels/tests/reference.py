@@ -27,7 +27,16 @@ def attention_f64(q, k, v, scale=None, mask=None) -> np.ndarray:
         scores = np.where(m, scores, -np.inf) if m.dtype == bool else scores + m
     row_max = scores.max(axis=-1, keepdims=True)
     empty = np.isneginf(row_max)  # every key removed: defined as a zero row
-    weights = np.exp(scores - np.where(empty, 0.0, row_max))
-    total = weights.sum(axis=-1, keepdims=True)
-    probs = np.where(empty, 0.0, weights / np.where(empty, 1.0, total))
+    with np.errstate(invalid="ignore"):  # NaN and inf inputs: IEEE arithmetic, NaN rows
+        weights = np.exp(scores - np.where(empty, 0.0, row_max))
+        total = weights.sum(axis=-1, keepdims=True)
+        probs = np.where(empty, 0.0, weights / np.where(empty, 1.0, total))
     return np.einsum("bhls,bhsd->bhld", probs, v)
+
+
+def assert_matches_nonfinite(out: np.ndarray, expected: np.ndarray, err_msg="", **tol) -> None:
+    """NaN where `expected` is NaN, the same infinities, and the finite rest within `tol`."""
+    for what, test in [("NaN", np.isnan), ("+inf", np.isposinf), ("-inf", np.isneginf)]:
+        np.testing.assert_array_equal(test(out), test(expected), err_msg=f"{err_msg} {what}")
+    finite = np.isfinite(expected)
+    np.testing.assert_allclose(out[finite], expected[finite], err_msg=err_msg, **tol)

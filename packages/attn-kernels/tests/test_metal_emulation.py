@@ -18,7 +18,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from conftest import TOLERANCE
-from reference import attention_f64
+from reference import assert_matches_nonfinite, attention_f64
 
 KERNELS_METAL = Path(__file__).resolve().parents[3] / "kernels-metal"
 MASK_KINDS = {"none": 0, "float32": 1, "float16": 2, "bfloat16": 3, "bool": 4}
@@ -179,3 +179,55 @@ def test_metal_kernel_under_emulation(
     np.testing.assert_allclose(out, expected, **TOLERANCE[getattr(mx, dtype)])
     if mask_kind == "bool":
         assert np.all(out[0, 1, 0] == 0.0)
+
+
+NONFINITE = [
+    ("q", np.nan),
+    ("q", np.inf),
+    ("k", np.nan),
+    ("k", -np.inf),
+    ("v", np.nan),
+    ("v", np.inf),
+    ("scale", np.nan),
+    ("scale", np.inf),
+    ("mask", np.nan),
+    ("mask", np.inf),
+    ("bool", np.nan),
+]
+
+
+@pytest.mark.parametrize(("where", "value"), NONFINITE)
+def test_nonfinite_values_under_emulation(emulator, tmp_path, where, value):
+    """The contract's non-finite rules (attention.py): NaN and +inf scores make their row NaN,
+    values reach their dimensions, a boolean mask removes a key whatever its score."""
+    b, hq, hkv, length, s, d, groups = 1, 4, 2, 2, 45, 72, 8
+    rng = np.random.default_rng(7)
+    q = rng.standard_normal((b, hq, length, d))
+    k_buf = rng.standard_normal((b, hkv, s + 3, d))
+    v_buf = rng.standard_normal((b, hkv, s + 3, d))
+    scale, mask, mask_kind = 1.0 / np.sqrt(d), None, "none"
+    pos = 37  # a later position than the first each SIMD group visits
+    if where == "q":
+        q[0, 1, 1, 5] = value
+    elif where in ("k", "v"):
+        (k_buf if where == "k" else v_buf)[0, 0, pos, 5] = value
+    elif where == "scale":
+        scale = value
+    elif where == "mask":
+        mask, mask_kind = np.zeros((b, hq, length, s)), "float32"
+        mask[0, 1, 1, pos] = value
+    else:
+        k_buf[0, 0, pos, :] = value
+        mask, mask_kind = np.ones((b, hq, length, s), dtype=bool), "bool"
+        mask[:, :, :, pos] = False
+    out = run_kernel(
+        emulator, tmp_path, q, k_buf, v_buf, s, mask, mask_kind, False, "float32", groups, scale
+    )
+    as_mx = lambda a: mx.array(a.astype(np.float32))  # noqa: E731
+    ref_mask = None if mask is None else as_mx(mask) if mask.dtype != bool else mx.array(mask)
+    expected = attention_f64(
+        as_mx(q), as_mx(k_buf[:, :, :s]), as_mx(v_buf[:, :, :s]), scale=scale, mask=ref_mask
+    )
+    if where != "bool" and not (where == "k" and value == -np.inf):
+        assert not np.isfinite(expected).all()  # the case reaches the output
+    assert_matches_nonfinite(out, expected, **TOLERANCE[mx.float32])

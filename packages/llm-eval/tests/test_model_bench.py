@@ -1,6 +1,7 @@
 import json
 import statistics
 
+import mlx.core as mx
 import pytest
 from llm_eval import ab_decode, bench, plot, progression
 from llm_eval.record import validate
@@ -42,25 +43,24 @@ def test_bench_tiny_model():
 
 
 def test_bench_mlx_lm_checkpoint_runs():
-    args = bench.parse_args(
-        [
-            "--device",
-            "cpu",
-            "--model",
-            "qwen3-tiny",
-            "--checkpoint",
-            "mlx-lm",
-            "--min-input-len",
-            "4",
-            "--min-output-len",
-            "2",
-            "--warmup",
-            "0",
-            "--bandwidth-gbs",
-            "10",
-        ]
-    )
-    assert bench.run(args)["results"]["summary"]["decode_tok_s"] > 0
+    """The mlx-lm checkpoint times mlx-lm's own Qwen3 (with our weights: the same logits as our
+    composition checkpoint) and records every request it ran."""
+    flags = ["--device", "cpu", "--model", "qwen3-tiny", "--min-input-len", "4"]
+    flags += ["--min-output-len", "3", "--warmup", "0", "--bandwidth-gbs", "10"]
+    args = bench.parse_args([*flags, "--checkpoint", "mlx-lm"])
+    twin, twin_cache = bench.build(args)
+    assert type(twin).__module__ == "mlx_lm.models.qwen3"
+    ours, our_cache = bench.build(bench.parse_args([*flags, "--checkpoint", "composition"]))
+    prompt = bench.prompt_ids(ours.args.vocab_size, 4, mx.random.key(1))
+    a = bench.forward(twin, prompt, twin_cache(twin), last_only=False)
+    b = bench.forward(ours, prompt, our_cache(ours), last_only=False)
+    assert mx.allclose(a.astype(mx.float32), b.astype(mx.float32), atol=0.1).item()
+    record = bench.run(args)
+    validate(record)
+    assert record["config"]["checkpoint"] == "mlx-lm"
+    [request] = record["results"]["requests"]
+    assert (request["input_len"], request["output_len"], len(request["step_s"])) == (4, 3, 2)
+    assert record["results"]["summary"]["decode_tok_s"] == pytest.approx(2 / request["decode_s"])
 
 
 @pytest.mark.parametrize(

@@ -167,3 +167,35 @@ def test_warmup_runs_the_timed_batch(tmp_path, monkeypatch):
     warmups = 2 * implementations * 2 * 2  # per implementation, shape (2) and pass (2)
     assert len(seen) == timed + warmups
     assert set(seen) == {(3, True)}
+
+
+def test_fresh_inputs_time_first_and_repeat_use(tmp_path, monkeypatch):
+    """Every first-use call reads buffers no call read before; the repeat-use call, the same."""
+    seen = []
+    real = operators.time_one_call
+
+    def spy(fn, args):
+        seen.append(tuple(id(a) for a in args))
+        return real(fn, args)
+
+    monkeypatch.setattr(operators, "time_one_call", spy)
+    args, record = small_run(tmp_path, "--fresh-inputs", "--implementations", "custom,mlx")
+    assert args.calls_per_eval == 1
+    per_shape = 2 * 6  # implementations x iterations
+    for i in range(0, len(seen), 2 * per_shape):  # one shape and pass: first use, repeat use
+        first, repeat = seen[i : i + per_shape], seen[i + per_shape : i + 2 * per_shape]
+        assert len(set(first)) == per_shape  # no buffer set used twice on first use
+        assert sorted(first) == sorted(repeat)  # each used once more
+    for entry in record["results"].values():
+        for name in ("custom", "mlx"):
+            s = entry["summary"][name]
+            assert len(entry["samples_us"][name]) == len(entry["repeat_samples_us"][name]) == 12
+            assert s["first_over_repeat"] == pytest.approx(
+                s["median_us"] / s["repeat_use"]["median_us"]
+            )
+    assert "repeat-use" in operators.format_table(record)
+
+
+def test_fresh_inputs_refuse_chain(tmp_path):
+    with pytest.raises(SystemExit):
+        small_run(tmp_path, "--fresh-inputs", "--chain")

@@ -75,12 +75,18 @@ def test_hf_layout_with_untied_head(tmp_path):
     folder = save(untied, tmp_path / "untied")
     assert "lm_head.weight" in mx.load(str(folder / "model.safetensors"))
     assert "lm_head" in load(folder)
+    tokens = mx.array([[5, 17, 99, 3]])
+    reloaded = load(folder)
+    assert mx.array_equal(reloaded.lm_head.weight, untied.lm_head.weight).item()
+    assert mx.array_equal(reloaded(tokens), untied(tokens)).item()
     tied = load("qwen3-tiny")
     folder = save(tied, tmp_path / "tied")
     weights = mx.load(str(folder / "model.safetensors"))
     weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
     mx.save_safetensors(str(folder / "model.safetensors"), weights)
-    load(folder)
+    stray = load(folder)
+    assert "lm_head" not in stray  # the stray copy is dropped: the head stays tied
+    assert mx.array_equal(stray(tokens), tied(tokens)).item()
 
 
 def test_load_errors(tmp_path):

@@ -5,8 +5,34 @@ Shapes (both functions):
 Query head h reads key/value head h // (Hq // Hkv); K/V are never repeated.
 
 mask: None, "causal" (bottom-right aligned: query row i sees keys <= S - L + i), or an array
-broadcastable to (B, Hq, L, S): additive (float) or boolean (True keeps a key). A query row whose
-mask removes every key returns zeros in both functions.
+broadcastable to (B, Hq, L, S): additive (float) or boolean (True keeps a key).
+
+The contract: `scaled_dot_product_attention` (the readable path, the tests' oracle) and
+`decode_attention_custom` (the fused op) follow every rule below; tests/test_contract.py runs one
+table of inputs through both.
+
+- Inputs: query, key, value and an array mask may be anything `mx.array(x)` accepts (numpy arrays
+  included) and are converted as it converts them; anything else raises TypeError naming the
+  argument. scale defaults to 1 / sqrt(D).
+- dtypes: query, key and value are float32, float16 or bfloat16, all three the same; otherwise
+  ValueError naming the arrays and their dtypes (nothing is promoted silently). The output has
+  the query's dtype. An array mask is boolean or floating point (any float dtype: it is added in
+  float32); any other mask dtype raises TypeError. Other mask objects raise TypeError, other
+  strings ValueError.
+- Shapes: wrong ranks, batch, head dim or head counts raise ValueError; so does causal with
+  L > S and a mask that does not broadcast. D >= 1.
+- Empty: S = 0 returns zeros of shape (B, Hq, L, D) (the softmax over no keys is the fully
+  masked row below); L = 0 (or B = 0, Hq = 0) returns the empty (B, Hq, L, D).
+- Removed keys: a key is removed by False in a boolean mask, -inf in an additive one, or the
+  causal bound. A row whose scores are all -inf after the mask (every key removed) returns zeros.
+- Non-finite values otherwise follow float32 arithmetic of softmax(scale * q k^T + mask) v: a NaN
+  or +inf score in a row (NaN or inf in q, k, scale or an additive mask) makes the whole row NaN;
+  NaN or inf in a kept value reaches the output dimensions it sits in. K/V at removed keys are
+  not part of the result: the fused op does not read them where a whole tile is removed, and the
+  readable path multiplies them by zero weights (0 * NaN is NaN), so keep them finite.
+- The one asymmetry: D > MAX_HEAD_DIM raises ValueError in the fused op (its kernels keep a
+  query slice in registers) and runs in the readable path, because the readable path is the
+  oracle for every shape a test may want to check.
 """
 
 from __future__ import annotations
@@ -23,10 +49,33 @@ MAX_HEAD_DIM: int = _ext.MAX_HEAD_DIM
 SCHEDULES: tuple[str, ...] = tuple(_ext.SCHEDULES)
 
 
+FLOAT_DTYPES = (mx.float32, mx.float16, mx.bfloat16)
+
+
+def _as_array(name: str, x: object) -> mx.array:
+    """`x` as mx.array(x) converts it (numpy arrays, lists), or a TypeError naming `name`."""
+    if isinstance(x, mx.array):
+        return x
+    try:
+        return mx.array(x)
+    except (TypeError, ValueError) as e:
+        raise TypeError(
+            f"{name} must be an mx.array or convertible by mx.array(), got {type(x).__name__}"
+        ) from e
+
+
 def _check_shapes(query: mx.array, key: mx.array, value: mx.array) -> tuple[int, ...]:
     for name, a in (("query", query), ("key", key), ("value", value)):
         if a.ndim != 4:
             raise ValueError(f"{name} must have shape (B, heads, length, D), got {a.shape}")
+    for name, a in (("query", query), ("key", key), ("value", value)):
+        if a.dtype not in FLOAT_DTYPES:
+            raise ValueError(f"{name} must be float32, float16 or bfloat16, got {a.dtype}")
+    if not query.dtype == key.dtype == value.dtype:
+        raise ValueError(
+            "query, key and value must share one dtype, got "
+            f"{query.dtype}, {key.dtype} and {value.dtype}"
+        )
     if key.shape != value.shape:
         raise ValueError(
             f"key and value must have the same shape, got {key.shape} and {value.shape}"
@@ -37,21 +86,28 @@ def _check_shapes(query: mx.array, key: mx.array, value: mx.array) -> tuple[int,
         raise ValueError(f"query batch {b} differs from key/value batch {bk}")
     if dk != d:
         raise ValueError(f"query head dim {d} differs from key/value head dim {dk}")
+    if d < 1:
+        raise ValueError(f"head dim D must be >= 1, got shape {query.shape}")
     if hkv == 0 or hq % hkv != 0:
         raise ValueError(f"query heads ({hq}) must be a multiple of key/value heads ({hkv})")
     return b, hq, hkv, length, s, d
 
 
-def _mask_kind(mask: object) -> str:
+def _check_mask(mask: object) -> mx.array | str | None:
+    """None, "causal" or a boolean/floating mask array (converted like the inputs)."""
     if mask is None:
-        return "none"
+        return None
     if isinstance(mask, str):
         if mask == "causal":
-            return "causal"
+            return mask
         raise ValueError(f"unsupported attention mask {mask!r}: use None, 'causal' or an array")
-    if isinstance(mask, mx.array):
-        return "array"
-    raise TypeError(f"mask must be None, 'causal' or an mx.array, got {type(mask).__name__}")
+    mask = _as_array("mask", mask)
+    if mask.dtype != mx.bool_ and mask.dtype not in FLOAT_DTYPES:
+        raise TypeError(
+            f"mask must be boolean (True keeps a key) or floating point (additive), "
+            f"got {mask.dtype}"
+        )
+    return mask
 
 
 def _broadcast_mask(mask: mx.array, shape: tuple[int, int, int, int]) -> mx.array:
@@ -77,8 +133,12 @@ def scaled_dot_product_attention(
     mask: mx.array | str | None = None,
 ) -> mx.array:
     """Readable grouped attention in mlx.core: scores, float32 softmax, weighted values."""
+    query, key, value = (
+        _as_array(n, a) for n, a in (("query", query), ("key", key), ("value", value))
+    )
     b, hq, hkv, length, s, d = _check_shapes(query, key, value)
-    kind = _mask_kind(mask)
+    mask = _check_mask(mask)
+    kind = "none" if mask is None else "causal" if isinstance(mask, str) else "array"
     if kind == "causal" and length > s:
         raise ValueError(f"causal attention needs query length <= context, got L={length} > S={s}")
     scale = 1.0 / math.sqrt(d) if scale is None else scale
@@ -88,16 +148,14 @@ def scaled_dot_product_attention(
     k = key[:, :, None]
     v = value[:, :, None]
     scores = (q @ k.swapaxes(-1, -2)).astype(mx.float32) * scale
-    fully_masked = None
     if kind == "causal":
         scores = mx.where(causal_mask(length, s), scores, -mx.inf)
     elif kind == "array":
         m = _broadcast_mask(mask, (b, hq, length, s)).reshape(b, hkv, group, length, s)
         scores = mx.where(m, scores, -mx.inf) if m.dtype == mx.bool_ else scores + m
-        fully_masked = mx.all(scores == -mx.inf, axis=-1, keepdims=True)
-    probs = mx.softmax(scores, axis=-1)
-    if fully_masked is not None:
-        probs = mx.where(fully_masked, 0.0, probs)
+    # A row with every score -inf (every key removed) is zeros, not softmax's 0/0 = NaN.
+    fully_masked = mx.all(scores == -mx.inf, axis=-1, keepdims=True)
+    probs = mx.where(fully_masked, 0.0, mx.softmax(scores, axis=-1))
     out = probs.astype(value.dtype) @ v
     return out.reshape(b, hq, length, d)
 
@@ -119,17 +177,22 @@ def decode_attention_custom(
     "causal" becomes a flag, so no mask tensor is built; an explicit mask is broadcast (a view) to
     (B, Hq, L, S). `schedule` picks the GPU kernel variant (one of SCHEDULES).
     """
-    # The common decode call (mask None or "causal") goes straight to the op, which validates
-    # everything itself: at short contexts host time per call is what a GPU decode step waits
-    # on. On a ValueError the shared checks run again, so both entry points word it alike.
+    # The common decode call (mx.arrays, mask None or "causal") goes straight to the op, which
+    # validates everything itself: at short contexts host time per call is what a GPU decode
+    # step waits on. On a ValueError the shared checks run again, so both entry points word it
+    # alike.
+    if not (type(query) is type(key) is type(value) is mx.array):
+        query, key, value = (
+            _as_array(n, a) for n, a in (("query", query), ("key", key), ("value", value))
+        )
     causal = isinstance(mask, str) and mask == "causal"
     explicit = None
     if mask is not None and not causal:
         b, hq, _hkv, length, s, _d = _check_shapes(query, key, value)
-        _mask_kind(mask)  # raises for other strings and types
-        explicit = _broadcast_mask(mask, (b, hq, length, s))
+        explicit = _broadcast_mask(_check_mask(mask), (b, hq, length, s))
     if scale is None:
-        scale = 1.0 / math.sqrt(query.shape[-1])
+        d = query.shape[-1] if query.ndim else 0
+        scale = 1.0 / math.sqrt(d) if d > 0 else 1.0  # D < 1 is refused below
     try:
         return _ext.decode_attention(
             query, key, value, float(scale), explicit, causal, schedule, stream=stream

@@ -32,11 +32,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=129)
     p.add_argument("--rounds", type=int, default=12, help="requests per variant (default 12)")
+    p.add_argument(
+        "--variants",
+        default=",".join(VARIANTS),
+        help="comma-separated subset of " + ",".join(VARIANTS) + " (must include mlx-lm, the "
+        "reference; long prompts: the composition's readable prefill needs O(L^2) memory)",
+    )
     p.add_argument("--device", choices=["cpu", "gpu"], default="gpu" if bench.has_gpu() else "cpu")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json-output", type=Path)
     p.add_argument("--force", action="store_true")
     args = p.parse_args(argv)
+    args.variants = [v for v in args.variants.split(",") if v]
+    if "mlx-lm" not in args.variants or any(v not in VARIANTS for v in args.variants):
+        p.error(f"--variants: a subset of {','.join(VARIANTS)} that includes mlx-lm")
     if args.rounds < 1 or args.input_len < 1 or args.output_len < 2:
         p.error("--rounds and --input-len must be >= 1, --output-len >= 2")
     refuse_overwrite(p, args.json_output, args.force)
@@ -60,13 +69,14 @@ def run(args) -> dict:
         ours.set_checkpoint(variant)
         return bench.run_request(ours, make_ours, prompt, args.output_len, True)
 
-    for v in VARIANTS:  # warm-up: compilation, allocator
+    variants = args.variants
+    for v in variants:  # warm-up: compilation, allocator
         request(v)
-    samples = {v: [] for v in VARIANTS}
+    samples = {v: [] for v in variants}
     order_log = []
-    progress = Progress(args.rounds * len(VARIANTS))
+    progress = Progress(args.rounds * len(variants))
     for r in range(args.rounds):
-        order = variant_order(VARIANTS, r)
+        order = variant_order(variants, r)
         order_log.append({"round": r, "order": order})
         for v in order:
             result = request(v)
@@ -78,7 +88,7 @@ def run(args) -> dict:
             "prefill_tok_s": statistics.median(s["prefill_tok_s"] for s in samples[v]),
             "median_step_ms": statistics.median(t for s in samples[v] for t in s["step_s"]) * 1e3,
         }
-        for v in VARIANTS
+        for v in variants
     }
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     return {

@@ -11,6 +11,13 @@ of `--calls-per-eval` calls evaluated together, divided by that count: independe
 call's output (latency, as the layers of a decode step wait on each other). Every sample is kept;
 medians, spread and per-pass wins are derived from them. Each time is reported with GB/s of K+V
 read and the fraction of the bandwidth floor (K+V bytes / measured or given read bandwidth).
+
+With --fresh-inputs a sample is one call in its own mx.eval on q/K/V buffers that no call has read
+before (what a decode step sees: its inputs are new arrays), as MLX ops make them: per shape the
+cache is cleared, then one copy per implementation and iteration is made and kept alive until
+the shape is done (so the allocator cannot hand a buffer back), then every copy is used once in
+rotated order ("first use"), then once more in the same order ("repeat use"). On MLX's CUDA
+backend this exposes any copy into unified memory an op makes the first time it reads a buffer.
 """
 
 from __future__ import annotations
@@ -84,6 +91,37 @@ def time_sample(fn, args, calls: int, chain: bool = False) -> float:
     else:
         mx.eval([fn(*args) for _ in range(calls)])
     return (time.perf_counter() - start) / calls
+
+
+def fresh_copies(q, k, v, count: int) -> list[tuple]:
+    """`count` (q, k, v) copies in buffers of their own (made by MLX ops, evaluated)."""
+    copies = [(q * 1, k * 1, v * 1) for _ in range(count)]
+    mx.eval(copies)
+    return copies
+
+
+def time_one_call(fn, args) -> float:
+    mx.synchronize()
+    start = time.perf_counter()
+    mx.eval(fn(*args))
+    return time.perf_counter() - start
+
+
+def time_fresh(fns: dict, q, k, v, iterations: int, orders: list) -> tuple[dict, dict, list]:
+    """First-use and repeat-use samples (seconds) per implementation, and the orders run."""
+    mx.clear_cache()
+    copies = {name: fresh_copies(q, k, v, iterations) for name in fns}
+    first = {n: [] for n in fns}
+    repeat = {n: [] for n in fns}
+    ran = []
+    for samples in (first, repeat):
+        for it in range(iterations):
+            order = orders[it % len(orders)]
+            for name in order:
+                samples[name].append(time_one_call(fns[name], copies[name][it]))
+            if samples is first:
+                ran.append(list(order))
+    return first, repeat, ran
 
 
 def peak_bytes(fn, args) -> int:
@@ -165,6 +203,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="each call's query is the previous call's output (dependent calls: latency)",
     )
     p.add_argument(
+        "--fresh-inputs",
+        action="store_true",
+        help="one call per mx.eval on q/K/V buffers no call has read before, then once more on "
+        "the same buffers (first use against repeat use; see above); not with --chain or "
+        "--calls-per-eval",
+    )
+    p.add_argument(
         "--device",
         choices=["cpu", "gpu"],
         default="gpu" if mx.cuda.is_available() or mx.metal.is_available() else "cpu",
@@ -200,8 +245,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.iterations = orders * (2 if args.device == "gpu" else 1)
     if args.iterations <= 0 or args.iterations % orders:
         p.error(f"--iterations must be a positive multiple of {orders} (the implementation orders)")
+    if args.fresh_inputs and (args.chain or args.calls_per_eval not in (None, 1)):
+        p.error("--fresh-inputs times one call per eval: drop --chain and --calls-per-eval")
     if args.calls_per_eval is None:
-        args.calls_per_eval = 50 if args.device == "gpu" else 1
+        args.calls_per_eval = 1 if args.fresh_inputs else 50 if args.device == "gpu" else 1
     if args.heads % args.gqa_ratio:
         p.error(f"--heads {args.heads} is not a multiple of --gqa-ratio {args.gqa_ratio}")
     if any(s < 1 for s in args.context) or any(q < 1 for q in args.query_length):
@@ -257,6 +304,7 @@ def run(args) -> dict:
                     "query_length": query_length,
                     "kv_bytes": 2 * k.nbytes,
                     "samples_us": {n: [] for n in fns},
+                    **({"repeat_samples_us": {n: [] for n in fns}} if args.fresh_inputs else {}),
                     "passes": [],
                     "peak_extra_bytes": {},
                 },
@@ -266,14 +314,20 @@ def run(args) -> dict:
                     time_sample(fn, (q, k, v), args.calls_per_eval, args.chain)
                 if name not in entry["peak_extra_bytes"]:
                     entry["peak_extra_bytes"][name] = peak_bytes(fn, (q, k, v))
-            pass_samples = {n: [] for n in fns}
-            for it in range(args.iterations):
-                order = orders[it % len(orders)]
-                for name in order:
-                    pass_samples[name].append(
-                        time_sample(fns[name], (q, k, v), args.calls_per_eval, args.chain)
-                    )
-                execution_order.append({"pass": rep, "shape": key, "order": list(order)})
+            if args.fresh_inputs:
+                pass_samples, repeat, ran = time_fresh(fns, q, k, v, args.iterations, orders)
+                for n, s in repeat.items():
+                    entry["repeat_samples_us"][n].extend(x * 1e6 for x in s)
+                execution_order += [{"pass": rep, "shape": key, "order": o} for o in ran]
+            else:
+                pass_samples = {n: [] for n in fns}
+                for it in range(args.iterations):
+                    order = orders[it % len(orders)]
+                    for name in order:
+                        pass_samples[name].append(
+                            time_sample(fns[name], (q, k, v), args.calls_per_eval, args.chain)
+                        )
+                    execution_order.append({"pass": rep, "shape": key, "order": list(order)})
             medians = {n: statistics.median(s) * 1e6 for n, s in pass_samples.items()}
             entry["passes"].append(
                 {"pass": rep, "median_us": medians, "winner": min(medians, key=medians.get)}
@@ -296,6 +350,10 @@ def run(args) -> dict:
             s["gbs"] = entry["kv_bytes"] / (s["median_us"] * 1e-6) / 1e9
             s["floor_fraction"] = floor_us / s["median_us"]
             s["pass_wins"] = sum(p["winner"] == name for p in entry["passes"])
+            if "repeat_samples_us" in entry:
+                r = summarize([x / 1e6 for x in entry["repeat_samples_us"][name]])
+                s["repeat_use"] = r
+                s["first_over_repeat"] = s["median_us"] / r["median_us"]
             entry["summary"][name] = s
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     return {
@@ -313,7 +371,11 @@ def format_table(record: dict) -> str:
     customs = [n for n in names if n.startswith("custom")]
     others = [n for n in names if not n.startswith("custom")]
     head = "| S | L | floor µs | " + " | ".join(f"{n} µs (GB/s, floor %)" for n in names)
-    head += "".join(f" | {c} vs {o}" for c in customs for o in others) + " |"
+    head += "".join(f" | {c} vs {o}" for c in customs for o in others)
+    fresh = record["config"].get("fresh_inputs", False)
+    if fresh:  # the main columns are first use; then repeat use (first / repeat)
+        head += "".join(f" | {n} repeat-use µs (first/repeat)" for n in names)
+    head += " |"
     lines = [head, "|" + "---:|" * (head.count("|") - 1)]
     for entry in record["results"].values():
         sm, passes = entry["summary"], entry["passes"]
@@ -327,6 +389,11 @@ def format_table(record: dict) -> str:
                 wins = sum(p["median_us"][c] < p["median_us"][o] for p in passes)
                 ratio = sm[o]["median_us"] / sm[c]["median_us"]
                 row += f" | {ratio:.2f}x (wins {wins}/{len(passes)})"
+        if fresh:
+            row += "".join(
+                f" | {sm[n]['repeat_use']['median_us']:.1f} ({sm[n]['first_over_repeat']:.2f})"
+                for n in names
+            )
         lines.append(row + " |")
     return "\n".join(lines)
 
@@ -339,6 +406,7 @@ def main(argv=None) -> None:
         f"D={args.head_dim}, mask={args.attention_mask}, floor at {args.bandwidth_gbs:.1f} GB/s, "
         f"{args.iterations} samples x {args.context_repeats} passes, {args.calls_per_eval} "
         f"{'chained' if args.chain else 'independent'} calls/eval"
+        + (", fresh inputs: first use, then repeat use" if args.fresh_inputs else "")
     )
     print(format_table(record))
     if args.json_output:

@@ -3,13 +3,11 @@
 from qwen3_model.cache import KVCache, make_cache
 from qwen3_model.configs import CONFIGS, ModelArgs
 from qwen3_model.loading import load, save, weight_bytes
-from qwen3_model.model import CHECKPOINTS, MAX_CONTEXT, MAX_QUERY, Model
+from qwen3_model.model import CHECKPOINTS, Model
 
 __all__ = [
     "CHECKPOINTS",
     "CONFIGS",
-    "MAX_CONTEXT",
-    "MAX_QUERY",
     "KVCache",
     "Model",
     "ModelArgs",

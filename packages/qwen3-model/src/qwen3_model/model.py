@@ -1,40 +1,18 @@
 """Qwen3 on MLX. MLX's own blocks everywhere except attention, which is where the checkpoints
-differ: "composition" always runs the readable grouped attention; "decode-attention" runs the
-fused DecodeAttention kernel inside its measured region (the guard in Attention.__call__)."""
+differ: "composition" always runs the readable grouped attention (the chapter's baseline);
+"decode-attention" runs the fused DecodeAttention kernel inside its measured region
+(attn_kernels.guard) and mx.fast.scaled_dot_product_attention outside it and for prefill."""
 
 from __future__ import annotations
 
 import mlx.core as mx
 import mlx.nn as nn
 from attn_kernels import SCHEDULES, decode_attention_custom, scaled_dot_product_attention
+from attn_kernels.guard import use_fused
 
 from qwen3_model.configs import ModelArgs
 
 CHECKPOINTS = ("composition", "decode-attention")
-
-# The fused kernel's measured region, per backend: query length L and cached context S (after
-# this step's tokens are appended). Each is the largest measured point where the custom kernel
-# beat the readable path (the fallback) in every pass, for every measured query length up to
-# MAX_QUERY; nothing past the largest measured context.
-#   cpu: benchmark_results/cpu-2core-qwen3-4b-attention-L1-mlx-0.32.4.json and
-#        cpu-2core-qwen3-4b-attention-L2-L8-causal-mlx-0.32.4.json: wins at every S <= 16384
-#        (the largest measured) for L = 1, 2, 4 and 8; the 6-pass query and context sweeps
-#        (cpu-2core-qwen3-4b-attention-query-sweep, -context-sweep) agree.
-#   cuda: benchmark_results/h200-qwen3-4b-attention-L1-mlx-0.32.4.json (L=1, every schedule)
-#        and h200-qwen3-4b-attention-L2-L8-causal-mlx-0.32.4.json (L = 2, 4, 8), both of 52e6f6d:
-#        wins at every S <= 131072, the largest measured; so do the short-context runs of the
-#        same build (-L1-short-independent/-chained, -L2-L8-short) and the chapter's grid,
-#        context and query sweeps (-grid-*, -context-sweep, -query-sweep; f214fee, whose plans
-#        for those shapes 52e6f6d keeps).
-#   metal: no record of ours yet (no Mac here): the chapter's M4 Pro evidence, L <= 2, S <= 256.
-MAX_QUERY = {"cpu": 8, "cuda": 8, "metal": 2}
-MAX_CONTEXT = {"cpu": 16384, "cuda": 131072, "metal": 256}
-
-
-def backend() -> str:
-    if mx.default_device() != mx.gpu:
-        return "cpu"
-    return "cuda" if mx.cuda.is_available() else "metal"
 
 
 class Attention(nn.Module):
@@ -66,19 +44,16 @@ class Attention(nn.Module):
         if cache is not None:
             k, v = cache.update_and_fetch(k, v)
 
-        # The dispatch guard: the fused kernel only where it was measured to win.
-        context, where = k.shape[2], backend()
-        if (
-            self.checkpoint == "decode-attention"
-            and length <= MAX_QUERY[where]
-            and context <= MAX_CONTEXT[where]
-            and (mask is None or (isinstance(mask, str) and mask == "causal"))
-        ):
+        # The dispatch guard: the fused kernel only where it was measured to beat mx.fast, the
+        # fallback (the readable path is the composition checkpoint's, the baseline).
+        if self.checkpoint == "composition":
+            out = scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask)
+        elif use_fused(length, k.shape[2], q.shape[-1], mask, dtype=q.dtype):
             out = decode_attention_custom(
                 q, k, v, scale=self.scale, mask=mask, schedule=self.schedule
             )
         else:
-            out = scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask)
+            out = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(b, length, -1))
 
 
@@ -133,7 +108,8 @@ class Model(nn.Module):
     """Parameter names follow the Hugging Face / mlx-lm layout (model.layers.{i}.self_attn...).
 
     mask: None (causal for several tokens), "causal", or an additive/boolean array broadcastable
-    to (B, Hq, L, S), e.g. per-request padding masks of a batch (always the readable path).
+    to (B, Hq, L, S), e.g. per-request padding masks of a batch (the fused kernel where
+    attn_kernels.guard measured it to win, mx.fast elsewhere).
     """
 
     def __init__(self, args: ModelArgs, checkpoint: str = "decode-attention"):

@@ -1,0 +1,93 @@
+"""Where the fused kernel runs: the measured region per backend, and the call that checks it.
+
+Outside the region a caller uses the fallback, `mx.fast.scaled_dot_product_attention` (the
+fastest correct path MLX has; the readable path is the test oracle and the chapter's baseline,
+not a fallback). So every limit below is a crossover against `mx.fast`: the largest measured
+point where the fused kernel was faster in every pass, and nothing past the largest measured
+point (records in benchmark_results/, MLX 0.32.4, B=1, Hq=32, D=128, bf16).
+
+cpu (2 vCPUs, AMD EPYC, AVX-512 bf16):
+    cpu-2core-qwen3-4b-attention-L1-mlx-0.32.4.json (and -run2, -1-call-per-eval-run3/-run4,
+    -8-calls-per-eval): L=1, 3.1x (S=32) to 36.8x (S=16384) faster, every pass, every S <= 16384,
+    the largest measured. cpu-2core-qwen3-4b-attention-L2-L8-causal-mlx-0.32.4.json: L = 2, 4, 8
+    causal, 4.0x to 41.9x, every pass, every S <= 16384; the query and context sweeps agree.
+    Explicit masks: cpu-2core-qwen3-4b-attention-explicit-mask-mlx-0.32.4.json, L=1 at S = 128
+    and 1024 (5.9x, 19.3x, every pass).
+cuda (H200):
+    h200-qwen3-4b-attention-L1-mlx-0.32.4.json: L=1, 1.10x (S=1) to 3.41x (S=4096) and 1.15x at
+    S=131072, the largest measured, every pass; chained calls
+    (h200-qwen3-4b-attention-L1-long-chained, -L1-short-chained) 1.05x at S=131072 to 2.84x.
+    h200-qwen3-4b-attention-L2-L8-causal-mlx-0.32.4.json: L = 2, 4, 8, 1.22x to 3.55x, every pass,
+    every S <= 131072 (-L2-L8-long-chained: 3.2x to 11.2x). The short-context grid and sweeps
+    (-grid-L1, -grid-L8-causal, -context-sweep, -query-sweep, -L1-short-independent) agree on
+    the medians; the passes lost are near-ties at the per-call floor: S=129 L=1 in -grid-L1
+    (1.00x, 1 of 2) and S = 32..192 L=1 in -context-sweep (1.04x-1.07x, 4-5 of 6 won).
+    Explicit masks: h200-qwen3-4b-attention-explicit-mask-mlx-0.32.4.json, L = 1 and 2 at
+    S = 128, 1024, 4096 (2.35x to 6.11x, every pass).
+metal: no record of ours (no Mac here); the chapter's M4 Pro evidence (against the readable
+    path, not mx.fast) covers L <= 2, S <= 256, no explicit mask. Kept until a Mac record exists.
+
+Head dim and dtype: every record is D=128 bf16 (Qwen3); other values run the same kernels but
+were not measured against mx.fast, so they take the fallback until they are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_query: int  # query length L (tokens per step), mask None or "causal"
+    max_context: int  # cached context S after this step's tokens are appended
+    head_dims: tuple[int, ...]
+    dtypes: tuple[mx.Dtype, ...]
+    # An explicit mask array: its own, smaller measured region ((0, 0): never).
+    max_masked_query: int
+    max_masked_context: int
+
+
+LIMITS: dict[str, Limits] = {
+    "cpu": Limits(8, 16384, (128,), (mx.bfloat16,), 1, 1024),
+    "cuda": Limits(8, 131072, (128,), (mx.bfloat16,), 2, 4096),
+    "metal": Limits(2, 256, (128,), (mx.bfloat16,), 0, 0),
+}
+
+
+def backend() -> str:
+    """ "cpu", "cuda" or "metal": where the default device runs."""
+    if mx.default_device() != mx.gpu:
+        return "cpu"
+    return "cuda" if mx.cuda.is_available() else "metal"
+
+
+def use_fused(
+    query_len: int,
+    context: int,
+    head_dim: int,
+    mask,
+    backend: str | None = None,
+    *,
+    dtype: mx.Dtype | None = None,
+) -> bool:
+    """True where the fused kernel was measured to beat mx.fast on `backend` (default: the
+    default device's): L = query_len, S = context (after this step's tokens), mask None,
+    "causal" or an array. dtype None skips the dtype check (the caller knows it is bf16)."""
+    where = _default_backend() if backend is None else backend
+    if where not in LIMITS:
+        raise ValueError(f"unknown backend {where!r}: use one of {', '.join(LIMITS)}")
+    limits = LIMITS[where]
+    if head_dim not in limits.head_dims or (dtype is not None and dtype not in limits.dtypes):
+        return False
+    if query_len < 1 or context < query_len:
+        return False
+    if mask is None or (isinstance(mask, str) and mask == "causal"):
+        return query_len <= limits.max_query and context <= limits.max_context
+    if isinstance(mask, mx.array):
+        return query_len <= limits.max_masked_query and context <= limits.max_masked_context
+    return False
+
+
+_default_backend = backend

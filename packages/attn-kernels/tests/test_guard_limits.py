@@ -1,0 +1,79 @@
+"""The dispatch guard's table, every backend: each side of every limit."""
+
+import mlx.core as mx
+import pytest
+from attn_kernels import guard
+from attn_kernels.guard import LIMITS, use_fused
+
+BACKENDS = sorted(LIMITS)
+MASK = mx.zeros((1, 1, 1, 1))
+
+
+def test_every_backend_has_a_table():
+    assert set(LIMITS) == {"cpu", "cuda", "metal"}
+
+
+@pytest.mark.parametrize("where", BACKENDS)
+def test_query_and_context_limits(where):
+    lim = LIMITS[where]
+    d, dt = lim.head_dims[0], lim.dtypes[0]
+    for mask in (None, "causal"):
+        assert use_fused(1, 1, d, mask, where, dtype=dt)
+        assert use_fused(lim.max_query, lim.max_context, d, mask, where, dtype=dt)
+        assert not use_fused(lim.max_query + 1, lim.max_context, d, mask, where, dtype=dt)
+        assert not use_fused(1, lim.max_context + 1, d, mask, where, dtype=dt)
+        assert not use_fused(2 * lim.max_query, 2 * lim.max_query, d, mask, where)  # a prompt
+
+
+@pytest.mark.parametrize("where", BACKENDS)
+def test_explicit_mask_limits(where):
+    lim = LIMITS[where]
+    d = lim.head_dims[0]
+    if lim.max_masked_query == 0:
+        assert not use_fused(1, 1, d, MASK, where)
+        return
+    assert use_fused(1, 1, d, MASK, where)
+    assert use_fused(lim.max_masked_query, lim.max_masked_context, d, MASK, where)
+    assert not use_fused(lim.max_masked_query + 1, lim.max_masked_context, d, MASK, where)
+    assert not use_fused(1, lim.max_masked_context + 1, d, MASK, where)
+    # The explicit-mask region lies inside the unmasked one.
+    assert lim.max_masked_query <= lim.max_query
+    assert lim.max_masked_context <= lim.max_context
+
+
+@pytest.mark.parametrize("where", BACKENDS)
+def test_head_dim_dtype_and_mask_kind(where):
+    lim = LIMITS[where]
+    d = lim.head_dims[0]
+    assert not use_fused(1, 1, 2 * d + 1, None, where)
+    assert use_fused(1, 1, d, None, where, dtype=lim.dtypes[0])
+    unmeasured = [t for t in (mx.float32, mx.float16, mx.bfloat16) if t not in lim.dtypes]
+    for t in unmeasured:
+        assert not use_fused(1, 1, d, None, where, dtype=t)
+    assert not use_fused(1, 1, d, "sliding", where)
+    assert not use_fused(0, 1, d, None, where)  # nothing to attend
+    assert not use_fused(2, 1, d, "causal", where)  # L > S
+
+
+def test_cuda_table_lifted_to_the_records():
+    """The H200 records (guard.py's docstring) have the kernel ahead of mx.fast at S=131072 for
+    L <= 8, and with explicit masks at S <= 4096 for L <= 2."""
+    assert LIMITS["cuda"].max_context == 131072 and LIMITS["cuda"].max_query == 8
+    assert (LIMITS["cuda"].max_masked_query, LIMITS["cuda"].max_masked_context) == (2, 4096)
+
+
+def test_default_backend_follows_the_default_device(monkeypatch):
+    mx.set_default_device(mx.cpu)
+    assert guard.backend() == "cpu"
+    d = LIMITS["cpu"].head_dims[0]
+    assert use_fused(1, LIMITS["cpu"].max_context, d, None) == use_fused(
+        1, LIMITS["cpu"].max_context, d, None, "cpu"
+    )
+    monkeypatch.setattr(guard, "_default_backend", lambda: "cuda")
+    assert use_fused(1, LIMITS["cuda"].max_context, d, None)
+    assert not use_fused(1, LIMITS["cuda"].max_context, d, None, "cpu")
+
+
+def test_unknown_backend():
+    with pytest.raises(ValueError, match="unknown backend 'tpu'"):
+        use_fused(1, 1, 128, None, "tpu")
