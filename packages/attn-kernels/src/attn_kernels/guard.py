@@ -6,7 +6,8 @@ not a fallback). So every limit below is a crossover against `mx.fast`: the larg
 point where the fused kernel was faster in every pass, and nothing past the largest measured
 point (records in benchmark_results/, MLX 0.32.4, B=1, Hq=32, D=128, bf16).
 
-cpu (2 vCPUs, AMD EPYC, AVX-512 bf16):
+cpu (2 vCPUs, Intel Xeon with AVX-512 bf16, as the notes of the time say; the records name
+    only the CPU model):
     cpu-2core-qwen3-4b-attention-L1-mlx-0.32.4.json (and -run2, -1-call-per-eval-run3/-run4,
     -8-calls-per-eval): L=1, 3.1x (S=32) to 36.8x (S=16384) faster, every pass, every S <= 16384,
     the largest measured. cpu-2core-qwen3-4b-attention-L2-L8-causal-mlx-0.32.4.json: L = 2, 4, 8
