@@ -86,7 +86,8 @@ def test_bench_main_prints_the_story_and_writes_a_record(tmp_path, capsys, monke
     flags = [*TINY, "--input-len", "5", "--output-len", "3", "--rounds", "2"]
     bench.main(flags)
     out = capsys.readouterr()
-    assert "random (seed 0), in the shape of the published qwen3-tiny config" in out.out
+    printed = " ".join(out.out.split())  # the report wraps long lines
+    assert "random (seed 0), in the shape of the published qwen3-tiny config" in printed
     assert "bf16 (no quantisation)" in out.out
     for name in ("| decode-attention |", "| composition |", "| mlx-lm (its generate_step) |"):
         assert name in out.out
@@ -170,7 +171,8 @@ def test_bench_weights_folder_and_broken_files(tmp_path, capsys):
         "10",
     ]
     bench.main(flags)
-    assert f"{folder} (config.json + 1 safetensors file(s))" in capsys.readouterr().out
+    printed = " ".join(capsys.readouterr().out.split())  # the report wraps long lines
+    assert f"{folder} (config.json + 1 safetensors file(s))" in printed
     (folder / "config.json").write_text("{oops")
     with pytest.raises(SystemExit) as e:
         bench.main(flags)
@@ -309,3 +311,37 @@ def test_ab_decode_four_variants_rotated(tmp_path, capsys):
     assert plot.plot(out).exists()
     with pytest.raises(SystemExit):
         ab_decode.parse_args(["--output-len", "1"])
+
+
+def test_timed_takes_count_tokens_and_closes_the_loop():
+    closed = []
+
+    def loop():
+        try:
+            for token in range(10):
+                yield token, None
+        finally:
+            closed.append(True)
+
+    sample = bench.timed(loop(), prompt_len=6, count=4)
+    assert sample["tokens"] == [0, 1, 2, 3] and closed == [True]
+    assert len(sample["step_s"]) == 3 and sample["output_len"] == 4
+    assert sample["decode_tok_s"] == pytest.approx(3 / sample["decode_s"])
+
+
+def test_our_loops_queue_one_step_past_the_tokens_taken(monkeypatch):
+    """Equal structure with mlx-lm's generate_step, which always queues one step more."""
+    asked = []
+    real = bench.generate_step
+
+    def spy(prompt, model, **kw):
+        asked.append(kw["max_tokens"])
+        return real(prompt, model, **kw)
+
+    monkeypatch.setattr(bench, "generate_step", spy)
+    mx.set_default_device(mx.cpu)
+    models = bench.Models(qwen3_model.load("qwen3-tiny"))
+    prompt = bench.prompt_ids(1000, 5, mx.random.key(0))
+    for variant in ("decode-attention", "composition", "mlx-lm-our-loop"):
+        assert len(models.request(variant, prompt, 4)["tokens"]) == 4
+    assert asked == [5, 5, 5]

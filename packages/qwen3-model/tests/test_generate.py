@@ -174,9 +174,9 @@ def test_seed_repeats_sampled_text():
         return [t for t, _ in steps]
 
     assert sampled(3) == sampled(3)
-    assert sampled(3) != [t for t, _ in generate_step(prompt, model, max_tokens=12)] or sampled(
-        4
-    ) != sampled(3)
+    # Another seed draws another sequence (12 draws at temp 1.5 over 1000 tokens: a repeat would
+    # mean the seed is ignored).
+    assert sampled(4) != sampled(3)
 
 
 def test_bad_sampler_and_step_arguments():

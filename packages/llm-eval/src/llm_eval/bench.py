@@ -6,7 +6,9 @@ Each round runs one request per model, the order rotated every round; every samp
 the table shows medians with their min-max. A request is a seeded random prompt (ids away from
 Qwen3's special tokens) and greedy decoding, pipelined as mlx-lm does it (step n+1 queued before
 step n's token is read). prefill tok/s: prompt tokens / time to the first token; decode tok/s:
-the tokens after the first / the time after the first. GB/s: the bytes a decode step must read
+the tokens after the first / the time after the first (both as mlx-lm reports them; on a CPU,
+where mx.async_eval returns only when most of the step it queued has run, the time to the first
+token includes the first decode step). GB/s: the bytes a decode step must read
 (every weight once, plus the K/V cached so far) per second; "of floor": that rate over the
 memory read bandwidth (measured here on a CPU; 4.3 TB/s on an H200; else --bandwidth-gbs).
 
@@ -29,6 +31,7 @@ import os
 import re
 import statistics
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -37,6 +40,7 @@ import qwen3_model
 from attn_kernels import SCHEDULES, _ext
 from mlx.utils import tree_flatten
 from qwen3_model import CheckpointError, describe_weights, generate_step, make_cache
+from qwen3_model.generate import generation_stream as our_generation_stream
 
 from llm_eval.progress import Progress
 from llm_eval.record import SCHEMA_VERSION, collect_metadata, write_record
@@ -89,14 +93,23 @@ def prompt_ids(vocab: int, length: int, key) -> mx.array:
     return mx.random.randint(min(100, vocab - 1), min(vocab - 1, 150000), (length,), key=key)
 
 
-def timed(steps, prompt_len: int) -> dict:
-    """Drain a generate_step-style iterator, timing each token as it is handed over."""
+def timed(steps, prompt_len: int, count: int, streams=()) -> dict:
+    """Take `count` tokens from a generate_step-style iterator, timing each as it is handed over.
+
+    Every loop measured here has queued the step after the last token taken (mlx-lm's
+    generate_step always queues one past its max_tokens; ours is asked for count + 1). That
+    matters on a CPU, where mx.async_eval returns only when most of the queued step has run: a
+    loop that queued nothing after its last token would end a step early."""
     start = time.perf_counter()
     stamps, tokens = [], []
     for token, _ in steps:
         stamps.append(time.perf_counter())
         tokens.append(token)
-    mx.synchronize()  # work queued past the last token (mlx-lm queues one) ends outside timing
+        if len(tokens) == count:
+            break
+    steps.close()
+    for stream in streams:  # the step queued past the last token ends outside the timing
+        mx.synchronize(stream)
     prefill_s = stamps[0] - start
     step_s = [b - a for a, b in itertools.pairwise(stamps)]
     decode_s = stamps[-1] - stamps[0]
@@ -128,11 +141,13 @@ class Models:
         self._mlx_lm_step, self._mlx_lm_cache = mlx_lm_generate_step, make_prompt_cache
         # mlx-lm makes its stream when imported, on the default device of that moment.
         device = mx.default_device()
-        self._mlx_lm_kw = (
-            {} if generation_stream.device == device else {"stream": mx.new_stream(device)}
-        )
+        mlx_lm_stream = generation_stream if generation_stream.device == device else None
+        mlx_lm_stream = mlx_lm_stream or mx.new_stream(device)
+        self._mlx_lm_kw = {"stream": mlx_lm_stream}
+        self.streams = (mlx_lm_stream, our_generation_stream())
 
     def steps(self, variant: str, prompt: mx.array, output_len: int):
+        """The token iterator of `variant`, with the step after output_len tokens queued."""
         if variant == "mlx-lm":
             cache = self._mlx_lm_cache(self.twin)
             return self._mlx_lm_step(
@@ -140,15 +155,15 @@ class Models:
             )
         if variant == "mlx-lm-our-loop":
             cache = self._mlx_lm_cache(self.twin)
-            return generate_step(prompt, self.twin, max_tokens=output_len, prompt_cache=cache)
+            return generate_step(prompt, self.twin, max_tokens=output_len + 1, prompt_cache=cache)
         self.model.set_checkpoint(variant)
-        return generate_step(
-            prompt, self.model, max_tokens=output_len, prompt_cache=make_cache(self.model)
-        )
+        cache = make_cache(self.model)
+        return generate_step(prompt, self.model, max_tokens=output_len + 1, prompt_cache=cache)
 
     def request(self, variant: str, prompt: mx.array, output_len: int) -> dict:
         mx.reset_peak_memory()
-        sample = timed(self.steps(variant, prompt, output_len), prompt.size)
+        steps = self.steps(variant, prompt, output_len)
+        sample = timed(steps, prompt.size, output_len, self.streams)
         sample["peak_memory_bytes"] = mx.get_peak_memory()
         return sample
 
@@ -367,9 +382,9 @@ def run(args, progress: Progress | None = None, kind: str = "model-bench") -> di
     prompt = prompt_ids(model.args.vocab_size, args.input_len, mx.random.key(args.seed))
 
     progress.restart(args.warmup * len(args.variant))
-    for _ in range(args.warmup):  # compilation, allocator; one short request each
+    for _ in range(args.warmup):  # compilation, allocator: the prompt and one decode step
         for v in args.variant:
-            models.request(v, prompt, min(args.output_len, 4))
+            models.request(v, prompt, 2)
             progress.step(f"warm-up {v}")
     samples = {v: [] for v in args.variant}
     order_log = []
@@ -422,15 +437,30 @@ def format_report(record: dict) -> str:
         f"read bandwidth {bandwidth:.1f} GB/s" if bandwidth else "read bandwidth unknown"
     )
     steps = cfg["output_len"] - 1
+
+    def item(label: str, text: str) -> str:
+        return textwrap.fill(
+            text, width=100, initial_indent=f"{label:<10}", subsequent_indent=" " * 10
+        )
+
     lines = [
-        f"weights   {cfg['weights_origin']}",
-        f"          {cfg['quantization']}, {res['weight_bytes'] / 2**30:.2f} GiB; the same arrays"
-        " in every model",
-        f"machine   {machine}; {bandwidth_text}; MLX {meta['versions']['mlx']}, mlx-lm "
-        f"{meta['versions']['mlx_lm']}",
-        f"workload  {cfg['input_len']}-token prompt + {cfg['output_len']} generated ({steps} "
-        f"decode steps), greedy, pipelined; {cfg['rounds']} rounds, order rotated; "
-        f"{cfg['warmup']} warm-up request(s) each",
+        item("weights", cfg["weights_origin"]),
+        item(
+            "",
+            f"{cfg['quantization']}, {res['weight_bytes'] / 2**30:.2f} GiB; the same arrays in "
+            "every model",
+        ),
+        item(
+            "machine",
+            f"{machine}; {bandwidth_text}; MLX {meta['versions']['mlx']}, mlx-lm "
+            f"{meta['versions']['mlx_lm']}",
+        ),
+        item(
+            "workload",
+            f"{cfg['input_len']}-token prompt + {cfg['output_len']} generated ({steps} decode "
+            f"steps), greedy, pipelined; {cfg['rounds']} rounds, order rotated; "
+            f"{cfg['warmup']} warm-up request(s) each",
+        ),
         "",
         f"medians over {cfg['rounds']} rounds (min–max):",
         "",
