@@ -345,3 +345,12 @@ def test_our_loops_queue_one_step_past_the_tokens_taken(monkeypatch):
     for variant in ("decode-attention", "composition", "mlx-lm-our-loop"):
         assert len(models.request(variant, prompt, 4)["tokens"]) == 4
     assert asked == [5, 5, 5]
+
+
+@pytest.mark.parametrize("load, busy", [(0.0, False), (99.0, True)])
+def test_bench_says_when_the_machine_was_busy(tmp_path, monkeypatch, load, busy):
+    monkeypatch.setattr(bench, "load_average", lambda: load)
+    _, record = tiny_bench(tmp_path, "--input-len", "3", "--output-len", "2", "--rounds", "1")
+    assert record["results"]["load_average"] == {"start": load, "end": load}
+    report = " ".join(bench.format_report(record).split())
+    assert ("load average was 99.0–99.0" in report) == busy

@@ -278,3 +278,9 @@ def test_load_progress_reports_every_layer():
     layers = model.args.num_hidden_layers
     assert seen == [(i, layers + 1) for i in range(1, layers + 2)]
     assert len(tree_flatten(model.parameters())) > 0
+
+
+def test_folders_may_start_with_home(checkpoint, monkeypatch):
+    monkeypatch.setenv("HOME", str(checkpoint.parent))
+    assert load(f"~/{checkpoint.name}").args == CONFIGS["qwen3-tiny"]
+    assert Tokenizer.from_folder(f"~/{checkpoint.name}").encode("w3 w4") == [3, 4]

@@ -216,6 +216,10 @@ def summarise(samples: dict[str, list[dict]]) -> dict:
     return out
 
 
+def load_average() -> float | None:
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+
+
 def find_results_dir(start: Path | None = None) -> Path:
     """benchmark_results/ in the current folder or the nearest one above that has it."""
     start = (start or Path.cwd()).resolve()
@@ -360,6 +364,7 @@ def run(args, progress: Progress | None = None, kind: str = "model-bench") -> di
     progress = progress or Progress()
     mx.set_default_device(mx.gpu if args.device == "gpu" else mx.cpu)
     metadata = collect_metadata(args.device)
+    load_start = load_average()
     if args.bandwidth_gbs is None:
         if args.device == "cpu":
             progress.update("measuring the memory read bandwidth ...")
@@ -415,6 +420,8 @@ def run(args, progress: Progress | None = None, kind: str = "model-bench") -> di
             "kv_bytes_per_position": kv_per_position,
             "samples": samples,
             "medians": summarise(samples),
+            # 1-minute load averages: other work on a shared machine shows up here.
+            "load_average": {"start": load_start, "end": load_average()},
         },
     }
 
@@ -485,6 +492,18 @@ def format_report(record: dict) -> str:
         frac = m["floor_fraction"]
         row += f" {_fmt(m['read_gbs'], '.2f')} | {_fmt(frac and 100 * frac, '.1f', '%')} |"
         lines.append(row)
+    loads = [x for x in (res.get("load_average") or {}).values() if x is not None]
+    cores = device.get("cpu_count") or os.cpu_count()
+    if loads and max(loads) > cores:
+        lines += [
+            "",
+            item(
+                "busy",
+                f"the machine's load average was {min(loads):.1f}–{max(loads):.1f} on {cores} "
+                "cores while this ran: other work shared the CPU, so read the min–max before "
+                "the medians",
+            ),
+        ]
     token_sets = {tuple(s["tokens"]) for rows in samples.values() for s in rows}
     lines += [
         "",

@@ -119,7 +119,7 @@ def load(
         _quantize(model, quantize)
         _materialise(model, progress)
         return model
-    path = Path(name_or_path)
+    path = Path(name_or_path).expanduser()
     if not path.exists():
         if isinstance(name_or_path, str) and "/" not in name and "\\" not in name:
             raise ValueError(

@@ -26,7 +26,7 @@ class Tokenizer:
     def from_folder(cls, path: str | Path) -> Tokenizer:
         from tokenizers import Tokenizer as HFTokenizer
 
-        path = Path(path)
+        path = Path(path).expanduser()
         file = path / "tokenizer.json"
         if not file.exists():
             raise FileNotFoundError(f"{path} has no tokenizer.json")
