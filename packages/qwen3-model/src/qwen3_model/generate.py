@@ -88,7 +88,7 @@ def generate_step(
 ) -> Iterator[tuple[int, mx.array]]:
     """Yields (token, logprobs) for up to max_tokens tokens (-1: no limit) after the 1-D prompt.
 
-    The prompt but its last token is run in chunks of prefill_step_size evaluating only the
+    All of the prompt but its last token runs in chunks of prefill_step_size, evaluating only the
     cache (no logits); the last token's step gives the first token. From then on step n+1 is
     queued before step n's token is read."""
     if prompt.ndim != 1 or prompt.size == 0:
