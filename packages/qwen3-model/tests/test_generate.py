@@ -284,3 +284,11 @@ def test_folders_may_start_with_home(checkpoint, monkeypatch):
     monkeypatch.setenv("HOME", str(checkpoint.parent))
     assert load(f"~/{checkpoint.name}").args == CONFIGS["qwen3-tiny"]
     assert Tokenizer.from_folder(f"~/{checkpoint.name}").encode("w3 w4") == [3, 4]
+
+
+def test_cli_prompt_from_stdin(checkpoint, capsys, monkeypatch):
+    import io
+
+    monkeypatch.setattr("sys.stdin", io.StringIO("w5 w6 w7"))
+    main(["--weights", str(checkpoint), "--prompt", "-", "--max-tokens", "2"])
+    assert capsys.readouterr().out.splitlines()[3].startswith("Prompt: 3 tokens, ")

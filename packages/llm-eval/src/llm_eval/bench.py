@@ -304,7 +304,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         metavar="GB/s",
         help="memory read bandwidth for the floor (default: measured on a CPU, 4300 on an H200)",
     )
-    p.add_argument("--seed", type=int, default=0, help="weights and prompts (default 0)")
+    p.add_argument(
+        "--seed", type=int, default=0, metavar="N", help="weights and prompts (default 0)"
+    )
     p.add_argument(
         "--output",
         "--json-output",
