@@ -151,29 +151,3 @@ def test_batch_with_per_request_padding_mask():
     solo = model(mx.array([short]), make_cache(model))
     assert mx.allclose(logits[1, :14], solo[0], atol=1e-4).item()
     assert mx.allclose(logits[0], model(mx.array([long]), make_cache(model))[0], atol=1e-4).item()
-
-
-def test_generate_without_weights_says_what_to_pass(capsys):
-    from qwen3_model.generate import main
-
-    with pytest.raises(SystemExit):
-        main(["--prompt", "hi"])
-    assert "pass --weights DIR" in capsys.readouterr().err
-
-
-def test_generate_streams_with_the_checkpoint_tokenizer(tmp_path, capsys):
-    """A checkpoint folder with its own tokenizer.json (a word-level one made here): generate
-    loads both offline and prints decoded text."""
-    from qwen3_model.generate import main
-    from tokenizers import Tokenizer
-    from tokenizers.models import WordLevel
-    from tokenizers.pre_tokenizers import Whitespace
-
-    vocab = {f"w{i}": i for i in range(CONFIGS["qwen3-tiny"].vocab_size)}
-    tokenizer = Tokenizer(WordLevel(vocab, unk_token="w0"))
-    tokenizer.pre_tokenizer = Whitespace()
-    folder = save(load("qwen3-tiny", seed=4), tmp_path / "ckpt")
-    tokenizer.save(str(folder / "tokenizer.json"))
-    main(["--weights", str(folder), "--prompt", "w5 w6 w7", "--max-tokens", "4"])
-    printed = capsys.readouterr().out.split()
-    assert len(printed) == 4 and all(word in vocab for word in printed)

@@ -1,7 +1,10 @@
-"""ab-decode: whole-model decode of composition, decode-attention and mlx-lm in ONE process on the
-same weights: one request each per round, order rotated every round (progression's rotation), so
-the attention path is compared without process-to-process noise (+-20% between fresh processes on
-the H200). The fresh-process protocol stays `progression`; this is its in-process companion.
+"""ab-decode: bench's in-process protocol at the chapter's H200 workload, with a fourth variant.
+
+composition, decode-attention, mlx-lm (its model and its own generate_step: what an mlx-lm user
+gets) and mlx-lm-our-loop (its model in our generate_step, which splits a difference between us
+and mlx-lm into model and loop), all on the same weights in ONE process: one request each per
+round, order rotated every round, every sample kept. All loops are pipelined (mx.async_eval), as
+mlx-lm's generate_step is. The fresh-process protocol stays `progression`.
 
     ab-decode --model qwen3-4b --quantize none --input-len 128 --output-len 129 --rounds 12
 """
@@ -9,17 +12,16 @@ the H200). The fresh-process protocol stays `progression`; this is its in-proces
 from __future__ import annotations
 
 import argparse
-import statistics
+import sys
 from pathlib import Path
 
-import mlx.core as mx
+from qwen3_model import CheckpointError
 
 from llm_eval import bench
 from llm_eval.progress import Progress
-from llm_eval.progression import at_or_above, variant_order
-from llm_eval.record import SCHEMA_VERSION, collect_metadata, refuse_overwrite, write_record
+from llm_eval.record import refuse_overwrite, write_record
 
-VARIANTS = list(bench.CHECKPOINTS)
+VARIANTS = ["composition", "decode-attention", "mlx-lm", "mlx-lm-our-loop"]
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -36,95 +38,46 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--variants",
         default=",".join(VARIANTS),
         help="comma-separated subset of " + ",".join(VARIANTS) + " (must include mlx-lm, the "
-        "reference; long prompts: the composition's readable prefill needs O(L^2) memory)",
+        "reference; long prompts: leave out composition, whose readable prefill needs O(L^2) "
+        "memory)",
     )
     p.add_argument("--device", choices=["cpu", "gpu"], default="gpu" if bench.has_gpu() else "cpu")
+    p.add_argument("--bandwidth-gbs", type=float, help="for the read floor (see bench --help)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json-output", type=Path)
-    p.add_argument("--force", action="store_true")
+    p.add_argument("--output", "--json-output", type=Path, dest="json_output", metavar="PATH")
+    p.add_argument("--overwrite", "--force", action="store_true", dest="force")
     args = p.parse_args(argv)
     args.variants = [v for v in args.variants.split(",") if v]
     if "mlx-lm" not in args.variants or any(v not in VARIANTS for v in args.variants):
         p.error(f"--variants: a subset of {','.join(VARIANTS)} that includes mlx-lm")
     if args.rounds < 1 or args.input_len < 1 or args.output_len < 2:
         p.error("--rounds and --input-len must be >= 1, --output-len >= 2")
+    if args.weights:
+        args.model = None
     refuse_overwrite(p, args.json_output, args.force)
     return args
 
 
+def bench_args(args) -> argparse.Namespace:
+    return argparse.Namespace(
+        **{k: v for k, v in vars(args).items() if k not in ("json_output", "force", "variants")},
+        variant=list(args.variants),
+        warmup=1,
+        schedule="auto",
+    )
+
+
 def run(args) -> dict:
-    mx.set_default_device(mx.gpu if args.device == "gpu" else mx.cpu)
-
-    def build(checkpoint):
-        ns = argparse.Namespace(**{**vars(args), "checkpoint": checkpoint, "schedule": "auto"})
-        return bench.build(ns)
-
-    ours, make_ours = build("decode-attention")  # composition: the same model, other checkpoint
-    twin, make_twin = build("mlx-lm")
-    prompt = bench.prompt_ids(ours.args.vocab_size, args.input_len, mx.random.key(args.seed))
-
-    def request(variant):
-        if variant == "mlx-lm":
-            return bench.run_request(twin, make_twin, prompt, args.output_len, True)
-        ours.set_checkpoint(variant)
-        return bench.run_request(ours, make_ours, prompt, args.output_len, True)
-
-    variants = args.variants
-    for v in variants:  # warm-up: compilation, allocator
-        request(v)
-    samples = {v: [] for v in variants}
-    order_log = []
-    progress = Progress(args.rounds * len(variants))
-    for r in range(args.rounds):
-        order = variant_order(variants, r)
-        order_log.append({"round": r, "order": order})
-        for v in order:
-            result = request(v)
-            samples[v].append({"round": r, **result})
-            progress.step(f"round {r} {v}")
-    medians = {
-        v: {
-            "decode_tok_s": statistics.median(s["decode_tok_s"] for s in samples[v]),
-            "prefill_tok_s": statistics.median(s["prefill_tok_s"] for s in samples[v]),
-            "median_step_ms": statistics.median(t for s in samples[v] for t in s["step_s"]) * 1e3,
-        }
-        for v in variants
-    }
-    config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "kind": "ab-decode",
-        "metadata": collect_metadata(args.device),
-        "model_config": ours.args.to_dict(),
-        "config": config,
-        "execution_order": order_log,
-        "results": {"samples": samples, "medians": medians},
-    }
-
-
-def format_table(record: dict) -> str:
-    samples, medians = record["results"]["samples"], record["results"]["medians"]
-    lines = [
-        "| variant | decode tok/s (min–max) | median step ms | prefill tok/s | vs mlx-lm "
-        "(rounds at or above) |",
-        "|---|---|---|---|---|",
-    ]
-    for v, m in medians.items():
-        decode = [s["decode_tok_s"] for s in samples[v]]
-        wins = at_or_above(samples[v], samples["mlx-lm"])
-        ratio = m["decode_tok_s"] / medians["mlx-lm"]["decode_tok_s"]
-        lines.append(
-            f"| {v} | {m['decode_tok_s']:.2f} ({min(decode):.2f}–{max(decode):.2f}) | "
-            f"{m['median_step_ms']:.2f} | {m['prefill_tok_s']:.1f} | {ratio:.3f}x "
-            f"({wins}/{len(decode)}) |"
-        )
-    return "\n".join(lines)
+    return bench.run(bench_args(args), Progress(), kind="ab-decode")
 
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    record = run(args)
-    print(format_table(record))
+    try:
+        record = run(args)
+    except (CheckpointError, FileNotFoundError) as e:
+        sys.exit(f"ab-decode: error: {e}")
+    print(bench.format_report(record))
     if args.json_output:
         print(f"wrote {write_record(record, args.json_output, force=args.force)}")
 

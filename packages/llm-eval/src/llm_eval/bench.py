@@ -1,16 +1,37 @@
-"""bench: decode throughput of one model in one configuration.
+"""bench: the main job. Qwen3 decoding with the fused decode-attention kernel, side by side with
+the readable attention composition and with mlx-lm (its own Qwen3 and its own generate_step:
+what an mlx-lm user gets), all three on the same weights in one process.
 
-Seeded synthetic prompts (token ids away from Qwen3's special tokens), a fresh KV cache per
-request, greedy decoding with one synchronisation per generated token. Prefill produces the
-first token; decode tok/s is (generated - 1) / decode time. The weight-read limit is the tok/s at
-which reading every weight once per token saturates memory bandwidth.
+Each round runs one request per model, the order rotated every round; every sample is kept and
+the table shows medians with their min-max. A request is a seeded random prompt (ids away from
+Qwen3's special tokens) and greedy decoding, pipelined as mlx-lm does it (step n+1 queued before
+step n's token is read). prefill tok/s: prompt tokens / time to the first token; decode tok/s:
+the tokens after the first / the time after the first (both as mlx-lm reports them; on a CPU,
+where mx.async_eval returns only when most of the step it queued has run, the time to the first
+token includes the first decode step). GB/s: the bytes a decode step must read
+(every weight once, plus the K/V cached so far) per second; "of floor": that rate over the
+memory read bandwidth (measured here on a CPU; 4.3 TB/s on an H200; else --bandwidth-gbs).
+
+Without --weights the weights are random, drawn in the shape of a published Qwen3 config: no
+checkpoint can be downloaded here, and speed does not depend on the values. Records go to
+benchmark_results/ (the nearest such folder from the current one upwards, else ./
+benchmark_results), under a new name if one exists; --output names the file, --no-record skips.
+
+    bench                                         # CPU: qwen3-0.6b bf16, 8 + 5 tokens, 3 rounds
+    bench --input-len 1024 --output-len 33        # a longer context (CPU: several minutes)
+    bench --model qwen3-4b --quantize 4bit --input-len 32 --output-len 97 --rounds 6   # a GPU
+    bench --weights ~/models/Qwen3-0.6B           # a local checkpoint folder
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
+import os
+import re
 import statistics
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -18,16 +39,21 @@ import mlx.core as mx
 import qwen3_model
 from attn_kernels import SCHEDULES, _ext
 from mlx.utils import tree_flatten
+from qwen3_model import CheckpointError, describe_weights, generate_step, make_cache
+from qwen3_model.generate import generation_stream as our_generation_stream
 
-from llm_eval.record import SCHEMA_VERSION, collect_metadata, refuse_overwrite, write_record
+from llm_eval.progress import Progress
+from llm_eval.record import SCHEMA_VERSION, collect_metadata, write_record
 
-CHECKPOINTS = ("composition", "decode-attention", "mlx-lm")
-GPU_BANDWIDTH_GBS = 4300.0  # H200, measured copy rate (shared/gpu-kit/README.md)
-# Embedded defaults: the chapter's workload on a GPU; on this 2-core CPU a size that finishes in
-# under a minute (MLX's CPU matmuls decode Qwen3-0.6B at a few tok/s here).
+VARIANTS = ("decode-attention", "composition", "mlx-lm")
+# mlx-lm's model in our generate_step: with "mlx-lm" it splits a difference into model and loop.
+ALL_VARIANTS = (*VARIANTS, "mlx-lm-our-loop")
+H200_BANDWIDTH_GBS = 4300.0  # measured copy rate (docs: the H200 notes)
+# Embedded defaults: the chapter's workload on a GPU; on a CPU a size that finishes in a minute
+# or two on two cores (MLX's bf16 CPU matmuls decode qwen3-0.6b at about a token a second).
 DEFAULTS = {
-    "gpu": dict(model="qwen3-4b", quantize="4bit", input_len=32, output_len=97, warmup=2),
-    "cpu": dict(model="qwen3-0.6b", quantize="none", input_len=16, output_len=9, warmup=1),
+    "gpu": dict(model="qwen3-4b", quantize="4bit", input_len=32, output_len=97, rounds=6),
+    "cpu": dict(model="qwen3-0.6b", quantize="none", input_len=8, output_len=5, rounds=3),
 }
 
 
@@ -35,211 +61,492 @@ def has_gpu() -> bool:
     return mx.cuda.is_available() or mx.metal.is_available()
 
 
-def build(args):
-    """(model, make_cache, label) for the checkpoint; mlx-lm gets our exact weights."""
-    quantize = None if args.quantize == "none" else args.quantize
-    source = args.weights or args.model
-    checkpoint = "composition" if args.checkpoint == "mlx-lm" else args.checkpoint
-    model = qwen3_model.load(source, quantize=quantize, seed=args.seed, checkpoint=checkpoint)
-    model.set_schedule(args.schedule)
-    if args.checkpoint != "mlx-lm":
-        return model, qwen3_model.make_cache
+def variant_order(variants: list[str], repeat: int) -> list[str]:
+    """Rotated by `repeat`, reversed in odd rounds of rotations: with two variants forward then
+    reverse; with three, six repeats run all six orders."""
+    shift = repeat % len(variants)
+    order = list(variants[shift:]) + list(variants[:shift])
+    return order[::-1] if (repeat // len(variants)) % 2 else order
+
+
+def at_or_above(mine: list[dict], theirs: list[dict]) -> int:
+    """Rounds (paired by position) in which `mine` decoded at least as fast as `theirs`."""
+    return sum(a["decode_tok_s"] >= b["decode_tok_s"] for a, b in zip(mine, theirs, strict=True))
+
+
+def mlx_lm_twin(model):
+    """mlx-lm's Qwen3 holding exactly our weight arrays (names are the same; nothing copied)."""
     import mlx.nn as nn
     from mlx_lm.models import qwen3 as mlx_lm_qwen3
-    from mlx_lm.models.cache import make_prompt_cache
 
     twin = mlx_lm_qwen3.Model(mlx_lm_qwen3.ModelArgs(**model.args.to_dict()))
     if getattr(model, "quantization", None):
         nn.quantize(twin, **model.quantization)
     twin.load_weights(list(tree_flatten(model.parameters())), strict=True)
     mx.eval(twin.parameters())
-    return twin, make_prompt_cache
-
-
-def forward(model, tokens, cache, last_only: bool):
-    """Logits of the last position only (the chapter's --prefill-logits last) or of all."""
-    if isinstance(model, qwen3_model.Model):
-        hidden = model.model(tokens, cache)
-    else:  # mlx-lm: same module layout
-        hidden = model.model(tokens, cache=cache)
-    if last_only:
-        hidden = hidden[:, -1:]
-    if model.args.tie_word_embeddings:
-        return model.model.embed_tokens.as_linear(hidden)
-    return model.lm_head(hidden)
+    return twin
 
 
 def prompt_ids(vocab: int, length: int, key) -> mx.array:
-    """(1, length) random ids well inside the ordinary vocabulary: Qwen3's special tokens sit at
+    """(length,) random ids well inside the ordinary vocabulary: Qwen3's special tokens sit at
     the top."""
-    return mx.random.randint(min(100, vocab - 1), min(vocab - 1, 150000), (1, length), key=key)
+    return mx.random.randint(min(100, vocab - 1), min(vocab - 1, 150000), (length,), key=key)
 
 
-def run_request(model, make_cache, prompt: mx.array, output_len: int, last_only: bool) -> dict:
-    cache = make_cache(model)
+def timed(steps, prompt_len: int, count: int, streams=()) -> dict:
+    """Take `count` tokens from a generate_step-style iterator, timing each as it is handed over.
+
+    Every loop measured here has queued the step after the last token taken (mlx-lm's
+    generate_step always queues one past its max_tokens; ours is asked for count + 1). That
+    matters on a CPU, where mx.async_eval returns only when most of the queued step has run: a
+    loop that queued nothing after its last token would end a step early."""
     start = time.perf_counter()
-    logits = forward(model, prompt, cache, last_only)
-    token = mx.argmax(logits[:, -1], axis=-1)
-    mx.eval(token)
-    prefill_s = time.perf_counter() - start
-    steps = []
-    for _ in range(output_len - 1):
-        t = time.perf_counter()
-        token = mx.argmax(forward(model, token[:, None], cache, True)[:, -1], axis=-1)
-        mx.eval(token)
-        steps.append(time.perf_counter() - t)
-    decode_s = sum(steps)
+    stamps, tokens = [], []
+    for token, _ in steps:
+        stamps.append(time.perf_counter())
+        tokens.append(token)
+        if len(tokens) == count:
+            break
+    steps.close()
+    for stream in streams:  # the step queued past the last token ends outside the timing
+        mx.synchronize(stream)
+    prefill_s = stamps[0] - start
+    step_s = [b - a for a, b in itertools.pairwise(stamps)]
+    decode_s = stamps[-1] - stamps[0]
     return {
-        "input_len": prompt.shape[1],
-        "output_len": output_len,
+        "input_len": prompt_len,
+        "output_len": len(tokens),
         "prefill_s": prefill_s,
         "decode_s": decode_s,
-        "step_s": steps,
-        "prefill_tok_s": prompt.shape[1] / prefill_s,
-        "decode_tok_s": (output_len - 1) / decode_s if decode_s > 0 else None,
-        "output_tok_s": output_len / (prefill_s + decode_s),
+        "step_s": step_s,
+        "prefill_tok_s": prompt_len / prefill_s,
+        "decode_tok_s": len(step_s) / decode_s if decode_s > 0 else None,
+        "tokens": tokens,
     }
+
+
+class Models:
+    """The variants on one set of weight arrays. Ours: one model whose attention path is
+    switched per request; mlx-lm: its model, its cache and its generate_step; mlx-lm-our-loop:
+    its model and cache in our generate_step."""
+
+    def __init__(self, model, schedule: str = "auto"):
+        from mlx_lm.generate import generate_step as mlx_lm_generate_step
+        from mlx_lm.generate import generation_stream
+        from mlx_lm.models.cache import make_prompt_cache
+
+        self.model = model
+        self.model.set_schedule(schedule)
+        self.twin = mlx_lm_twin(model)
+        self._mlx_lm_step, self._mlx_lm_cache = mlx_lm_generate_step, make_prompt_cache
+        # mlx-lm makes its stream when imported, on the default device of that moment.
+        device = mx.default_device()
+        mlx_lm_stream = generation_stream if generation_stream.device == device else None
+        mlx_lm_stream = mlx_lm_stream or mx.new_stream(device)
+        self._mlx_lm_kw = {"stream": mlx_lm_stream}
+        self.streams = (mlx_lm_stream, our_generation_stream())
+
+    def steps(self, variant: str, prompt: mx.array, output_len: int):
+        """The token iterator of `variant`, with the step after output_len tokens queued."""
+        if variant == "mlx-lm":
+            cache = self._mlx_lm_cache(self.twin)
+            return self._mlx_lm_step(
+                prompt, self.twin, max_tokens=output_len, prompt_cache=cache, **self._mlx_lm_kw
+            )
+        if variant == "mlx-lm-our-loop":
+            cache = self._mlx_lm_cache(self.twin)
+            return generate_step(prompt, self.twin, max_tokens=output_len + 1, prompt_cache=cache)
+        self.model.set_checkpoint(variant)
+        cache = make_cache(self.model)
+        return generate_step(prompt, self.model, max_tokens=output_len + 1, prompt_cache=cache)
+
+    def request(self, variant: str, prompt: mx.array, output_len: int) -> dict:
+        mx.reset_peak_memory()
+        steps = self.steps(variant, prompt, output_len)
+        sample = timed(steps, prompt.size, output_len, self.streams)
+        sample["peak_memory_bytes"] = mx.get_peak_memory()
+        return sample
+
+
+def kv_bytes_per_position(model) -> int:
+    """Keys and values of one position, all layers, in the cache's dtype (the activations')."""
+    a = model.args
+    itemsize = model.model.norm.weight.dtype.size
+    return 2 * a.num_hidden_layers * a.num_key_value_heads * a.head_dim * itemsize
+
+
+def add_reads(sample: dict, weight_bytes: int, kv_per_position: int, bandwidth_gbs) -> None:
+    """GB/s of the reads the decode steps must make: step i (1-based) reads every weight and the
+    K/V of input_len + i positions."""
+    steps = sample["output_len"] - 1
+    contexts = sum(sample["input_len"] + i for i in range(1, steps + 1))
+    read = steps * weight_bytes + contexts * kv_per_position
+    sample["read_bytes"] = read
+    sample["read_gbs"] = read / sample["decode_s"] / 1e9 if sample["decode_s"] > 0 else None
+    sample["floor_fraction"] = (
+        sample["read_gbs"] / bandwidth_gbs if bandwidth_gbs and sample["read_gbs"] else None
+    )
+
+
+def summarise(samples: dict[str, list[dict]]) -> dict:
+    """Per variant: medians (and min/max of the tok/s), ratios to mlx-lm where it ran."""
+    out = {}
+    for v, rows in samples.items():
+        m = {}
+        for key in ("prefill_tok_s", "decode_tok_s"):
+            values = [r[key] for r in rows]
+            m[key], m[key + "_min"], m[key + "_max"] = (
+                statistics.median(values),
+                min(values),
+                max(values),
+            )
+        m["output_tok_s"] = statistics.median(
+            r["output_len"] / (r["prefill_s"] + r["decode_s"]) for r in rows
+        )
+        m["median_step_ms"] = statistics.median(t for r in rows for t in r["step_s"]) * 1e3
+        m["peak_memory_bytes"] = statistics.median(r["peak_memory_bytes"] for r in rows)
+        for key in ("read_gbs", "floor_fraction"):
+            values = [r[key] for r in rows if r.get(key) is not None]
+            m[key] = statistics.median(values) if values else None
+        out[v] = m
+    if "mlx-lm" in out:
+        for v, m in out.items():
+            m["vs_mlx_lm"] = m["decode_tok_s"] / out["mlx-lm"]["decode_tok_s"]
+            m["rounds_at_or_above_mlx_lm"] = at_or_above(samples[v], samples["mlx-lm"])
+    return out
+
+
+def load_average() -> float | None:
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+
+
+def find_results_dir(start: Path | None = None) -> Path:
+    """benchmark_results/ in the current folder or the nearest one above that has it."""
+    start = (start or Path.cwd()).resolve()
+    for folder in (start, *start.parents):
+        if (folder / "benchmark_results").is_dir():
+            return folder / "benchmark_results"
+    return start / "benchmark_results"
+
+
+def machine_tag(device: str) -> str:
+    if device == "cpu":
+        return f"cpu-{os.cpu_count()}core"
+    if mx.cuda.is_available():
+        return "h200" if "H200" in gpu_name() else "cuda"
+    return "metal"
+
+
+def gpu_name() -> str:
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+        )
+        return out.stdout.strip()
+    except OSError:
+        return ""
+
+
+def record_name(args, weights_tag: str) -> str:
+    model = args.model or re.sub(r"[^A-Za-z0-9._-]+", "-", Path(args.weights).resolve().name)
+    return (
+        f"{machine_tag(args.device)}-{model}-{weights_tag}-bench-"
+        f"{args.input_len}+{args.output_len}-mlx-{mx.__version__}"
+    )
+
+
+def unique_path(folder: Path, stem: str) -> Path:
+    """folder/stem.json, or stem-2.json, stem-3.json ... : an existing record is never replaced."""
+    path, n = folder / f"{stem}.json", 1
+    while path.exists():
+        n += 1
+        path = folder / f"{stem}-{n}.json"
+    return path
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--model", help="built-in config: " + ", ".join(qwen3_model.CONFIGS))
-    p.add_argument("--weights", type=Path, help="local checkpoint folder instead of --model")
-    p.add_argument("--checkpoint", choices=CHECKPOINTS, default="decode-attention")
-    p.add_argument("--quantize", choices=["none", "4bit"])
+    p.add_argument(
+        "--model",
+        metavar="NAME",
+        help="built-in config, random weights: " + ", ".join(qwen3_model.CONFIGS),
+    )
+    p.add_argument("--weights", type=Path, metavar="DIR", help="a local checkpoint folder")
+    p.add_argument("--quantize", choices=["none", "4bit"], help="random weights only")
+    p.add_argument(
+        "--variant",
+        action="append",
+        choices=ALL_VARIANTS,
+        help="repeatable; default the first three (mlx-lm-our-loop: mlx-lm's model in our loop)",
+    )
+    p.add_argument("--input-len", type=int, metavar="N", help="prompt tokens")
+    p.add_argument("--output-len", type=int, metavar="N", help="generated tokens (>= 2)")
+    p.add_argument("--rounds", type=int, metavar="N", help="timed requests per model")
+    p.add_argument(
+        "--warmup", type=int, default=1, metavar="N", help="untimed requests per model (1)"
+    )
+    p.add_argument("--device", choices=["cpu", "gpu"], default="gpu" if has_gpu() else "cpu")
     p.add_argument(
         "--schedule",
         choices=SCHEDULES,
         default="auto",
-        help="GPU kernel schedule of the decode-attention checkpoint (scheduling experiment)",
+        help="GPU kernel schedule of decode-attention (scheduling experiment)",
     )
-    p.add_argument("--num-seqs", type=int, default=1)
-    p.add_argument("--min-input-len", type=int)
-    p.add_argument("--max-input-len", type=int)
-    p.add_argument("--min-output-len", type=int)
-    p.add_argument("--max-output-len", type=int)
-    p.add_argument("--warmup", type=int, help="untimed requests first")
-    p.add_argument("--prefill-logits", choices=["last", "all"], default="last")
-    p.add_argument("--device", choices=["cpu", "gpu"], default="gpu" if has_gpu() else "cpu")
     p.add_argument(
         "--bandwidth-gbs",
         type=float,
-        help="for the weight-read limit (default: measured on CPU, 4300 on GPU)",
+        metavar="GB/s",
+        help="memory read bandwidth for the floor (default: measured on a CPU, 4300 on an H200)",
     )
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json-output", type=Path)
-    p.add_argument("--force", action="store_true", help="replace an existing --json-output")
+    p.add_argument(
+        "--seed", type=int, default=0, metavar="N", help="weights and prompts (default 0)"
+    )
+    p.add_argument(
+        "--output",
+        "--json-output",
+        type=Path,
+        metavar="PATH",
+        help="the record's file (or a folder for the default name)",
+    )
+    p.add_argument(
+        "--overwrite", "--force", action="store_true", help="replace an existing --output file"
+    )
+    p.add_argument("--no-record", action="store_true", help="print the table only")
     args = p.parse_args(argv)
     if args.device == "gpu" and not has_gpu():
         p.error("--device gpu: this MLX has no GPU backend")
     d = DEFAULTS[args.device]
     if args.weights and args.model:
         p.error("pass --model or --weights, not both")
-    if not args.weights:
+    if args.weights:
+        if not args.weights.exists():
+            p.error(f"--weights {args.weights}: no such folder")
+        if not args.weights.is_dir():
+            p.error(f"--weights {args.weights}: not a folder")
+    else:
         args.model = args.model or d["model"]
         if args.model not in qwen3_model.CONFIGS:
             p.error(
                 f"--model: unknown {args.model!r} (choose from {', '.join(qwen3_model.CONFIGS)})"
             )
     args.quantize = args.quantize or ("none" if args.weights else d["quantize"])
-    args.min_input_len = args.min_input_len or args.max_input_len or d["input_len"]
-    args.max_input_len = args.max_input_len or args.min_input_len
-    args.min_output_len = args.min_output_len or args.max_output_len or d["output_len"]
-    args.max_output_len = args.max_output_len or args.min_output_len
-    args.warmup = d["warmup"] if args.warmup is None else args.warmup
-    if not 1 <= args.min_input_len <= args.max_input_len:
-        p.error("--min-input-len/--max-input-len: need 1 <= min <= max")
-    if not 2 <= args.min_output_len <= args.max_output_len:
-        p.error(
-            "--min-output-len/--max-output-len: need 2 <= min <= max (decode needs a second token)"
-        )
-    if args.num_seqs < 1 or args.warmup < 0:
-        p.error("--num-seqs must be >= 1 and --warmup >= 0")
-    refuse_overwrite(p, args.json_output, args.force)
+    for key in ("input_len", "output_len", "rounds"):
+        if getattr(args, key) is None:
+            setattr(args, key, d[key])
+    args.variant = list(dict.fromkeys(args.variant or VARIANTS))
+    if args.input_len < 1:
+        p.error("--input-len must be >= 1")
+    if args.output_len < 2:
+        p.error("--output-len must be >= 2 (decode needs a second token)")
+    if args.rounds < 1 or args.warmup < 0:
+        p.error("--rounds must be >= 1 and --warmup >= 0")
+    if args.output and args.output.is_file() and not args.overwrite:
+        p.error(f"--output {args.output} exists; pass --overwrite to replace it")
     return args
 
 
-def run(args) -> dict:
-    mx.set_default_device(mx.gpu if args.device == "gpu" else mx.cpu)
-    if args.bandwidth_gbs is None:
-        args.bandwidth_gbs = (
-            GPU_BANDWIDTH_GBS
-            if args.device == "gpu"
-            else _ext.measure_read_bandwidth(1 << 30, 3) / 1e9
-        )
-    print(
-        f"loading {args.weights or args.model} ({args.quantize}, {args.checkpoint}) ...",
-        file=sys.stderr,
+def describe_origin(args) -> str:
+    if args.weights:
+        files = sorted(Path(args.weights).glob("*.safetensors"))
+        return f"{args.weights} (config.json + {len(files)} safetensors file(s))"
+    return (
+        f"random (seed {args.seed}), in the shape of the published {args.model} config: no "
+        "checkpoint can be downloaded here, and speed does not depend on the values; "
+        "--weights DIR runs a local one"
     )
-    model, make_cache = build(args)
-    weight_bytes = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
-    vocab = model.args.vocab_size
-    key = mx.random.key(args.seed)
-    lengths_key, tokens_key = mx.random.split(key)
-    n = args.warmup + args.num_seqs
-    in_lens = mx.random.randint(
-        args.min_input_len, args.max_input_len + 1, (n,), key=lengths_key
-    ).tolist()
-    out_lens = mx.random.randint(
-        args.min_output_len, args.max_output_len + 1, (n,), key=mx.random.split(lengths_key)[0]
-    ).tolist()
-    prompt_keys = mx.random.split(tokens_key, n)
-    requests = []
-    for i in range(n):
-        prompt = prompt_ids(vocab, in_lens[i], prompt_keys[i])
-        label = "warmup" if i < args.warmup else f"request {i - args.warmup + 1}/{args.num_seqs}"
-        print(
-            f"  {label}: {in_lens[i]} prompt + {out_lens[i]} generated", file=sys.stderr, flush=True
-        )
-        result = run_request(model, make_cache, prompt, out_lens[i], args.prefill_logits == "last")
-        if i >= args.warmup:
-            requests.append(result)
-    peak = mx.get_peak_memory()
-    prefill_tokens = sum(r["input_len"] for r in requests)
-    decode_tokens = sum(r["output_len"] - 1 for r in requests)
-    prefill_s = sum(r["prefill_s"] for r in requests)
-    decode_s = sum(r["decode_s"] for r in requests)
-    limit = args.bandwidth_gbs * 1e9 / weight_bytes
-    summary = {
-        "prefill_tok_s": prefill_tokens / prefill_s,
-        "decode_tok_s": decode_tokens / decode_s,
-        "output_tok_s": sum(r["output_len"] for r in requests) / (prefill_s + decode_s),
-        "median_step_ms": statistics.median(s for r in requests for s in r["step_s"]) * 1e3,
-        "peak_memory_bytes": peak,
-        "weight_bytes": weight_bytes,
-        "weight_read_limit_tok_s": limit,
-        "limit_fraction": decode_tokens / decode_s / limit,
-    }
+
+
+def run(args, progress: Progress | None = None, kind: str = "model-bench") -> dict:
+    progress = progress or Progress()
+    mx.set_default_device(mx.gpu if args.device == "gpu" else mx.cpu)
+    metadata = collect_metadata(args.device)
+    load_start = load_average()
+    if args.bandwidth_gbs is None:
+        if args.device == "cpu":
+            progress.update("measuring the memory read bandwidth ...")
+            args.bandwidth_gbs = _ext.measure_read_bandwidth(1 << 30, 3) / 1e9
+        elif mx.cuda.is_available() and "H200" in gpu_name():
+            args.bandwidth_gbs = H200_BANDWIDTH_GBS
+    source = args.weights or args.model
+    progress.say(f"loading {source} ...")
+    started = time.perf_counter()
+    model = qwen3_model.load(
+        source,
+        quantize=None if args.quantize == "none" else args.quantize,
+        seed=args.seed,
+        progress=lambda done, total: progress.update(f"loading {source}: layer {done}/{total}"),
+    )
+    models = Models(model, args.schedule)
+    progress.say(f"loaded in {time.perf_counter() - started:.1f} s; warming up")
+    weight_bytes = qwen3_model.weight_bytes(model)
+    kv_per_position = kv_bytes_per_position(model)
+    prompt = prompt_ids(model.args.vocab_size, args.input_len, mx.random.key(args.seed))
+
+    progress.restart(args.warmup * len(args.variant))
+    for _ in range(args.warmup):  # compilation, allocator: the prompt and one decode step
+        for v in args.variant:
+            models.request(v, prompt, 2)
+            progress.step(f"warm-up {v}")
+    samples = {v: [] for v in args.variant}
+    order_log = []
+    progress.restart(args.rounds * len(args.variant))
+    for r in range(args.rounds):
+        order = variant_order(args.variant, r)
+        order_log.append({"round": r, "order": order})
+        for v in order:
+            sample = {"round": r, **models.request(v, prompt, args.output_len)}
+            add_reads(sample, weight_bytes, kv_per_position, args.bandwidth_gbs)
+            samples[v].append(sample)
+            progress.step(f"round {r + 1}/{args.rounds} {v}: {sample['decode_tok_s']:.2f} tok/s")
+    progress.close()
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    config["weights_origin"] = describe_origin(args)
+    config["quantization"] = describe_weights(model)
+    q = getattr(model, "quantization", None)
+    config["weights_tag"] = f"{q['bits']}bit" if q else config["quantization"].split()[0]
     return {
         "schema_version": SCHEMA_VERSION,
-        "kind": "model-bench",
-        "metadata": collect_metadata(args.device),
-        "model_config": model.args.to_dict()
-        if hasattr(model.args, "to_dict")
-        else vars(model.args),
+        "kind": kind,
+        "metadata": metadata,
+        "model_config": model.args.to_dict(),
         "config": config,
-        "execution_order": [f"warmup x{args.warmup}", f"requests x{args.num_seqs}"],
-        "results": {"requests": requests, "summary": summary},
+        "execution_order": order_log,
+        "results": {
+            "weight_bytes": weight_bytes,
+            "kv_bytes_per_position": kv_per_position,
+            "samples": samples,
+            "medians": summarise(samples),
+            # 1-minute load averages: other work on a shared machine shows up here.
+            "load_average": {"start": load_start, "end": load_average()},
+        },
     }
+
+
+def _fmt(value, spec: str, suffix: str = "") -> str:
+    return "—" if value is None else f"{value:{spec}}{suffix}"
+
+
+def format_report(record: dict) -> str:
+    cfg, res, meta = record["config"], record["results"], record["metadata"]
+    medians, samples = res["medians"], res["samples"]
+    device = meta["device"]
+    if device.get("cpu"):
+        isa = ", ".join(device.get("cpu_isa") or []) or "ISA unknown"
+        machine = f"CPU {device['cpu']} ({isa}), {device.get('cpu_count')} cores"
+    else:
+        machine = f"GPU {device.get('gpu') or device.get('mlx_device_info', {}).get('device_name')}"
+    bandwidth = cfg.get("bandwidth_gbs")
+    bandwidth_text = (
+        f"read bandwidth {bandwidth:.1f} GB/s" if bandwidth else "read bandwidth unknown"
+    )
+    steps = cfg["output_len"] - 1
+
+    def item(label: str, text: str) -> str:
+        return textwrap.fill(
+            text, width=100, initial_indent=f"{label:<10}", subsequent_indent=" " * 10
+        )
+
+    lines = [
+        item("weights", cfg["weights_origin"]),
+        item(
+            "",
+            f"{cfg['quantization']}, {res['weight_bytes'] / 2**30:.2f} GiB; the same arrays in "
+            "every model",
+        ),
+        item(
+            "machine",
+            f"{machine}; {bandwidth_text}; MLX {meta['versions']['mlx']}, mlx-lm "
+            f"{meta['versions']['mlx_lm']}",
+        ),
+        item(
+            "workload",
+            f"{cfg['input_len']}-token prompt + {cfg['output_len']} generated ({steps} decode "
+            f"steps), greedy, pipelined; {cfg['rounds']} rounds, order rotated; "
+            f"{cfg['warmup']} warm-up request(s) each",
+        ),
+        "",
+        f"medians over {cfg['rounds']} rounds (min–max):",
+        "",
+    ]
+    has_ref = "mlx-lm" in medians
+    head = "| model | prefill tok/s | decode tok/s |"
+    head += " vs mlx-lm (rounds ≥) |" if has_ref else ""
+    head += " weight+KV reads GB/s | of read floor |"
+    lines += [head, "|" + "---|" * (head.count("|") - 1)]
+    for v, m in medians.items():
+        name = {
+            "mlx-lm": "mlx-lm (its generate_step)",
+            "mlx-lm-our-loop": "mlx-lm model, our loop",
+        }.get(v, v)
+        row = (
+            f"| {name} | {m['prefill_tok_s']:.1f} ({m['prefill_tok_s_min']:.1f}–"
+            f"{m['prefill_tok_s_max']:.1f}) | {m['decode_tok_s']:.2f} ({m['decode_tok_s_min']:.2f}–"
+            f"{m['decode_tok_s_max']:.2f}) |"
+        )
+        if has_ref:
+            row += f" {m['vs_mlx_lm']:.3f}x ({m['rounds_at_or_above_mlx_lm']}/{len(samples[v])}) |"
+        frac = m["floor_fraction"]
+        row += f" {_fmt(m['read_gbs'], '.2f')} | {_fmt(frac and 100 * frac, '.1f', '%')} |"
+        lines.append(row)
+    loads = [x for x in (res.get("load_average") or {}).values() if x is not None]
+    cores = device.get("cpu_count") or os.cpu_count()
+    if loads and max(loads) > cores:
+        lines += [
+            "",
+            item(
+                "busy",
+                f"the machine's load average was {min(loads):.1f}–{max(loads):.1f} on {cores} "
+                "cores while this ran: other work shared the CPU, so read the min–max before "
+                "the medians",
+            ),
+        ]
+    token_sets = {tuple(s["tokens"]) for rows in samples.values() for s in rows}
+    lines += [
+        "",
+        "greedy tokens: "
+        + (
+            "identical in every model and round"
+            if len(token_sets) == 1
+            else f"{len(token_sets)} different sequences (bf16 rounding can flip a near-tie)"
+        ),
+    ]
+    return "\n".join(lines)
+
+
+NEXT_STEPS = """\
+bigger runs  bench --input-len 1024 --output-len 33 --rounds 6   (a longer context: attention's
+             share grows; several minutes on 2 CPU cores)
+             bench --model qwen3-4b --quantize 4bit --input-len 32 --output-len 97   (a GPU's default)
+             bench --weights DIR   (a local Qwen3 checkpoint); bench --help for the rest"""
 
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    record = run(args)
-    s = record["results"]["summary"]
     print(
-        f"{args.weights or args.model} {args.quantize} {args.checkpoint} on {args.device}: "
-        f"prefill {s['prefill_tok_s']:.1f} tok/s, decode {s['decode_tok_s']:.2f} tok/s "
-        f"({s['median_step_ms']:.1f} ms/token), output {s['output_tok_s']:.2f} tok/s, "
-        f"peak memory {s['peak_memory_bytes'] / 2**30:.2f} GiB; weight-read limit "
-        f"{s['weight_read_limit_tok_s']:.1f} tok/s ({s['weight_bytes'] / 2**30:.2f} GiB at "
-        f"{args.bandwidth_gbs:.0f} GB/s), reached {100 * s['limit_fraction']:.1f}%"
+        "bench: Qwen3 decode, fused decode attention against the readable composition and "
+        "mlx-lm, same weights\n",
+        flush=True,
     )
-    if args.json_output:
-        print(f"wrote {write_record(record, args.json_output, force=args.force)}")
+    try:
+        record = run(args, Progress())
+    except (CheckpointError, FileNotFoundError) as e:
+        sys.exit(f"bench: error: {e}")
+    print(format_report(record))
+    if not args.no_record:
+        if args.output and not args.output.is_dir():
+            path = write_record(record, args.output, force=args.overwrite)
+        else:
+            folder = args.output or find_results_dir()
+            stem = record_name(args, record["config"]["weights_tag"])
+            path = write_record(record, unique_path(folder, stem))
+        print(f"\nrecord       {path}")
+    print(NEXT_STEPS if args.device == "cpu" else "\nbench --help for the options")
 
 
 if __name__ == "__main__":

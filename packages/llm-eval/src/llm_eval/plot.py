@@ -95,7 +95,7 @@ def plot(path: Path, out_dir: Path | None = None) -> Path:
     kind = record.get("kind")
     if kind == "operator-sweep":
         plot_operators(record, out)
-    elif kind in ("progression", "ab-decode"):  # one bar per variant either way
+    elif kind in ("progression", "ab-decode", "model-bench"):  # one bar per variant
         plot_progression(record, out)
     else:
         raise ValueError(f"{path}: no chart for records of kind {kind!r}")
@@ -108,14 +108,14 @@ def main(argv=None) -> None:
         "records",
         nargs="+",
         type=Path,
-        help="JSON records from bench-operators, progression or ab-decode",
+        help="JSON records from bench, bench-operators, progression or ab-decode",
     )
     p.add_argument("--out-dir", type=Path, help="default: beside each record")
     args = p.parse_args(argv)
     for path in args.records:
         try:
             print(f"wrote {plot(path, args.out_dir)}")
-        except ValueError as e:  # e.g. a single model-bench record: nothing to chart
+        except ValueError as e:  # e.g. an unknown kind: nothing to chart
             print(f"skipped {e}")
 
 

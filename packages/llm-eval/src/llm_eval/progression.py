@@ -1,6 +1,6 @@
 """progression: the chapter's acceptance protocol, fresh processes.
 
-Every sample is a new Python process running `bench --num-seqs 1` for one variant, so nothing
+Every sample is a new Python process running `bench --rounds 1` for one variant, so nothing
 (compiled kernels, allocator caches, warm weights) carries over between variants. Variant order
 rotates by one per repeat, reversed in every second round of rotations, so each variant takes
 each position equally often after 2 x (number of variants) repeats (three variants: 6 repeats
@@ -20,7 +20,7 @@ from pathlib import Path
 
 from attn_kernels import SCHEDULES
 
-from llm_eval.bench import CHECKPOINTS, has_gpu
+from llm_eval.bench import ALL_VARIANTS, VARIANTS, at_or_above, has_gpu, variant_order
 from llm_eval.progress import Progress
 from llm_eval.record import SCHEMA_VERSION, collect_metadata, refuse_overwrite, write_record
 
@@ -34,7 +34,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
-        "--variant", action="append", choices=CHECKPOINTS, help="repeatable (default: all three)"
+        "--variant",
+        action="append",
+        choices=ALL_VARIANTS,
+        help="repeatable (default: bench's three)",
     )
     p.add_argument(
         "--repeats",
@@ -53,13 +56,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--input-len", type=int, required=True)
     p.add_argument("--output-len", type=int, required=True)
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--prefill-logits", choices=["last", "all"], default="last")
     p.add_argument("--device", choices=["cpu", "gpu"], default="gpu" if has_gpu() else "cpu")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json-output", type=Path)
-    p.add_argument("--force", action="store_true")
+    p.add_argument("--output", "--json-output", type=Path, dest="json_output", metavar="PATH")
+    p.add_argument("--overwrite", "--force", action="store_true", dest="force")
     args = p.parse_args(argv)
-    args.variant = args.variant or list(CHECKPOINTS)
+    args.variant = args.variant or list(VARIANTS)
     if args.repeats < 2:
         p.error("--repeats must be at least 2: orders alternate")
     refuse_overwrite(p, args.json_output, args.force)
@@ -67,35 +69,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def bench_command(args, variant: str, output: Path) -> list[str]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "llm_eval.bench",
-        "--checkpoint",
-        variant,
-        "--num-seqs",
-        "1",
-        "--min-input-len",
-        str(args.input_len),
-        "--max-input-len",
-        str(args.input_len),
-        "--min-output-len",
-        str(args.output_len),
-        "--max-output-len",
-        str(args.output_len),
-        "--warmup",
-        str(args.warmup),
-        "--prefill-logits",
-        args.prefill_logits,
-        "--device",
-        args.device,
-        "--seed",
-        str(args.seed),
-        "--schedule",
-        args.schedule,
-        "--json-output",
-        str(output),
-    ]
+    cmd = [sys.executable, "-m", "llm_eval.bench", "--variant", variant, "--rounds", "1"]
+    cmd += ["--input-len", str(args.input_len), "--output-len", str(args.output_len)]
+    cmd += ["--warmup", str(args.warmup), "--device", args.device, "--seed", str(args.seed)]
+    cmd += ["--schedule", args.schedule, "--output", str(output)]
     if args.model:
         cmd += ["--model", args.model]
     if args.quantize:
@@ -112,14 +89,6 @@ def run_sample(args, variant: str) -> dict:
         return json.loads(output.read_text())
 
 
-def variant_order(variants: list[str], repeat: int) -> list[str]:
-    """Rotated by `repeat`, reversed in odd rounds of rotations: with two variants forward then
-    reverse; with three, six repeats run all six orders."""
-    shift = repeat % len(variants)
-    order = variants[shift:] + variants[:shift]
-    return order[::-1] if (repeat // len(variants)) % 2 else order
-
-
 def run(args) -> dict:
     samples = {v: [] for v in args.variant}
     order_log = []
@@ -131,7 +100,7 @@ def run(args) -> dict:
         for variant in order:
             record = run_sample(args, variant)
             model_config = record["model_config"]
-            samples[variant].append({"repeat": rep, **record["results"]["summary"]})
+            samples[variant].append({"repeat": rep, **record["results"]["medians"][variant]})
             progress.step(f"repeat {rep} {variant}")
     medians = {
         v: {m: statistics.median(s[m] for s in samples[v]) for m in METRICS} for v in samples
@@ -146,11 +115,6 @@ def run(args) -> dict:
         "execution_order": order_log,
         "results": {"samples": samples, "medians": medians},
     }
-
-
-def at_or_above(mine: list[dict], theirs: list[dict]) -> int:
-    """Repeats (paired by position) in which `mine` decoded at least as fast as `theirs`."""
-    return sum(a["decode_tok_s"] >= b["decode_tok_s"] for a, b in zip(mine, theirs, strict=True))
 
 
 def format_table(record: dict) -> str:

@@ -50,6 +50,7 @@ def device_info(device: str) -> dict:
         info["gpu"] = smi.stdout.strip() if smi.returncode == 0 else None
     else:
         info["cpu"] = _cpu_name()
+        info["cpu_isa"] = _cpu_isa()
         info["cpu_count"] = os.cpu_count()
     return info
 
@@ -62,6 +63,40 @@ def _cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+# The instruction-set extensions that matter to these kernels and MLX's CPU backend.
+_ISA_FLAGS = [
+    "avx512f",
+    "avx512bw",
+    "avx512vl",
+    "avx512_vnni",
+    "avx512_bf16",
+    "avx512_fp16",
+    "amx_bf16",
+    "avx2",
+    "fma",
+    "f16c",
+    "asimd",
+    "asimdhp",
+    "asimddp",
+    "bf16",
+    "i8mm",
+    "sve",
+    "sve2",
+]
+
+
+def _cpu_isa() -> list[str]:
+    """The CPU's relevant ISA extensions from /proc/cpuinfo (x86 flags, arm64 Features)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                present = set(line.split(":", 1)[1].split())
+                return [f for f in _ISA_FLAGS if f in present]
+    except OSError:
+        pass
+    return [platform.machine()]
 
 
 def collect_metadata(device: str) -> dict:
