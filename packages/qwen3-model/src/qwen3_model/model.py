@@ -9,6 +9,7 @@ import mlx.nn as nn
 from attn_kernels import SCHEDULES, decode_attention_custom, scaled_dot_product_attention
 
 from qwen3_model.configs import ModelArgs
+from qwen3_model.sharding import shard
 
 CHECKPOINTS = ("composition", "decode-attention")
 
@@ -164,6 +165,10 @@ class Model(nn.Module):
             raise ValueError(f"unknown checkpoint {checkpoint!r}: use one of {CHECKPOINTS}")
         for layer in self.layers:
             layer.self_attn.checkpoint = checkpoint
+
+    def shard(self, group: mx.distributed.Group | None = None) -> None:
+        """Tensor-parallel in place over `group` (mlx-lm's layout; see sharding.py)."""
+        shard(self, group)
 
     def set_schedule(self, schedule: str) -> None:
         """The fused kernel's GPU schedule inside the guard (for the scheduling experiment)."""
