@@ -11,6 +11,7 @@ from attn_kernels import SCHEDULES, decode_attention_custom, scaled_dot_product_
 from attn_kernels.guard import use_fused
 
 from qwen3_model.configs import ModelArgs
+from qwen3_model.sharding import shard
 
 CHECKPOINTS = ("composition", "decode-attention")
 
@@ -140,6 +141,10 @@ class Model(nn.Module):
             raise ValueError(f"unknown checkpoint {checkpoint!r}: use one of {CHECKPOINTS}")
         for layer in self.layers:
             layer.self_attn.checkpoint = checkpoint
+
+    def shard(self, group: mx.distributed.Group | None = None) -> None:
+        """Tensor-parallel in place over `group` (mlx-lm's layout; see sharding.py)."""
+        shard(self, group)
 
     def set_schedule(self, schedule: str) -> None:
         """The fused kernel's GPU schedule inside the guard (for the scheduling experiment)."""
