@@ -12,9 +12,11 @@ mlx-lm's generate_step is. The fresh-process protocol stays `progression`.
 from __future__ import annotations
 
 import argparse
+import io
 import sys
 from pathlib import Path
 
+import mlx.core as mx
 from qwen3_model import CheckpointError
 
 from llm_eval import bench
@@ -73,6 +75,9 @@ def run(args) -> dict:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    if mx.distributed.init().rank() != 0:  # under mlx.launch: rank 0 reports for every rank
+        bench.run(bench_args(args), Progress(stream=io.StringIO()), kind="ab-decode")
+        return
     try:
         record = run(args)
     except (CheckpointError, FileNotFoundError) as e:

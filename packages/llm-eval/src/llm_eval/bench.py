@@ -26,6 +26,7 @@ benchmark_results), under a new name if one exists; --output names the file, --n
 from __future__ import annotations
 
 import argparse
+import io
 import itertools
 import os
 import re
@@ -383,8 +384,13 @@ def run(args, progress: Progress | None = None, kind: str = "model-bench") -> di
         progress=lambda done, total: progress.update(f"loading {source}: layer {done}/{total}"),
     )
     models = Models(model, args.schedule)
+    group = mx.distributed.init()
+    if group.size() > 1:  # under mlx.launch: tensor parallel, mlx-lm's layout in both models
+        progress.say(f"sharding over {group.size()} ranks")
+        model.shard(group)
+        models.twin.shard(group)
     progress.say(f"loaded in {time.perf_counter() - started:.1f} s; warming up")
-    weight_bytes = qwen3_model.weight_bytes(model)
+    weight_bytes = qwen3_model.weight_bytes(model)  # this rank's share
     kv_per_position = kv_bytes_per_position(model)
     prompt = prompt_ids(model.args.vocab_size, args.input_len, mx.random.key(args.seed))
 
@@ -406,6 +412,7 @@ def run(args, progress: Progress | None = None, kind: str = "model-bench") -> di
             progress.step(f"round {r + 1}/{args.rounds} {v}: {sample['decode_tok_s']:.2f} tok/s")
     progress.close()
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    config["ranks"] = group.size()
     config["weights_origin"] = describe_origin(args)
     config["quantization"] = describe_weights(model)
     q = getattr(model, "quantization", None)
@@ -422,10 +429,30 @@ def run(args, progress: Progress | None = None, kind: str = "model-bench") -> di
             "kv_bytes_per_position": kv_per_position,
             "samples": samples,
             "medians": summarise(samples),
+            "per_rank": gather_ranks(samples, group),
             # 1-minute load averages: other work on a shared machine shows up here.
             "load_average": {"start": load_start, "end": load_average()},
         },
     }
+
+
+def gather_ranks(samples: dict[str, list[dict]], group) -> list[dict] | None:
+    """Every rank's prefill and decode tok/s per variant (rank 0 writes the record; the ranks
+    run in lock-step, two all_sums a layer, so their times differ only by their own host work)."""
+    if group.size() == 1:
+        return None
+    keys = ("prefill_tok_s", "decode_tok_s")
+    mine = mx.array([[r[k] for k in keys] for v in samples for r in samples[v]], mx.float32)
+    every = mx.distributed.all_gather(mine[None], group=group).tolist()
+    out = []
+    for rank, rows in enumerate(every):
+        per_variant, i = {}, 0
+        for v in samples:
+            n = len(samples[v])
+            per_variant[v] = {k: [row[j] for row in rows[i : i + n]] for j, k in enumerate(keys)}
+            i += n
+        out.append({"rank": rank, **per_variant})
+    return out
 
 
 def _fmt(value, spec: str, suffix: str = "") -> str:
@@ -468,7 +495,13 @@ def format_report(record: dict) -> str:
             "workload",
             f"{cfg['input_len']}-token prompt + {cfg['output_len']} generated ({steps} decode "
             f"steps), greedy, pipelined; {cfg['rounds']} rounds, order rotated; "
-            f"{cfg['warmup']} warm-up request(s) each",
+            f"{cfg['warmup']} warm-up request(s) each"
+            + (
+                f"; tensor parallel over {cfg['ranks']} ranks (rank 0's times below, every "
+                "rank's in the record)"
+                if cfg.get("ranks", 1) > 1
+                else ""
+            ),
         ),
         "",
         f"medians over {cfg['rounds']} rounds (min–max):",
@@ -528,6 +561,9 @@ bigger runs  bench --input-len 1024 --output-len 33 --rounds 6   (a longer conte
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    if mx.distributed.init().rank() != 0:  # under mlx.launch: rank 0 reports for every rank
+        run(args, Progress(stream=io.StringIO()))
+        return
     print(
         "bench: Qwen3 decode, fused decode attention against the readable composition and "
         "mlx-lm, same weights\n",
