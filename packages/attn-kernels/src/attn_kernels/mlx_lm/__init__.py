@@ -1,0 +1,142 @@
+"""mlx-lm models decode through the fused kernel: one call, no change to the model code.
+
+    import attn_kernels.mlx_lm
+    attn_kernels.mlx_lm.enable()          # or: with attn_kernels.mlx_lm.enabled(): ...
+    ...mlx_lm.load / stream_generate / generate as usual...
+    attn_kernels.mlx_lm.disable()
+
+mlx-lm's model modules call `mlx_lm.models.base.scaled_dot_product_attention`, each through the
+name it imported (`from .base import scaled_dot_product_attention`). enable() rebinds that name in
+base and in every loaded module that holds mlx-lm's function; modules imported later copy the
+rebound name from base. disable() puts mlx-lm's function back under every name that holds ours.
+
+A call runs `decode_attention_custom` when it is a decode step the guard accepts (attn_kernels.guard:
+query length and context within the backend's measured limits, head dim, mask None or "causal")
+on a plain float K/V cache; everything else goes to mlx-lm's function, unchanged: prefill beyond
+the query limit, explicit masks (batched generation, sliding windows), attention sinks, quantized
+KV caches, a RotatingKVCache once it has wrapped, keys and values of different head dims, mixed
+dtypes. mlx-lm itself is optional: this module imports without it, enable() needs it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+from collections.abc import Iterator
+
+import mlx.core as mx
+
+from attn_kernels.attention import decode_attention_custom
+from attn_kernels.guard import use_fused
+
+NAME = "scaled_dot_product_attention"
+_FLOATS = (mx.float32, mx.float16, mx.bfloat16)
+
+_lock = threading.Lock()
+_enabled = False
+_original = None  # mlx-lm's function, kept after disable() for stray references to ours
+_rotating = None  # mlx_lm.models.cache.RotatingKVCache
+_calls = {"fused": 0, "mlx_lm": 0}
+
+
+def _mlx_lm_modules():
+    try:
+        from mlx_lm.models import base, cache
+    except ImportError as e:
+        raise ImportError(
+            "attn_kernels.mlx_lm needs mlx-lm (`pip install mlx-lm`); it is not installed"
+        ) from e
+    return base, cache
+
+
+def _fused(queries, keys, values, cache, mask, sinks) -> bool:
+    if sinks is not None or not (mask is None or isinstance(mask, str)):
+        return False
+    if not (isinstance(keys, mx.array) and isinstance(values, mx.array)):
+        return False  # quantized caches hand over (data, scales, biases) tuples
+    if queries.ndim != 4 or keys.shape != values.shape:
+        return False
+    b, hq, length, d = queries.shape
+    bk, hkv, context, dk = keys.shape
+    if bk != b or dk != d or hkv == 0 or hq % hkv:
+        return False
+    if queries.dtype not in _FLOATS or keys.dtype != queries.dtype or values.dtype != keys.dtype:
+        return False
+    if isinstance(cache, _rotating) and cache.offset > cache.max_size:
+        return False  # wrapped: keys are no longer in temporal order
+    return use_fused(length, context, d, mask)
+
+
+def scaled_dot_product_attention(
+    queries, keys, values, cache, scale: float, mask, sinks: mx.array | None = None
+) -> mx.array:
+    """mlx-lm's `scaled_dot_product_attention` signature: decode steps the guard accepts run the
+    fused DecodeAttention op, every other call runs mlx-lm's own function."""
+    if _enabled and _fused(queries, keys, values, cache, mask, sinks):
+        _calls["fused"] += 1
+        return decode_attention_custom(queries, keys, values, scale=scale, mask=mask)
+    _calls["mlx_lm"] += 1
+    original = _original or _mlx_lm_modules()[0].scaled_dot_product_attention  # never enabled
+    return original(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)
+
+
+def _rebind(old, new) -> int:
+    """Point every loaded module's NAME that is `old` at `new` (not this module's own)."""
+    count = 0
+    for module in list(sys.modules.values()):
+        namespace = getattr(module, "__dict__", None)
+        if namespace is globals():
+            continue
+        if isinstance(namespace, dict) and namespace.get(NAME) is old:
+            setattr(module, NAME, new)
+            count += 1
+    return count
+
+
+def enable() -> None:
+    """Send mlx-lm's decode attention through the fused kernel (idempotent). Starts calls()
+    from zero when it was disabled."""
+    global _enabled, _original, _rotating
+    base, cache = _mlx_lm_modules()
+    with _lock:
+        if _enabled:
+            return
+        _calls.update(fused=0, mlx_lm=0)
+        current = base.scaled_dot_product_attention
+        if current is not scaled_dot_product_attention:
+            _original = current
+        _rotating = cache.RotatingKVCache
+        _rebind(_original, scaled_dot_product_attention)
+        _enabled = True
+
+
+def disable() -> None:
+    """Give every name that holds the fused entry point mlx-lm's function back (idempotent)."""
+    global _enabled
+    with _lock:
+        if not _enabled:
+            return
+        _enabled = False
+        _rebind(scaled_dot_product_attention, _original)
+
+
+def is_enabled() -> bool:
+    return _enabled
+
+
+def calls() -> dict[str, int]:
+    """Attention calls since enable(): {"fused": ..., "mlx_lm": ...} (mlx-lm's own path)."""
+    return dict(_calls)
+
+
+@contextlib.contextmanager
+def enabled() -> Iterator[None]:
+    """enable() for the block; disable() after it unless it was enabled before."""
+    was = _enabled
+    enable()
+    try:
+        yield
+    finally:
+        if not was:
+            disable()

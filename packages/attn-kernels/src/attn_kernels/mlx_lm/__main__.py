@@ -1,0 +1,53 @@
+"""mlx-lm's commands with the fused decode-attention kernel enabled.
+
+    python -m attn_kernels.mlx_lm generate --model mlx-community/Qwen3-4B-4bit --prompt "Hello"
+    python -m attn_kernels.mlx_lm chat --model mlx-community/Qwen3-4B-4bit
+
+Everything after the command name is mlx-lm's own options, passed through unchanged (see
+`python -m attn_kernels.mlx_lm generate --help`, which is mlx-lm's). Decode steps the guard
+accepts run the fused DecodeAttention op; prefill and every other call run mlx-lm's attention.
+After the command, one line on stderr says how many attention calls took each path.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import attn_kernels.mlx_lm as kernel
+
+COMMANDS = {"generate": "mlx_lm.generate", "chat": "mlx_lm.chat"}
+PROG = "python -m attn_kernels.mlx_lm"
+
+
+def usage() -> str:
+    return f"usage: {PROG} {{{','.join(COMMANDS)}}} [mlx-lm options]\n\n{__doc__.strip()}\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage())
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        print(
+            f"{PROG}: unknown command {command!r}: use one of {', '.join(COMMANDS)}\n\n{usage()}",
+            file=sys.stderr,
+        )
+        return 2
+    module = importlib.import_module(COMMANDS[command])
+    sys.argv = [f"{PROG} {command}", *rest]  # mlx-lm's parsers read sys.argv
+    with kernel.enabled():
+        module.main()
+        counts = kernel.calls()
+    print(
+        f"[attn_kernels] attention calls: {counts['fused']} fused, "
+        f"{counts['mlx_lm']} through mlx-lm's attention",
+        file=sys.stderr,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,381 @@
+"""attn_kernels.mlx_lm: mlx-lm models decode through the fused op with the same greedy tokens as
+mlx-lm's own attention, every other call goes to mlx-lm's function untouched, and disable() puts
+every name back."""
+
+import importlib
+import subprocess
+import sys
+
+import mlx.core as mx
+import pytest
+
+pytest.importorskip("mlx_lm")
+
+import attn_kernels.mlx_lm as kernel
+from attn_kernels.guard import MAX_QUERY
+from mlx.utils import tree_flatten
+from mlx_lm.models import base
+from mlx_lm.models.cache import (
+    KVCache,
+    QuantizedKVCache,
+    RotatingKVCache,
+    make_prompt_cache,
+)
+from mlx_lm.utils import MODEL_REMAPPING
+
+MLX_LM_SDPA = base.scaled_dot_product_attention
+
+# Tiny configs of mlx-lm architectures, head dims 64 to 256 (80 and 96 not multiples of 32).
+# "mistral" loads through llama.py as mlx-lm's loader maps it; gemma3_text's even layers use a
+# RotatingKVCache of 8 positions (a sliding window).
+ARCHS = {
+    "llama": dict(hidden_size=256, num_attention_heads=4, num_key_value_heads=2),  # D 64
+    "mistral": dict(hidden_size=192, num_attention_heads=8, num_key_value_heads=2, head_dim=96),
+    "qwen2": dict(hidden_size=320, num_attention_heads=4, num_key_value_heads=2),  # D 80
+    "qwen3": dict(
+        hidden_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=128,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        rope_theta=1e6,
+    ),
+    "gemma": dict(hidden_size=128, num_attention_heads=2, num_key_value_heads=1, head_dim=256),
+    "gemma3_text": dict(
+        hidden_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=48,
+        sliding_window=8,
+        sliding_window_pattern=2,
+        query_pre_attn_scalar=48,
+    ),
+}
+LAYERS, VOCAB = 2, 512
+
+
+def tiny_model(arch: str, dtype=mx.float32, seed: int = 1):
+    """Seeded random weights, 2-D ones scaled so attention moves the greedy tokens."""
+    module = importlib.import_module(f"mlx_lm.models.{MODEL_REMAPPING.get(arch, arch)}")
+    config = dict(
+        model_type=arch,
+        num_hidden_layers=LAYERS,
+        intermediate_size=256,
+        rms_norm_eps=1e-5,
+        vocab_size=VOCAB,
+        **ARCHS[arch],
+    )
+    mx.random.seed(seed)
+    model = module.Model(module.ModelArgs.from_dict(config))
+    key = mx.random.key(seed)
+    weights = []
+    for i, (name, p) in enumerate(tree_flatten(model.parameters())):
+        k = mx.random.split(key, i + 2)[-1]
+        if p.ndim == 2:
+            p = mx.random.normal(p.shape, key=k) * 2.0 / p.shape[-1] ** 0.5
+        elif name.endswith("bias"):
+            p = mx.random.normal(p.shape, key=k) * 0.1
+        weights.append((name, p.astype(dtype)))
+    model.load_weights(weights)
+    mx.eval(model.parameters())
+    return model
+
+
+def greedy(model, prompt, steps):
+    cache = make_prompt_cache(model)
+    logits = [model(prompt, cache=cache)[:, -1]]
+    tokens = []
+    for _ in range(steps):
+        token = mx.argmax(logits[-1], axis=-1)
+        tokens.append(token.item())
+        logits.append(model(token[None], cache=cache)[:, -1])
+    return tokens, logits, cache
+
+
+@pytest.fixture
+def fused_calls(monkeypatch):
+    """Shapes (L, S) of every call that reached the fused op."""
+    seen = []
+    op = kernel.decode_attention_custom
+
+    def spy(q, k, v, **kw):
+        seen.append((q.shape[2], k.shape[2]))
+        return op(q, k, v, **kw)
+
+    monkeypatch.setattr(kernel, "decode_attention_custom", spy)
+    return seen
+
+
+@pytest.fixture(autouse=True)
+def _disabled_after():
+    yield
+    kernel.disable()
+
+
+def prompt_ids(length, seed=5):
+    return mx.random.randint(0, VOCAB, (1, length), key=mx.random.key(seed))
+
+
+def teacher_forced(model, prompt, tokens):
+    """The logits greedy() saw, for a given token sequence."""
+    cache = make_prompt_cache(model)
+    logits = [model(prompt, cache=cache)[:, -1]]
+    logits += [model(mx.array([[t]]), cache=cache)[:, -1] for t in tokens]
+    return logits
+
+
+def max_difference(ours, theirs):
+    return max(
+        mx.abs(a.astype(mx.float32) - b.astype(mx.float32)).max().item()
+        for a, b in zip(ours, theirs, strict=True)
+    )
+
+
+@pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("arch", [a for a in ARCHS if a != "gemma3_text"])
+def test_greedy_tokens_match_mlx_lm(arch, dtype, fused_calls):
+    """A 12-token prompt (past the query limit: mlx-lm's path), then 10 decode steps (fused)."""
+    model = tiny_model(arch, dtype)
+    prompt, steps = prompt_ids(12), 10
+    theirs, their_logits, _ = greedy(model, prompt, steps)
+    with kernel.enabled():
+        ours, our_logits, _ = greedy(model, prompt, steps)
+        counts = kernel.calls()
+    assert ours == theirs
+    assert len(set(ours)) > steps // 2  # attention matters: the tokens are not one repeated id
+    if dtype == mx.float32:
+        assert max_difference(our_logits, their_logits) <= 1e-4
+    else:
+        # Both paths round differently in bf16 (the kernel accumulates in float32, mx.fast's CPU
+        # path rounds scores and probabilities to bf16), by up to ~0.2 on logits of up to ~15
+        # here. The fused path must be no farther from float32 arithmetic on the same weights.
+        reference = tiny_model(arch, dtype)
+        reference.set_dtype(mx.float32)
+        exact = teacher_forced(reference, prompt, theirs)
+        assert max_difference(our_logits, exact) <= 1.1 * max_difference(their_logits, exact)
+    decode = [(1, 12 + i) for i in range(1, steps + 1) for _ in range(LAYERS)]
+    assert fused_calls == decode
+    assert counts == {"fused": len(decode), "mlx_lm": LAYERS}
+
+
+def test_short_prefill_is_causal_and_fused(fused_calls):
+    """A prompt within the query limit runs fused with mask "causal" (bottom-right aligned, as
+    mx.fast's), and so do the decode steps after it."""
+    length = MAX_QUERY["cpu"]
+    model = tiny_model("qwen3")
+    theirs, their_logits, _ = greedy(model, prompt_ids(length), 6)
+    with kernel.enabled():
+        ours, our_logits, _ = greedy(model, prompt_ids(length), 6)
+    assert ours == theirs
+    assert max_difference(our_logits, their_logits) <= 1e-4
+    assert fused_calls[:LAYERS] == [(length, length)] * LAYERS
+    assert len(fused_calls) == LAYERS * 7
+
+
+def test_sliding_window_layers_leave_once_the_rotating_cache_wraps(fused_calls):
+    """gemma3_text: layer 0 keeps 8 positions in a RotatingKVCache, layer 1 a KVCache. A 5-token
+    prompt (fused, causal), then 10 steps: layer 0 is fused until its cache wraps (offset > 8),
+    then mlx-lm's; layer 1 is fused throughout. Tokens match mlx-lm's."""
+    model = tiny_model("gemma3_text")
+    theirs, their_logits, _ = greedy(model, prompt_ids(5), 10)
+    with kernel.enabled():
+        ours, our_logits, cache = greedy(model, prompt_ids(5), 10)
+        counts = kernel.calls()
+    assert [type(c) for c in cache] == [RotatingKVCache, KVCache]
+    assert ours == theirs
+    assert max_difference(our_logits, their_logits) <= 1e-4
+    sliding = [(5, 5)] + [(1, s) for s in range(6, 9)]  # offsets 5..8, then wrapped
+    full = [(5, 5)] + [(1, s) for s in range(6, 16)]
+    assert sorted(fused_calls) == sorted(sliding + full)
+    assert counts == {"fused": len(sliding) + len(full), "mlx_lm": 11 - len(sliding)}
+
+
+def test_generate_step_decodes_through_the_kernel(fused_calls):
+    """mlx-lm's own generation loop (generate_step: its stream, async evaluation, cache)."""
+    from mlx_lm.generate import generate_step
+
+    model = tiny_model("llama", mx.bfloat16)
+    prompt = prompt_ids(20)[0]
+    theirs = [t for t, _ in generate_step(prompt, model, max_tokens=8)]
+    with kernel.enabled():
+        ours = [t for t, _ in generate_step(prompt, model, max_tokens=8)]
+    assert ours == theirs
+    assert len(fused_calls) >= LAYERS * 8
+    assert all(length == 1 for length, _ in fused_calls)
+
+
+def qkv(length, context, d=64, dv=None, hq=4, hkv=2, dtype=mx.float32):
+    keys = mx.random.split(mx.random.key(length * 1000 + context), 3)
+    q = mx.random.normal((1, hq, length, d), key=keys[0]).astype(dtype)
+    k = mx.random.normal((1, hkv, context, d), key=keys[1]).astype(dtype)
+    v = mx.random.normal((1, hkv, context, dv or d), key=keys[2]).astype(dtype)
+    return q, k, v
+
+
+def wrapped_rotating_cache():
+    cache = RotatingKVCache(max_size=4)
+    for s in range(6):
+        k = mx.random.normal((1, 2, 1, 64), key=mx.random.key(s))
+        cache.update_and_fetch(k, k)
+    return cache
+
+
+def quantized(q, k, v):
+    cache = QuantizedKVCache(group_size=32, bits=8)
+    keys, values = cache.update_and_fetch(k, v)
+    return q, keys, values, cache
+
+
+# Calls that must reach mlx-lm's function with their arguments as given.
+FALLBACKS = {
+    "query longer than the limit": lambda: (*qkv(MAX_QUERY["cpu"] + 1, 40), None, "causal", None),
+    "explicit boolean mask": lambda: (*qkv(1, 40), None, mx.arange(40) % 3 > 0, None),
+    "explicit additive mask": lambda: (*qkv(2, 40), None, mx.zeros((2, 40)), None),
+    "attention sinks": lambda: (*qkv(1, 40), None, None, mx.zeros((4,))),
+    "quantized cache": lambda: (*quantized(*qkv(1, 40)), None, None),
+    "value head dim differs": lambda: (*qkv(1, 40, d=64, dv=32), None, None, None),
+    "head dim above the kernel's": lambda: (*qkv(1, 40, d=320), None, None, None),
+    "rotating cache once wrapped": lambda: (*qkv(1, 4), wrapped_rotating_cache(), None, None),
+}
+
+
+@pytest.mark.parametrize("case", FALLBACKS)
+def test_unsupported_calls_go_to_mlx_lm_unchanged(case, fused_calls):
+    q, k, v, cache, mask, sinks = FALLBACKS[case]()  # built twice: mlx-lm scales q in place
+    expected = MLX_LM_SDPA(q, k, v, cache, scale=0.125, mask=mask, sinks=sinks)
+    q, k, v, cache, mask, sinks = FALLBACKS[case]()
+    kernel.enable()
+    out = base.scaled_dot_product_attention(q, k, v, cache, scale=0.125, mask=mask, sinks=sinks)
+    assert fused_calls == []
+    assert kernel.calls() == {"fused": 0, "mlx_lm": 1}
+    assert out.dtype == expected.dtype and mx.array_equal(out, expected).item()
+
+
+@pytest.mark.parametrize(
+    "length, context, mask, dtype",
+    [
+        (1, 1, None, mx.float32),
+        (1, 77, None, mx.bfloat16),
+        (3, 50, "causal", mx.float16),
+        (MAX_QUERY["cpu"], 300, "causal", mx.float32),
+    ],
+)
+def test_supported_calls_match_mlx_lm(length, context, mask, dtype, fused_calls):
+    from conftest import TOLERANCE
+
+    q, k, v = qkv(length, context, d=96, hq=8, hkv=2, dtype=dtype)
+    cache = KVCache()
+    k, v = cache.update_and_fetch(k, v)
+    expected = MLX_LM_SDPA(q, k, v, cache, scale=0.1, mask=mask)
+    with kernel.enabled():
+        out = base.scaled_dot_product_attention(q, k, v, cache, scale=0.1, mask=mask)
+    assert fused_calls == [(length, context)]
+    tol = {name: 2 * bound for name, bound in TOLERANCE[dtype].items()}
+    assert out.dtype == dtype and mx.allclose(out, expected, **tol).item()
+
+
+def holders(fn):
+    return {
+        name
+        for name, module in list(sys.modules.items())
+        if name != kernel.__name__
+        and isinstance(getattr(module, "__dict__", None), dict)
+        and module.__dict__.get(kernel.NAME) is fn
+    }
+
+
+def test_enable_and_disable_rebind_every_name(monkeypatch):
+    import mlx_lm.models.llama  # noqa: F401  (loaded before enable)
+
+    late = "mlx_lm.models.starcoder2"
+    monkeypatch.delitem(sys.modules, late, raising=False)
+    before = holders(MLX_LM_SDPA)
+    assert {"mlx_lm.models.base", "mlx_lm.models.llama"} <= before
+
+    kernel.enable()
+    kernel.enable()  # idempotent
+    assert holders(MLX_LM_SDPA) == set()
+    assert holders(kernel.scaled_dot_product_attention) == before
+    late_module = importlib.import_module(late)  # imported while enabled: takes ours from base
+    assert late_module.scaled_dot_product_attention is kernel.scaled_dot_product_attention
+
+    kernel.disable()
+    kernel.disable()  # idempotent
+    assert holders(kernel.scaled_dot_product_attention) == set()
+    assert holders(MLX_LM_SDPA) == before | {late}
+    assert base.scaled_dot_product_attention is MLX_LM_SDPA
+
+
+def test_context_manager_nests_and_restores():
+    with kernel.enabled():
+        assert base.scaled_dot_product_attention is kernel.scaled_dot_product_attention
+        with kernel.enabled():
+            assert kernel.is_enabled()
+        assert kernel.is_enabled()  # the inner block found it enabled and leaves it so
+    assert not kernel.is_enabled()
+    assert base.scaled_dot_product_attention is MLX_LM_SDPA
+
+    kernel.enable()
+    with kernel.enabled():
+        pass
+    assert kernel.is_enabled()
+
+
+def test_a_stray_reference_after_disable_runs_mlx_lm(fused_calls):
+    with kernel.enabled():
+        stray = base.scaled_dot_product_attention
+    q, k, v = qkv(1, 30)
+    out = stray(q, k, v, None, scale=0.125, mask=None)
+    assert fused_calls == []
+    assert mx.array_equal(out, MLX_LM_SDPA(q, k, v, None, scale=0.125, mask=None)).item()
+
+
+def test_imports_without_mlx_lm():
+    code = (
+        "import sys; sys.modules['mlx_lm'] = None\n"
+        "import attn_kernels, attn_kernels.mlx_lm as k\n"
+        "try:\n    k.enable()\nexcept ImportError as e:\n    print(e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "needs mlx-lm" in out.stdout
+
+
+def test_command_help_and_errors(capsys):
+    from attn_kernels.mlx_lm.__main__ import main
+
+    assert main(["--help"]) == 0
+    assert "generate" in capsys.readouterr().out
+    assert main(["serve"]) == 2
+    assert "unknown command 'serve'" in capsys.readouterr().err
+
+
+def test_command_generates_with_the_kernel(tmp_path, capsys):
+    """`python -m attn_kernels.mlx_lm generate` on a local folder: mlx-lm loads the model and a
+    word-level tokenizer made here, generates, and every decode step ran fused."""
+    import json
+
+    from attn_kernels.mlx_lm.__main__ import main
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+    from transformers import PreTrainedTokenizerFast
+
+    model = tiny_model("qwen3")
+    mx.save_safetensors(str(tmp_path / "model.safetensors"), dict(tree_flatten(model.parameters())))
+    config = dict(model_type="qwen3", num_hidden_layers=LAYERS, intermediate_size=256)
+    config.update(rms_norm_eps=1e-5, vocab_size=VOCAB, **ARCHS["qwen3"])
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    words = Tokenizer(WordLevel({f"w{i}": i for i in range(VOCAB)}, unk_token="w0"))
+    words.pre_tokenizer = Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=words).save_pretrained(str(tmp_path))
+
+    prompt = " ".join(f"w{i}" for i in range(3, 15))  # 12 tokens: prefill runs mlx-lm's path
+    argv = ["generate", "--model", str(tmp_path), "--prompt", prompt, "--max-tokens", "5"]
+    assert main([*argv, "--ignore-chat-template"]) == 0
+    out, err = capsys.readouterr()
+    assert "Generation: 5 tokens" in out
+    # The last prompt token and 5 more steps (generate_step computes one token ahead), fused; the
+    # 11-token prefill through mlx-lm's attention.
+    assert f"attention calls: {LAYERS * 6} fused, {LAYERS} through mlx-lm's attention" in err
+    assert not kernel.is_enabled()
