@@ -95,13 +95,14 @@ def greedy(model, prompt, steps):
 
 @pytest.fixture
 def fused_calls(monkeypatch):
-    """Shapes (L, S) of every call that reached the fused op."""
+    """Shapes (L, S) of every call the fused op computed."""
     seen = []
     op = kernel.decode_attention_custom
 
     def spy(q, k, v, **kw):
+        out = op(q, k, v, **kw)
         seen.append((q.shape[2], k.shape[2]))
-        return op(q, k, v, **kw)
+        return out
 
     monkeypatch.setattr(kernel, "decode_attention_custom", spy)
     return seen
@@ -221,6 +222,10 @@ def wrapped_rotating_cache():
     return cache
 
 
+def mixed(q, k, v):
+    return q, k.astype(mx.bfloat16), v.astype(mx.bfloat16)
+
+
 def quantized(q, k, v):
     cache = QuantizedKVCache(group_size=32, bits=8)
     keys, values = cache.update_and_fetch(k, v)
@@ -236,6 +241,7 @@ FALLBACKS = {
     "quantized cache": lambda: (*quantized(*qkv(1, 40)), None, None),
     "value head dim differs": lambda: (*qkv(1, 40, d=64, dv=32), None, None, None),
     "head dim above the kernel's": lambda: (*qkv(1, 40, d=320), None, None, None),
+    "mixed dtypes": lambda: (*mixed(*qkv(1, 40)), None, None, None),
     "rotating cache once wrapped": lambda: (*qkv(1, 4), wrapped_rotating_cache(), None, None),
 }
 

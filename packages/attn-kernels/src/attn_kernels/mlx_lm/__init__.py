@@ -31,7 +31,6 @@ from attn_kernels.attention import decode_attention_custom
 from attn_kernels.guard import use_fused
 
 NAME = "scaled_dot_product_attention"
-_FLOATS = (mx.float32, mx.float16, mx.bfloat16)
 
 _lock = threading.Lock()
 _enabled = False
@@ -50,22 +49,17 @@ def _mlx_lm_modules():
     return base, cache
 
 
-def _fused(queries, keys, values, cache, mask, sinks) -> bool:
+def _fused(queries, keys, cache, mask, sinks) -> bool:
+    """The guard's question, for calls in the op's form: no sinks, mask None or a string, a plain
+    K/V cache in temporal order. Shapes and dtypes the op does not take it rejects itself."""
     if sinks is not None or not (mask is None or isinstance(mask, str)):
         return False
-    if not (isinstance(keys, mx.array) and isinstance(values, mx.array)):
+    if not isinstance(keys, mx.array):
         return False  # quantized caches hand over (data, scales, biases) tuples
-    if queries.ndim != 4 or keys.shape != values.shape:
-        return False
-    b, hq, length, d = queries.shape
-    bk, hkv, context, dk = keys.shape
-    if bk != b or dk != d or hkv == 0 or hq % hkv:
-        return False
-    if queries.dtype not in _FLOATS or keys.dtype != queries.dtype or values.dtype != keys.dtype:
-        return False
     if isinstance(cache, _rotating) and cache.offset > cache.max_size:
-        return False  # wrapped: keys are no longer in temporal order
-    return use_fused(length, context, d, mask)
+        return False  # wrapped: the keys are no longer in temporal order
+    shape = queries.shape
+    return use_fused(shape[-2], keys.shape[-2], shape[-1], mask)
 
 
 def scaled_dot_product_attention(
@@ -73,9 +67,14 @@ def scaled_dot_product_attention(
 ) -> mx.array:
     """mlx-lm's `scaled_dot_product_attention` signature: decode steps the guard accepts run the
     fused DecodeAttention op, every other call runs mlx-lm's own function."""
-    if _enabled and _fused(queries, keys, values, cache, mask, sinks):
-        _calls["fused"] += 1
-        return decode_attention_custom(queries, keys, values, scale=scale, mask=mask)
+    if _enabled and _fused(queries, keys, cache, mask, sinks):
+        try:
+            out = decode_attention_custom(queries, keys, values, scale=scale, mask=mask)
+        except ValueError:
+            pass  # inputs the op does not take (mixed dtypes, K and V head dims differ, ...)
+        else:
+            _calls["fused"] += 1
+            return out
     _calls["mlx_lm"] += 1
     original = _original or _mlx_lm_modules()[0].scaled_dot_product_attention  # never enabled
     return original(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)

@@ -1,0 +1,64 @@
+"""mlx-lm-decode on a tiny config on the CPU: both variants run mlx-lm's stream_generate, the
+kernel variant's decode steps go through the fused op, and the records validate."""
+
+import json
+
+import pytest
+from llm_eval import mlx_lm_decode
+from llm_eval.record import validate
+
+TINY = dict(
+    model_type="llama",
+    hidden_size=128,
+    num_hidden_layers=2,
+    intermediate_size=256,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    rms_norm_eps=1e-5,
+    vocab_size=512,
+    tie_word_embeddings=True,
+)
+
+
+def test_tiny_model_two_workloads(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(mlx_lm_decode.MODELS, "tiny", TINY)
+    out = tmp_path / "tiny-{workload}.json"
+    argv = ["--model", "tiny", "--quantize", "none", "--device", "cpu", "--rounds", "2"]
+    mlx_lm_decode.main(
+        [*argv, "--workload", "12+5", "--workload", "3+4", "--json-output", str(out)]
+    )
+    for prompt, generated in ((12, 5), (3, 4)):
+        record = json.loads((tmp_path / f"tiny-{prompt}-{generated}.json").read_text())
+        validate(record)
+        samples = record["results"]["samples"]
+        assert [o["order"] for o in record["execution_order"]] == [
+            ["mlx-lm", "mlx-lm+kernel"],
+            ["mlx-lm+kernel", "mlx-lm"],
+        ]
+        for v in mlx_lm_decode.VARIANTS:
+            assert len(samples[v]) == 2
+            for s in samples[v]:
+                assert s["same_tokens"]  # greedy: every request of a variant the same
+                assert len(s["step_s"]) == generated - 1
+                assert s["decode_tok_s"] == pytest.approx((generated - 1) / s["decode_s"])
+        # Fused per layer: the last prompt token and every generated one, plus one (generate_step
+        # runs one token ahead of what it yields); the rest of the prompt (L = prompt - 1) too
+        # where it fits the query limit of 8.
+        tokens = record["results"]["tokens"]
+        assert len(tokens["mlx-lm"]) == generated
+        assert record["results"]["first_divergence"] is None
+        assert tokens["mlx-lm"] == tokens["mlx-lm+kernel"]
+        fused = {s["attention_calls"]["fused"] for s in samples["mlx-lm+kernel"]}
+        assert fused == {2 * (1 + generated + (prompt - 1 <= 8))}
+    assert "kernel / mlx-lm" in capsys.readouterr().out
+
+
+def test_arguments_are_checked(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        mlx_lm_decode.parse_args(["--workload", "32x97"])
+    assert "PROMPT+GENERATED" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        argv = ["--workload", "1+2", "--workload", "3+4", "--json-output", str(tmp_path / "a.json")]
+        mlx_lm_decode.parse_args(argv)
+    assert "{workload}" in capsys.readouterr().err
