@@ -2,6 +2,7 @@
 mlx-lm's own attention, every other call goes to mlx-lm's function untouched, and disable() puts
 every name back."""
 
+import dataclasses
 import importlib
 import subprocess
 import sys
@@ -12,7 +13,8 @@ import pytest
 pytest.importorskip("mlx_lm")
 
 import attn_kernels.mlx_lm as kernel
-from attn_kernels.guard import MAX_QUERY
+from attn_kernels import guard
+from attn_kernels.attention import FLOAT_DTYPES, MAX_HEAD_DIM
 from mlx.utils import tree_flatten
 from mlx_lm.models import base
 from mlx_lm.models.cache import (
@@ -24,6 +26,7 @@ from mlx_lm.models.cache import (
 from mlx_lm.utils import MODEL_REMAPPING
 
 MLX_LM_SDPA = base.scaled_dot_product_attention
+MAX_QUERY = guard.LIMITS["cpu"].max_query
 
 # Tiny configs of mlx-lm architectures, head dims 64 to 256 (80 and 96 not multiples of 32).
 # "mistral" loads through llama.py as mlx-lm's loader maps it; gemma3_text's even layers use a
@@ -108,6 +111,16 @@ def fused_calls(monkeypatch):
     return seen
 
 
+@pytest.fixture
+def any_head_dim_and_dtype(monkeypatch):
+    """The guard widened to every head dim and float dtype the kernel takes (its records cover
+    D=128 bf16): the kernel's results inside mlx-lm on shapes the guard leaves to mx.fast."""
+    wide = dataclasses.replace(
+        guard.LIMITS["cpu"], head_dims=tuple(range(1, MAX_HEAD_DIM + 1)), dtypes=FLOAT_DTYPES
+    )
+    monkeypatch.setitem(guard.LIMITS, "cpu", wide)
+
+
 @pytest.fixture(autouse=True)
 def _disabled_after():
     yield
@@ -133,6 +146,7 @@ def max_difference(ours, theirs):
     )
 
 
+@pytest.mark.usefixtures("any_head_dim_and_dtype")
 @pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16], ids=["float32", "bfloat16"])
 @pytest.mark.parametrize("arch", [a for a in ARCHS if a != "gemma3_text"])
 def test_greedy_tokens_match_mlx_lm(arch, dtype, fused_calls):
@@ -160,10 +174,11 @@ def test_greedy_tokens_match_mlx_lm(arch, dtype, fused_calls):
     assert counts == {"fused": len(decode), "mlx_lm": LAYERS}
 
 
+@pytest.mark.usefixtures("any_head_dim_and_dtype")
 def test_short_prefill_is_causal_and_fused(fused_calls):
     """A prompt within the query limit runs fused with mask "causal" (bottom-right aligned, as
     mx.fast's), and so do the decode steps after it."""
-    length = MAX_QUERY["cpu"]
+    length = MAX_QUERY
     model = tiny_model("qwen3")
     theirs, their_logits, _ = greedy(model, prompt_ids(length), 6)
     with kernel.enabled():
@@ -174,6 +189,7 @@ def test_short_prefill_is_causal_and_fused(fused_calls):
     assert len(fused_calls) == LAYERS * 7
 
 
+@pytest.mark.usefixtures("any_head_dim_and_dtype")
 def test_sliding_window_layers_leave_once_the_rotating_cache_wraps(fused_calls):
     """gemma3_text: layer 0 keeps 8 positions in a RotatingKVCache, layer 1 a KVCache. A 5-token
     prompt (fused, causal), then 10 steps: layer 0 is fused until its cache wraps (offset > 8),
@@ -192,11 +208,32 @@ def test_sliding_window_layers_leave_once_the_rotating_cache_wraps(fused_calls):
     assert counts == {"fused": len(sliding) + len(full), "mlx_lm": 11 - len(sliding)}
 
 
+@pytest.mark.parametrize(
+    "arch, dtype, fused",
+    [("qwen3", mx.bfloat16, True), ("llama", mx.bfloat16, False), ("qwen3", mx.float32, False)],
+)
+def test_the_guard_decides_head_dim_and_dtype(arch, dtype, fused, fused_calls):
+    """With the guard's own table (records: D=128 bf16): qwen3 (D=128) in bf16 decodes fused;
+    llama (D=64), and qwen3 in float32, run mlx-lm's attention on every call."""
+    model = tiny_model(arch, dtype)
+    prompt = prompt_ids(12)
+    theirs, their_logits, _ = greedy(model, prompt, 6)
+    with kernel.enabled():
+        ours, our_logits, _ = greedy(model, prompt, 6)
+        counts = kernel.calls()
+    assert ours == theirs
+    if fused:
+        assert len(fused_calls) == counts["fused"] == LAYERS * 6
+    else:
+        assert fused_calls == [] and counts == {"fused": 0, "mlx_lm": LAYERS * 7}
+        assert max_difference(our_logits, their_logits) == 0
+
+
 def test_generate_step_decodes_through_the_kernel(fused_calls):
     """mlx-lm's own generation loop (generate_step: its stream, async evaluation, cache)."""
     from mlx_lm.generate import generate_step
 
-    model = tiny_model("llama", mx.bfloat16)
+    model = tiny_model("qwen3", mx.bfloat16)
     prompt = prompt_ids(20)[0]
     theirs = [t for t, _ in generate_step(prompt, model, max_tokens=8)]
     with kernel.enabled():
@@ -234,7 +271,7 @@ def quantized(q, k, v):
 
 # Calls that must reach mlx-lm's function with their arguments as given.
 FALLBACKS = {
-    "query longer than the limit": lambda: (*qkv(MAX_QUERY["cpu"] + 1, 40), None, "causal", None),
+    "query longer than the limit": lambda: (*qkv(MAX_QUERY + 1, 40), None, "causal", None),
     "explicit boolean mask": lambda: (*qkv(1, 40), None, mx.arange(40) % 3 > 0, None),
     "explicit additive mask": lambda: (*qkv(2, 40), None, mx.zeros((2, 40)), None),
     "attention sinks": lambda: (*qkv(1, 40), None, None, mx.zeros((4,))),
@@ -246,6 +283,7 @@ FALLBACKS = {
 }
 
 
+@pytest.mark.usefixtures("any_head_dim_and_dtype")
 @pytest.mark.parametrize("case", FALLBACKS)
 def test_unsupported_calls_go_to_mlx_lm_unchanged(case, fused_calls):
     q, k, v, cache, mask, sinks = FALLBACKS[case]()  # built twice: mlx-lm scales q in place
@@ -258,13 +296,14 @@ def test_unsupported_calls_go_to_mlx_lm_unchanged(case, fused_calls):
     assert out.dtype == expected.dtype and mx.array_equal(out, expected).item()
 
 
+@pytest.mark.usefixtures("any_head_dim_and_dtype")
 @pytest.mark.parametrize(
     "length, context, mask, dtype",
     [
         (1, 1, None, mx.float32),
         (1, 77, None, mx.bfloat16),
         (3, 50, "causal", mx.float16),
-        (MAX_QUERY["cpu"], 300, "causal", mx.float32),
+        (MAX_QUERY, 300, "causal", mx.float32),
     ],
 )
 def test_supported_calls_match_mlx_lm(length, context, mask, dtype, fused_calls):
@@ -367,7 +406,7 @@ def test_command_generates_with_the_kernel(tmp_path, capsys):
     from tokenizers.pre_tokenizers import Whitespace
     from transformers import PreTrainedTokenizerFast
 
-    model = tiny_model("qwen3")
+    model = tiny_model("qwen3", mx.bfloat16)  # D=128 bf16: inside the guard's measured region
     mx.save_safetensors(str(tmp_path / "model.safetensors"), dict(tree_flatten(model.parameters())))
     config = dict(model_type="qwen3", num_hidden_layers=LAYERS, intermediate_size=256)
     config.update(rms_norm_eps=1e-5, vocab_size=VOCAB, **ARCHS["qwen3"])

@@ -14,7 +14,7 @@ TINY = dict(
     intermediate_size=256,
     num_attention_heads=4,
     num_key_value_heads=2,
-    head_dim=32,
+    head_dim=128,  # bf16 D=128: where the guard sends decode steps to the fused op
     rms_norm_eps=1e-5,
     vocab_size=512,
     tie_word_embeddings=True,
@@ -62,3 +62,7 @@ def test_arguments_are_checked(tmp_path, capsys):
         argv = ["--workload", "1+2", "--workload", "3+4", "--json-output", str(tmp_path / "a.json")]
         mlx_lm_decode.parse_args(argv)
     assert "{workload}" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        argv = ["--model", "qwen3-4b", "--model", "llama-3-8b", "--json-output", "{workload}.json"]
+        mlx_lm_decode.parse_args(argv)
+    assert "{model}" in capsys.readouterr().err

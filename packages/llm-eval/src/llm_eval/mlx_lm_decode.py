@@ -4,8 +4,10 @@ every round (progression's rotation), each workload on its own. Decode tok/s is 
 the time from the first generated token to the last (mlx-lm's own generation_tps, which counts
 the first token too, is kept beside it).
 
-    mlx-lm-decode --model qwen3-4b --quantize 4bit --workload 32+97 --workload 8192+65 \\
-        --rounds 6 --json-output 'h200-qwen3-4b-4bit-mlx-lm-decode-{workload}.json'
+    mlx-lm-decode --model qwen3-4b --model llama-3-8b --workload 32+97 --workload 8192+65 \\
+        --rounds 6 --json-output 'h200-{model}-4bit-mlx-lm-decode-{workload}.json'
+
+One record per model and workload; models run one after the other in the same process.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import argparse
 import importlib
 import itertools
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -64,7 +67,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--model", choices=MODELS, default="qwen3-4b", help="config (random weights)")
+    p.add_argument(
+        "--model",
+        choices=MODELS,
+        action="append",
+        help="config with random weights, repeatable (default qwen3-4b)",
+    )
     p.add_argument("--quantize", choices=["none", "4bit"], default="4bit")
     p.add_argument(
         "--workload",
@@ -77,24 +85,28 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--json-output",
-        help="record path; with several workloads it must contain {workload} (e.g. 32-97)",
+        help="record path; {model} and {workload} (e.g. 32-97) are filled in, and must be there "
+        "when there are several",
     )
     p.add_argument("--force", action="store_true", help="replace existing records")
     args = p.parse_args(argv)
+    args.model = args.model or ["qwen3-4b"]
     args.workload = args.workload or [(32, 97)]
     if args.rounds < 1:
         p.error("--rounds must be >= 1")
-    if args.json_output and len(args.workload) > 1 and "{workload}" not in args.json_output:
-        p.error("--json-output: several workloads need {workload} in the path")
-    for w in args.workload:
-        refuse_overwrite(p, output_path(args, w), args.force)
+    for key, values in (("workload", args.workload), ("model", args.model)):
+        if args.json_output and len(values) > 1 and f"{{{key}}}" not in args.json_output:
+            p.error(f"--json-output: several {key}s need {{{key}}} in the path")
+    for m in args.model:
+        for w in args.workload:
+            refuse_overwrite(p, output_path(args, m, w), args.force)
     return args
 
 
-def output_path(args, w: tuple[int, int]) -> Path | None:
+def output_path(args, model: str, w: tuple[int, int]) -> Path | None:
     if not args.json_output:
         return None
-    return Path(args.json_output.replace("{workload}", f"{w[0]}-{w[1]}"))
+    return Path(args.json_output.replace("{workload}", f"{w[0]}-{w[1]}").replace("{model}", model))
 
 
 def build(name: str, quantize: str, seed: int):
@@ -157,7 +169,7 @@ def kv_bytes_per_token(config: dict, context: float) -> float:
     return config["num_hidden_layers"] * per_position * context
 
 
-def run_workload(args, model, tokenizer, w: tuple[int, int]) -> dict:
+def run_workload(args, name: str, model, tokenizer, w: tuple[int, int]) -> dict:
     import attn_kernels.mlx_lm as kernel
 
     prompt_len, generated = w
@@ -172,7 +184,15 @@ def run_workload(args, model, tokenizer, w: tuple[int, int]) -> dict:
         return result
 
     # Warm-up (kernels, allocator), which also records each variant's greedy tokens.
-    tokens = {v: request(v).pop("tokens") for v in VARIANTS}
+    tokens = {}
+    for v in VARIANTS:
+        result = request(v)
+        tokens[v] = result.pop("tokens")
+        print(
+            f"{name} {prompt_len}+{generated} warm-up {v}: {result['decode_tok_s']:.1f} tok/s",
+            file=sys.stderr,
+            flush=True,
+        )
     same = [a == b for a, b in zip(tokens["mlx-lm"], tokens["mlx-lm+kernel"], strict=True)]
     samples = {v: [] for v in VARIANTS}
     order_log = []
@@ -186,7 +206,7 @@ def run_workload(args, model, tokenizer, w: tuple[int, int]) -> dict:
             samples[v].append({"round": r, **result})
             progress.step(f"{prompt_len}+{generated} round {r} {v}")
 
-    config = MODELS[args.model]
+    config = MODELS[name]
     weight_bytes = sum(p.nbytes for _, p in tree_flatten(model.parameters()))
     # Per decode step: every weight once, and K/V at the mean context of the decode steps.
     step_bytes = weight_bytes + kv_bytes_per_token(config, prompt_len + generated / 2)
@@ -211,7 +231,7 @@ def run_workload(args, model, tokenizer, w: tuple[int, int]) -> dict:
         "metadata": collect_metadata(args.device),
         "model_config": config,
         "config": {
-            "model": args.model,
+            "model": name,
             "quantize": args.quantize,
             "input_len": prompt_len,
             "output_len": generated,
@@ -266,14 +286,17 @@ def format_table(record: dict) -> str:
 def main(argv=None) -> None:
     args = parse_args(argv)
     mx.set_default_device(mx.gpu if args.device == "gpu" else mx.cpu)
-    model = build(args.model, args.quantize, args.seed)
-    tokenizer = word_tokenizer(model.args.vocab_size)
-    for w in args.workload:
-        record = run_workload(args, model, tokenizer, w)
-        print(format_table(record), flush=True)
-        path = output_path(args, w)
-        if path:
-            print(f"wrote {write_record(record, path, force=args.force)}")
+    for name in args.model:
+        model = build(name, args.quantize, args.seed)
+        tokenizer = word_tokenizer(model.args.vocab_size)
+        for w in args.workload:
+            record = run_workload(args, name, model, tokenizer, w)
+            print(format_table(record), flush=True)
+            path = output_path(args, name, w)
+            if path:
+                print(f"wrote {write_record(record, path, force=args.force)}", flush=True)
+        del model, tokenizer
+        mx.clear_cache()
 
 
 if __name__ == "__main__":

@@ -10,12 +10,13 @@ name it imported (`from .base import scaled_dot_product_attention`). enable() re
 base and in every loaded module that holds mlx-lm's function; modules imported later copy the
 rebound name from base. disable() puts mlx-lm's function back under every name that holds ours.
 
-A call runs `decode_attention_custom` when it is a decode step the guard accepts (attn_kernels.guard:
-query length and context within the backend's measured limits, head dim, mask None or "causal")
-on a plain float K/V cache; everything else goes to mlx-lm's function, unchanged: prefill beyond
-the query limit, explicit masks (batched generation, sliding windows), attention sinks, quantized
-KV caches, a RotatingKVCache once it has wrapped, keys and values of different head dims, mixed
-dtypes. mlx-lm itself is optional: this module imports without it, enable() needs it.
+A call runs `decode_attention_custom` when attn_kernels.guard accepts it (query length, context,
+head dim and dtype inside the backend's measured region) and it has the op's form: mask None or
+"causal", no attention sinks, a plain K/V cache in temporal order. Everything else goes to
+mlx-lm's function, unchanged: longer prefill, explicit masks (batched generation, sliding
+windows), sinks, quantized KV caches, a RotatingKVCache once it has wrapped, and inputs the op
+rejects (mixed dtypes, K and V head dims that differ). docs/mlx-lm.md has the table and the
+records. mlx-lm itself is optional: this module imports without it, enable() needs it.
 """
 
 from __future__ import annotations
@@ -52,6 +53,9 @@ def _mlx_lm_modules():
 def _fused(queries, keys, cache, mask, sinks) -> bool:
     """The guard's question, for calls in the op's form: no sinks, mask None or a string, a plain
     K/V cache in temporal order. Shapes and dtypes the op does not take it rejects itself."""
+    # Explicit masks stay with mlx-lm although the guard has a region for them: a padded row of
+    # mlx-lm's batch masks can lose every key, which mx.fast and the fused op (zeros) treat
+    # differently.
     if sinks is not None or not (mask is None or isinstance(mask, str)):
         return False
     if not isinstance(keys, mx.array):
@@ -59,7 +63,7 @@ def _fused(queries, keys, cache, mask, sinks) -> bool:
     if isinstance(cache, _rotating) and cache.offset > cache.max_size:
         return False  # wrapped: the keys are no longer in temporal order
     shape = queries.shape
-    return use_fused(shape[-2], keys.shape[-2], shape[-1], mask)
+    return use_fused(shape[-2], keys.shape[-2], shape[-1], mask, dtype=queries.dtype)
 
 
 def scaled_dot_product_attention(
