@@ -1,34 +1,36 @@
-"""mlx-lm-decode: mlx-lm's own stream_generate, with and without attn_kernels.mlx_lm.enable(), in
-ONE process on the same random weights: one request per variant per round, the order rotated
-every round (progression's rotation), each workload on its own. Decode tok/s is (generated - 1) /
-the time from the first generated token to the last (mlx-lm's own generation_tps, which counts
-the first token too, is kept beside it).
+"""mlx-lm-decode: mlx-lm's own model and stream_generate, with and without
+attn_kernels.mlx_lm.enable(), in ONE process on the same random weights.
 
-    mlx-lm-decode --model qwen3-4b --model llama-3-8b --workload 32+97 --workload 8192+65 \\
-        --rounds 6 --json-output 'h200-{model}-4bit-mlx-lm-decode-{workload}.json'
+bench's protocol (its timing, reads and medians): per model and workload one warm-up request each,
+then one request per variant per round, the order rotated every round, every sample kept. The
+model is mlx-lm's own class for the config (random weights in its shape, bf16 or mlx-lm's default
+4-bit quantization, group 64) and the tokenizer a word-level one over the whole vocabulary with no
+EOS, so nothing stops a request early. Kernel requests keep their attention call counts.
 
-One record per model and workload; models run one after the other in the same process.
+    mlx-lm-decode --model qwen3-4b --model llama-3-8b --quantize 4bit \\
+        --workload 32+97 --workload 8192+65 --rounds 6
+
+One record per model and workload, under benchmark_results/ (the nearest such folder upwards) or
+--output DIR, named like bench's records.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
-import itertools
-import statistics
-import sys
 import time
 from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
 import qwen3_model
+from attn_kernels import _ext
 from mlx.utils import tree_flatten
 
-from llm_eval.bench import GPU_BANDWIDTH_GBS, has_gpu, prompt_ids
+from llm_eval import bench
 from llm_eval.progress import Progress
-from llm_eval.progression import at_or_above, variant_order
-from llm_eval.record import SCHEMA_VERSION, collect_metadata, refuse_overwrite, write_record
+from llm_eval.record import SCHEMA_VERSION, collect_metadata, write_record
 
 VARIANTS = ["mlx-lm", "mlx-lm+kernel"]
 # mlx-lm config.json values of the published checkpoints (random weights here).
@@ -78,40 +80,28 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--workload",
         type=workload,
         action="append",
-        help="PROMPT+GENERATED tokens, repeatable (default 32+97)",
+        metavar="PROMPT+GENERATED",
+        help="tokens, repeatable (default 32+97)",
     )
-    p.add_argument("--rounds", type=int, default=6, help="requests per variant and workload")
-    p.add_argument("--device", choices=["cpu", "gpu"], default="gpu" if has_gpu() else "cpu")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--json-output",
-        help="record path; {model} and {workload} (e.g. 32-97) are filled in, and must be there "
-        "when there are several",
-    )
-    p.add_argument("--force", action="store_true", help="replace existing records")
+    p.add_argument("--rounds", type=int, default=6, metavar="N", help="timed requests per variant")
+    p.add_argument("--device", choices=["cpu", "gpu"], default="gpu" if bench.has_gpu() else "cpu")
+    p.add_argument("--bandwidth-gbs", type=float, help="for the read floor (see bench --help)")
+    p.add_argument("--seed", type=int, default=0, metavar="N", help="weights and prompts")
+    p.add_argument("--output", type=Path, metavar="DIR", help="folder for the records")
+    p.add_argument("--no-record", action="store_true", help="print the tables only")
     args = p.parse_args(argv)
-    args.model = args.model or ["qwen3-4b"]
-    args.workload = args.workload or [(32, 97)]
+    args.model = list(dict.fromkeys(args.model or ["qwen3-4b"]))
+    args.workload = list(dict.fromkeys(args.workload or [(32, 97)]))
     if args.rounds < 1:
         p.error("--rounds must be >= 1")
-    for key, values in (("workload", args.workload), ("model", args.model)):
-        if args.json_output and len(values) > 1 and f"{{{key}}}" not in args.json_output:
-            p.error(f"--json-output: several {key}s need {{{key}}} in the path")
-    for m in args.model:
-        for w in args.workload:
-            refuse_overwrite(p, output_path(args, m, w), args.force)
+    if args.output and args.output.exists() and not args.output.is_dir():
+        p.error(f"--output {args.output}: not a folder")
     return args
-
-
-def output_path(args, model: str, w: tuple[int, int]) -> Path | None:
-    if not args.json_output:
-        return None
-    return Path(args.json_output.replace("{workload}", f"{w[0]}-{w[1]}").replace("{model}", model))
 
 
 def build(name: str, quantize: str, seed: int):
     """mlx-lm's own model class for the config, seeded random weights in bf16 (4-bit: mlx-lm's
-    default quantization, group 64)."""
+    default quantization)."""
     config = MODELS[name]
     module = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
     mx.random.seed(seed)
@@ -124,8 +114,7 @@ def build(name: str, quantize: str, seed: int):
 
 
 def word_tokenizer(vocab_size: int):
-    """A word-level tokenizer over the whole vocabulary ("w0", "w1", ...), no EOS: random weights
-    come without one, and nothing may stop a request early."""
+    """A word-level tokenizer over the whole vocabulary ("w0", "w1", ...) and no EOS."""
     from mlx_lm.tokenizer_utils import TokenizerWrapper
     from tokenizers import Tokenizer
     from tokenizers.models import WordLevel
@@ -137,94 +126,54 @@ def word_tokenizer(vocab_size: int):
     return TokenizerWrapper(PreTrainedTokenizerFast(tokenizer_object=words))
 
 
-def run_request(model, tokenizer, prompt: mx.array, generated: int) -> dict:
-    from mlx_lm.generate import stream_generate
-
-    start = time.perf_counter()
-    stamps, tokens, last = [], [], None
-    for response in stream_generate(model, tokenizer, prompt, max_tokens=generated):
-        stamps.append(time.perf_counter())
-        tokens.append(response.token)
-        last = response
-    if len(stamps) != generated:
-        raise RuntimeError(f"stream_generate yielded {len(stamps)} tokens, expected {generated}")
-    steps = [b - a for a, b in itertools.pairwise(stamps)]
-    decode_s = stamps[-1] - stamps[0]
-    return {
-        "prefill_s": stamps[0] - start,
-        "decode_s": decode_s,
-        "step_s": steps,
-        "decode_tok_s": (generated - 1) / decode_s,
-        "mlx_lm_generation_tps": last.generation_tps,
-        "mlx_lm_prompt_tps": last.prompt_tps,
-        "peak_memory_gb": last.peak_memory,
-        "tokens": tokens,
-    }
-
-
-def kv_bytes_per_token(config: dict, context: float) -> float:
-    """K and V bytes one decode step reads at `context` positions (bf16, every layer)."""
+def kv_bytes_per_position(config: dict) -> int:
+    """Keys and values of one position, all layers, in bf16 (the activations' dtype)."""
     head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
-    per_position = 2 * config["num_key_value_heads"] * head_dim * 2
-    return config["num_hidden_layers"] * per_position * context
+    return 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * head_dim * 2
 
 
-def run_workload(args, name: str, model, tokenizer, w: tuple[int, int]) -> dict:
-    import attn_kernels.mlx_lm as kernel
+def request(model, tokenizer, prompt: mx.array, generated: int, kernel: bool) -> dict:
+    """One stream_generate request, timed as bench times its loops."""
+    import attn_kernels.mlx_lm as attention
+    from mlx_lm.generate import generation_stream, stream_generate
 
+    mx.reset_peak_memory()
+    with attention.enabled() if kernel else contextlib.nullcontext():
+        responses = stream_generate(model, tokenizer, prompt, max_tokens=generated)
+        steps = ((r.token, None) for r in responses)
+        sample = bench.timed(steps, prompt.size, generated, (generation_stream,))
+        if kernel:
+            sample["attention_calls"] = attention.calls()
+    sample["peak_memory_bytes"] = mx.get_peak_memory()
+    return sample
+
+
+def run_workload(args, name, model, tokenizer, w, progress: Progress) -> dict:
     prompt_len, generated = w
-    prompt = prompt_ids(model.args.vocab_size, prompt_len, mx.random.key(args.seed))[0]
-
-    def request(variant):
-        if variant == "mlx-lm":
-            return run_request(model, tokenizer, prompt, generated)
-        with kernel.enabled():
-            result = run_request(model, tokenizer, prompt, generated)
-            result["attention_calls"] = kernel.calls()
-        return result
-
-    # Warm-up (kernels, allocator), which also records each variant's greedy tokens.
-    tokens = {}
-    for v in VARIANTS:
-        result = request(v)
-        tokens[v] = result.pop("tokens")
-        print(
-            f"{name} {prompt_len}+{generated} warm-up {v}: {result['decode_tok_s']:.1f} tok/s",
-            file=sys.stderr,
-            flush=True,
-        )
-    same = [a == b for a, b in zip(tokens["mlx-lm"], tokens["mlx-lm+kernel"], strict=True)]
+    prompt = bench.prompt_ids(model.args.vocab_size, prompt_len, mx.random.key(args.seed))
+    config = MODELS[name]
+    weight_bytes = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
+    kv_per_position = kv_bytes_per_position(config)
+    progress.restart(len(VARIANTS))
+    for v in VARIANTS:  # compilation, allocator: the prompt and one decode step
+        request(model, tokenizer, prompt, 2, v != "mlx-lm")
+        progress.step(f"{name} {prompt_len}+{generated} warm-up {v}")
     samples = {v: [] for v in VARIANTS}
     order_log = []
-    progress = Progress(args.rounds * len(VARIANTS))
+    progress.restart(args.rounds * len(VARIANTS))
     for r in range(args.rounds):
-        order = variant_order(VARIANTS, r)
+        order = bench.variant_order(VARIANTS, r)
         order_log.append({"round": r, "order": order})
         for v in order:
-            result = request(v)
-            result["same_tokens"] = result.pop("tokens") == tokens[v]
-            samples[v].append({"round": r, **result})
-            progress.step(f"{prompt_len}+{generated} round {r} {v}")
-
-    config = MODELS[name]
-    weight_bytes = sum(p.nbytes for _, p in tree_flatten(model.parameters()))
-    # Per decode step: every weight once, and K/V at the mean context of the decode steps.
-    step_bytes = weight_bytes + kv_bytes_per_token(config, prompt_len + generated / 2)
-    limit = GPU_BANDWIDTH_GBS * 1e9 / step_bytes if args.device == "gpu" else None
-    medians = {}
-    for v in VARIANTS:
-        tok_s = statistics.median(s["decode_tok_s"] for s in samples[v])
-        medians[v] = {
-            "decode_tok_s": tok_s,
-            "mlx_lm_generation_tps": statistics.median(
-                s["mlx_lm_generation_tps"] for s in samples[v]
-            ),
-            "median_step_ms": statistics.median(t for s in samples[v] for t in s["step_s"]) * 1e3,
-            "prefill_s": statistics.median(s["prefill_s"] for s in samples[v]),
-            "bytes_read_gbs": tok_s * step_bytes / 1e9,
-            "limit_fraction": tok_s / limit if limit else None,
-        }
-    base = medians["mlx-lm"]["decode_tok_s"]
+            sample = {"round": r, **request(model, tokenizer, prompt, generated, v != "mlx-lm")}
+            bench.add_reads(sample, weight_bytes, kv_per_position, args.bandwidth_gbs)
+            samples[v].append(sample)
+            progress.step(
+                f"{name} {prompt_len}+{generated} round {r + 1}/{args.rounds} {v}: "
+                f"{sample['decode_tok_s']:.2f} tok/s"
+            )
+    first = [s["tokens"] for s in (samples["mlx-lm"][0], samples["mlx-lm+kernel"][0])]
+    differ = [i for i, (a, b) in enumerate(zip(*first, strict=True)) if a != b]
     return {
         "schema_version": SCHEMA_VERSION,
         "kind": "mlx-lm-decode",
@@ -233,27 +182,26 @@ def run_workload(args, name: str, model, tokenizer, w: tuple[int, int]) -> dict:
         "config": {
             "model": name,
             "quantize": args.quantize,
+            "weights_origin": f"random (seed {args.seed}) in the shape of the published {name} "
+            "config, mlx-lm's own model class",
             "input_len": prompt_len,
             "output_len": generated,
             "rounds": args.rounds,
+            "warmup": 1,
             "device": args.device,
-            "seed": args.seed,
+            "bandwidth_gbs": args.bandwidth_gbs,
             "variants": VARIANTS,
-            "bandwidth_gbs": GPU_BANDWIDTH_GBS if args.device == "gpu" else None,
+            "loop": "mlx_lm.stream_generate (greedy; tokenizer: word-level, no EOS)",
         },
         "execution_order": order_log,
         "results": {
-            "samples": samples,
-            "medians": medians,
-            "speedup": medians["mlx-lm+kernel"]["decode_tok_s"] / base,
-            "rounds_at_or_above": at_or_above(samples["mlx-lm+kernel"], samples["mlx-lm"]),
             "weight_bytes": weight_bytes,
-            "step_bytes": step_bytes,
-            "weight_read_limit_tok_s": limit,
-            "tokens": tokens,
-            # Greedy tokens of the two variants (bf16 rounding differs between the attention
-            # paths, so a near-tie can flip on random weights): None where all agree.
-            "first_divergence": None if all(same) else same.index(False),
+            "kv_bytes_per_position": kv_per_position,
+            "samples": samples,
+            "medians": bench.summarise(samples),
+            # Greedy tokens of the first round, mlx-lm against mlx-lm+kernel: the attention
+            # paths round differently in bf16, so a near-tie can flip on random weights.
+            "first_divergence": differ[0] if differ else None,
         },
     }
 
@@ -261,40 +209,62 @@ def run_workload(args, name: str, model, tokenizer, w: tuple[int, int]) -> dict:
 def format_table(record: dict) -> str:
     c, res = record["config"], record["results"]
     lines = [
-        f"{c['model']} {c['quantize']} {c['input_len']}+{c['output_len']}, {c['rounds']} rounds",
-        "| variant | decode tok/s (min–max) | median step ms | mlx-lm's generation_tps |",
-        "|---|---|---|---|",
+        f"{c['model']} {c['quantize']} {c['input_len']}+{c['output_len']}: medians of "
+        f"{c['rounds']} rounds (min–max)",
+        "| variant | decode tok/s | vs mlx-lm (rounds ≥) | median step ms | weight+KV GB/s |",
+        "|---|---|---|---|---|",
     ]
     for v, m in res["medians"].items():
-        tok_s = [s["decode_tok_s"] for s in res["samples"][v]]
+        gbs = "—" if m["read_gbs"] is None else f"{m['read_gbs']:.1f}"
+        if m["floor_fraction"] is not None:
+            gbs += f" ({100 * m['floor_fraction']:.1f}% of floor)"
         lines.append(
-            f"| {v} | {m['decode_tok_s']:.2f} ({min(tok_s):.2f}–{max(tok_s):.2f}) | "
-            f"{m['median_step_ms']:.2f} | {m['mlx_lm_generation_tps']:.2f} |"
+            f"| {v} | {m['decode_tok_s']:.2f} ({m['decode_tok_s_min']:.2f}–"
+            f"{m['decode_tok_s_max']:.2f}) | {m['vs_mlx_lm']:.3f}x "
+            f"({m['rounds_at_or_above_mlx_lm']}/{c['rounds']}) | {m['median_step_ms']:.2f} | "
+            f"{gbs} |"
         )
+    calls = {tuple(s["attention_calls"].items()) for s in res["samples"]["mlx-lm+kernel"]}
+    divergence = res["first_divergence"]
     lines.append(
-        f"kernel / mlx-lm: {res['speedup']:.3f}x, at or above in "
-        f"{res['rounds_at_or_above']}/{c['rounds']} rounds; greedy tokens "
-        + (
-            "identical"
-            if res["first_divergence"] is None
-            else f"diverge at token {res['first_divergence']}"
-        )
+        "attention calls per kernel request: "
+        + "; ".join(", ".join(f"{k} {n}" for k, n in c) for c in sorted(calls))
+        + "; greedy tokens "
+        + ("identical" if divergence is None else f"differ from token {divergence}")
     )
     return "\n".join(lines)
+
+
+def record_path(args, record: dict) -> Path:
+    c = record["config"]
+    stem = (
+        f"{bench.machine_tag(args.device)}-{c['model']}-{c['quantize'].replace('none', 'bf16')}-"
+        f"mlx-lm-decode-{c['input_len']}+{c['output_len']}-mlx-{mx.__version__}"
+    )
+    return bench.unique_path(args.output or bench.find_results_dir(), stem)
 
 
 def main(argv=None) -> None:
     args = parse_args(argv)
     mx.set_default_device(mx.gpu if args.device == "gpu" else mx.cpu)
+    progress = Progress()
+    if args.bandwidth_gbs is None:
+        if args.device == "cpu":
+            progress.say("measuring the memory read bandwidth ...")
+            args.bandwidth_gbs = _ext.measure_read_bandwidth(1 << 30, 3) / 1e9
+        elif mx.cuda.is_available() and "H200" in bench.gpu_name():
+            args.bandwidth_gbs = bench.H200_BANDWIDTH_GBS
     for name in args.model:
+        started = time.perf_counter()
         model = build(name, args.quantize, args.seed)
         tokenizer = word_tokenizer(model.args.vocab_size)
+        progress.say(f"{name} ({args.quantize}) built in {time.perf_counter() - started:.1f} s")
         for w in args.workload:
-            record = run_workload(args, name, model, tokenizer, w)
+            record = run_workload(args, name, model, tokenizer, w, progress)
+            progress.close()
             print(format_table(record), flush=True)
-            path = output_path(args, name, w)
-            if path:
-                print(f"wrote {write_record(record, path, force=args.force)}", flush=True)
+            if not args.no_record:
+                print(f"record {write_record(record, record_path(args, record))}", flush=True)
         del model, tokenizer
         mx.clear_cache()
 
