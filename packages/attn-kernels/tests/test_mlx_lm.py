@@ -391,6 +391,8 @@ def test_command_help_and_errors(capsys):
 
     assert main(["--help"]) == 0
     assert "generate" in capsys.readouterr().out
+    assert main([]) == 2
+    assert "a command is needed" in capsys.readouterr().err
     assert main(["serve"]) == 2
     assert "unknown command 'serve'" in capsys.readouterr().err
 

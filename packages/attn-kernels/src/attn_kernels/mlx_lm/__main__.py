@@ -26,9 +26,12 @@ def usage() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] in ("-h", "--help"):
+    if not argv:
+        print(f"{PROG}: a command is needed\n\n{usage()}", file=sys.stderr)
+        return 2
+    if argv[0] in ("-h", "--help"):
         print(usage())
-        return 0 if argv else 2
+        return 0
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:
         print(
