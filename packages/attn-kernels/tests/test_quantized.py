@@ -80,9 +80,12 @@ def test_no_worse_than_mlx_lm(device, length, s, bits, group_size):
         theirs = quantized_scaled_dot_product_attention(
             q, kq, vq, scale=128**-0.5, mask="causal", group_size=group_size, bits=bits
         )
-    err_ours = np.abs(to_numpy(ours) - exact).max()
-    err_theirs = np.abs(to_numpy(theirs) - exact).max()
-    assert err_ours <= err_theirs * 1.05, (err_ours, err_theirs)
+    # Root-mean-square error over every output value: the quantization error dominates both and
+    # the largest single error is noise (either path wins it at 4 bits); ours also skips the
+    # rounding of the scaled queries and the scores to the cache dtype.
+    err_ours = np.sqrt(np.mean((to_numpy(ours) - exact) ** 2))
+    err_theirs = np.sqrt(np.mean((to_numpy(theirs) - exact) ** 2))
+    assert err_ours <= err_theirs, (err_ours, err_theirs)
     np.testing.assert_allclose(to_numpy(ours), to_numpy(theirs), atol=0.1, rtol=0.05)
 
 
