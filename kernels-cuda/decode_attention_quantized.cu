@@ -24,6 +24,7 @@
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "decode_attention_quantized_cuda.h"
 
@@ -150,9 +151,10 @@ __device__ bool last_to_arrive(unsigned slot, int splits) {
 
 // grid (kv_rows * tiles, splits), kThreads threads; shared memory: kWarps * kVectors states.
 // VALUES: values of a row per lane (8 or 16; fewer values take fewer registers, so more blocks
-// fit an SM, at one more shuffle level per score).
-template <typename T, int BITS, int LPR, int VALUES>
-__global__ void __launch_bounds__(kThreads, VALUES == 8 ? 4 : 2)
+// fit an SM, at one more shuffle level per score). POSITIONS: positions per walker and step
+// (loads in flight, one rescale).
+template <typename T, int BITS, int LPR, int VALUES, int POSITIONS>
+__global__ void __launch_bounds__(kThreads, VALUES == 8 && POSITIONS == 2 ? 4 : 2)
     attend_quantized(QuantizedProblem p, float* partials, int chunk, unsigned slot) {
   extern __shared__ __align__(16) float smem[];
   constexpr int kValues = VALUES;
@@ -205,13 +207,18 @@ __global__ void __launch_bounds__(kThreads, VALUES == 8 ? 4 : 2)
     l[v] = 0.0f;
   }
 
-  for (int base = begin; base < end; base += 2 * kWalkers) {
-    int j[2] = {base + walker, base + kWalkers + walker};
-    bool in[2] = {j[0] < end, j[1] < end};
-    uint32_t kw[2][kWords], vw[2][kWords];
-    float ks[2], kb[2], vs[2], vb[2];
+  for (int base = begin; base < end; base += POSITIONS * kWalkers) {
+    int j[POSITIONS];
+    bool in[POSITIONS];
 #pragma unroll
-    for (int t = 0; t < 2; ++t) {
+    for (int t = 0; t < POSITIONS; ++t) {
+      j[t] = base + t * kWalkers + walker;
+      in[t] = j[t] < end;
+    }
+    uint32_t kw[POSITIONS][kWords], vw[POSITIONS][kWords];
+    float ks[POSITIONS], kb[POSITIONS], vs[POSITIONS], vb[POSITIONS];
+#pragma unroll
+    for (int t = 0; t < POSITIONS; ++t) {
       const int at = in[t] ? j[t] : begin;  // a row that exists; its weight is zero
       load_words<kWords>(kw[t], k_codes + at * p.k_strides[0][2], first_word, p.k_strides[0][3],
                        k_vector, active);
@@ -222,9 +229,9 @@ __global__ void __launch_bounds__(kThreads, VALUES == 8 ? 4 : 2)
       vs[t] = active ? to_float(v_scales[at * p.v_strides[1][2]]) : 0.0f;
       vb[t] = active ? to_float(v_biases[at * p.v_strides[2][2]]) : 0.0f;
     }
-    float score[2][kVectors];
+    float score[POSITIONS][kVectors];
 #pragma unroll
-    for (int t = 0; t < 2; ++t) {
+    for (int t = 0; t < POSITIONS; ++t) {
       float c[kValues];
       decode<BITS, kValues>(c, kw[t]);
 #pragma unroll
@@ -238,18 +245,18 @@ __global__ void __launch_bounds__(kThreads, VALUES == 8 ? 4 : 2)
 #pragma unroll
     for (int offset = LPR / 2; offset > 0; offset /= 2) {
 #pragma unroll
-      for (int t = 0; t < 2; ++t) {
+      for (int t = 0; t < POSITIONS; ++t) {
 #pragma unroll
         for (int v = 0; v < kVectors; ++v) {
           score[t][v] += __shfl_xor_sync(0xffffffffu, score[t][v], offset);
         }
       }
     }
-    float weight[2][kVectors];
+    float weight[POSITIONS][kVectors];
 #pragma unroll
     for (int v = 0; v < kVectors; ++v) {
 #pragma unroll
-      for (int t = 0; t < 2; ++t) {
+      for (int t = 0; t < POSITIONS; ++t) {
         float s = score[t][v];
         if (!in[t] || j[t] > last[v]) {
           s = kNegInf;
@@ -258,7 +265,9 @@ __global__ void __launch_bounds__(kThreads, VALUES == 8 ? 4 : 2)
         }
         score[t][v] = s;
       }
-      const float tile_max = fmaxf(score[0][v], score[1][v]);
+      float tile_max = score[0][v];
+#pragma unroll
+      for (int t = 1; t < POSITIONS; ++t) tile_max = fmaxf(tile_max, score[t][v]);
       if (tile_max > m[v]) {  // rescale only when the running max grows
         const float factor = m[v] == kNegInf ? 0.0f : __expf(m[v] - tile_max);
         m[v] = tile_max;
@@ -268,13 +277,13 @@ __global__ void __launch_bounds__(kThreads, VALUES == 8 ? 4 : 2)
         for (int e = 0; e < kValues; ++e) acc[v][e] *= factor;
       }
 #pragma unroll
-      for (int t = 0; t < 2; ++t) {
+      for (int t = 0; t < POSITIONS; ++t) {
         weight[t][v] = score[t][v] == kNegInf ? 0.0f : __expf(score[t][v] - m[v]);
         l[v] += weight[t][v];
       }
     }
 #pragma unroll
-    for (int t = 0; t < 2; ++t) {
+    for (int t = 0; t < POSITIONS; ++t) {
       float c[kValues];
       decode<BITS, kValues>(c, vw[t]);
 #pragma unroll
@@ -379,10 +388,11 @@ struct Kernel {
   int resident;  // blocks an SM holds at once
 };
 
-template <typename T, int BITS, int LPR, int VALUES>
+template <typename T, int BITS, int LPR, int VALUES, int POSITIONS>
 const Kernel& kernel_for(unsigned smem) {
   static const Kernel kernel = [smem] {
-    const void* symbol = reinterpret_cast<const void*>(&attend_quantized<T, BITS, LPR, VALUES>);
+    const void* symbol =
+        reinterpret_cast<const void*>(&attend_quantized<T, BITS, LPR, VALUES, POSITIONS>);
     cudaFunction_t f;
     if (cudaGetFuncBySymbol(&f, symbol) != cudaSuccess) {
       throw std::runtime_error("[decode_attention_quantized] cudaGetFuncBySymbol failed");
@@ -397,32 +407,40 @@ const Kernel& kernel_for(unsigned smem) {
   return kernel;
 }
 
-template <typename T, int BITS, int VALUES>
+// Lanes per row cover D (a multiple of 32, at most 256) with VALUES values each.
+template <typename T, int BITS, int VALUES, int POSITIONS = 2>
 const Kernel& kernel_for(int lpr, unsigned smem) {
+  constexpr int kFewest = 32 / VALUES;
   switch (lpr) {
-    case 2: return kernel_for<T, BITS, 2, VALUES>(smem);
-    case 4: return kernel_for<T, BITS, 4, VALUES>(smem);
-    case 8: return kernel_for<T, BITS, 8, VALUES>(smem);
-    case 16: return kernel_for<T, BITS, 16, VALUES>(smem);
-    default: return kernel_for<T, BITS, 32, VALUES>(smem);
+    case kFewest: return kernel_for<T, BITS, kFewest, VALUES, POSITIONS>(smem);
+    case 2 * kFewest: return kernel_for<T, BITS, 2 * kFewest, VALUES, POSITIONS>(smem);
+    case 4 * kFewest: return kernel_for<T, BITS, 4 * kFewest, VALUES, POSITIONS>(smem);
+    default: return kernel_for<T, BITS, 8 * kFewest, VALUES, POSITIONS>(smem);
   }
+}
+
+// The kernel variant: "8x2" (8 values per lane, 2 positions per step; the default), or for A/B
+// runs on bf16 only, ATTN_QUANTIZED_VARIANT=16x2 or 8x4.
+const std::string& variant(ElementType dtype) {
+  static const std::string chosen = [] {
+    const char* env = std::getenv("ATTN_QUANTIZED_VARIANT");
+    return std::string(env ? env : "8x2");
+  }();
+  static const std::string plain = "8x2";
+  return dtype == ElementType::bfloat16 ? chosen : plain;
 }
 
 template <typename T>
-const Kernel& kernel_for(int bits, int lpr, int values, unsigned smem) {
-  if (values == 8) {
-    return bits == 8 ? kernel_for<T, 8, 8>(lpr, smem) : kernel_for<T, 4, 8>(lpr, smem);
+const Kernel& kernel_for(int bits, int lpr, const std::string& variant, unsigned smem) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    if (variant == "16x2") {
+      return bits == 8 ? kernel_for<T, 8, 16>(lpr, smem) : kernel_for<T, 4, 16>(lpr, smem);
+    }
+    if (variant == "8x4") {
+      return bits == 8 ? kernel_for<T, 8, 8, 4>(lpr, smem) : kernel_for<T, 4, 8, 4>(lpr, smem);
+    }
   }
-  return bits == 8 ? kernel_for<T, 8, 16>(lpr, smem) : kernel_for<T, 4, 16>(lpr, smem);
-}
-
-// Values per lane: ATTN_QUANTIZED_VALUES=8 or 16 for A/B runs; 8 by default (see plan_quantized).
-int values_per_lane() {
-  static const int values = [] {
-    const char* env = std::getenv("ATTN_QUANTIZED_VALUES");
-    return env && std::string(env) == "16" ? 16 : 8;
-  }();
-  return values;
+  return bits == 8 ? kernel_for<T, 8, 8>(lpr, smem) : kernel_for<T, 4, 8>(lpr, smem);
 }
 
 int sm_count() {
@@ -444,22 +462,23 @@ QuantizedPlan plan_quantized(const QuantizedProblem& p) {
         "got " + std::to_string(p.head_dim));
   }
   QuantizedPlan plan{};
-  const int values = values_per_lane();
-  int lpr = 2;  // lanes per row: a power of two covering D with `values` values per lane
+  const std::string& kind = variant(p.dtype);
+  const int values = kind == "16x2" ? 16 : 8, positions = kind == "8x4" ? 4 : 2;
+  int lpr = 32 / values;  // lanes per row: a power of two covering D with `values` values per lane
   while (lpr * values < p.head_dim) lpr *= 2;
   plan.threads = kThreads;
   plan.smem = kWarps * kVectors * partial_stride(p.head_dim) * sizeof(float);
-  const Kernel& kernel = p.dtype == ElementType::float32 ? kernel_for<float>(p.bits, lpr, values, plan.smem)
+  const Kernel& kernel = p.dtype == ElementType::float32 ? kernel_for<float>(p.bits, lpr, kind, plan.smem)
                          : p.dtype == ElementType::float16
-                             ? kernel_for<__half>(p.bits, lpr, values, plan.smem)
-                             : kernel_for<__nv_bfloat16>(p.bits, lpr, values, plan.smem);
+                             ? kernel_for<__half>(p.bits, lpr, kind, plan.smem)
+                             : kernel_for<__nv_bfloat16>(p.bits, lpr, kind, plan.smem);
   plan.attend = kernel.function;
   const int vectors = p.group * p.query_len;
   const int tiles = (vectors + kVectors - 1) / kVectors;
   const int blocks = p.kv_rows * tiles;
   // Split the context so that every SM holds as many blocks as it can run at once, in chunks of
   // at least two steps per walker (each step is a round trip to memory).
-  const int step = 2 * (kThreads / lpr);
+  const int step = positions * (kThreads / lpr);
   const int wanted = (p.context + 2 * step - 1) / (2 * step);
   int splits = std::clamp(kernel.resident * sm_count() / std::max(blocks, 1), 1, std::max(wanted, 1));
   if (blocks > int(kArrivalSlots / 64)) splits = 1;

@@ -223,3 +223,20 @@ def test_heads_and_mask():
         decode_attention_quantized(q, kq, vq, mask=mx.zeros((3, 8)))
     with pytest.raises(ValueError, match="causal attention needs query length <= context"):
         decode_attention_quantized(mx.zeros((1, 4, 9, 128), mx.float16), kq, vq, mask="causal")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_many_calls_in_one_eval(device):
+    """Independent split calls evaluated together (a GPU may run them concurrently): each call
+    merges its own context chunks."""
+    calls, s = 24, 3000
+    q, k, v, _ = make_inputs(12, 1, 8, 2, calls, s, 64, mx.bfloat16, "none")
+    kq, vq = quantize(k, 32, 4), quantize(v, 32, 4)
+    expected = attention_f64(q, dequantize_f32(kq, 32, 4), dequantize_f32(vq, 32, 4))
+    with mx.stream(device):
+        outs = [
+            decode_attention_quantized(q[:, :, i : i + 1], kq, vq, group_size=32, bits=4)
+            for i in range(calls)
+        ]
+        mx.eval(outs)
+    check(mx.concatenate(outs, axis=2), expected, mx.bfloat16)
