@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the H200 (device tool), after `source .gpu-kit/activate.sh`: the quantized-KV op's GPU
-# tests, an A/B of the CUDA kernel's variants, and the operator records (8- and 4-bit, against
-# mx.fast on bf16 K/V and mlx-lm's quantized path; independent and chained calls).
+# tests, its operator records (8- and 4-bit, against mx.fast on bf16 K/V and mlx-lm's quantized
+# path; independent, then chained calls), its accuracy record and an A/B of the CUDA kernel's
+# variants, most important first.
 #   bash tools/h200_quantized.sh       outputs under $OUT
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"
@@ -9,14 +10,17 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 source tools/h200.sh || exit 1
 python3 -m pytest -q -x packages/attn-kernels/tests/test_quantized.py -k gpu 2>&1 | tail -30
+ops() { python3 -m llm_eval.operators --device gpu --implementations mlx,custom-quantized,mlx-lm-quantized "$@"; }
+for bits in 8 4; do
+  ops --kv-bits $bits --context 1024 --context 4096 --context 32768 --context 131072 \
+    --json-output "$OUT/h200-qwen3-4b-attention-quantized-$bits-bit.json"
+done
+python3 tools/quantized_accuracy.py --device gpu --context 1000 --context 4133 --context 32768 \
+  --json-output "$OUT/h200-qwen3-4b-attention-quantized-accuracy.json" | tail -3
 for variant in 8x2 16x2 8x4; do
   ATTN_QUANTIZED_VARIANT=$variant python3 tools/quantized_variants.py
 done 2>&1 | tee "$OUT/variants.txt"
 for bits in 8 4; do
-  python3 -m llm_eval.operators --device gpu --kv-bits $bits --context 1024 --context 4096 \
-    --context 32768 --context 131072 --implementations mlx,custom-quantized,mlx-lm-quantized \
-    --json-output "$OUT/h200-qwen3-4b-attention-quantized-$bits-bit.json"
-  python3 -m llm_eval.operators --device gpu --kv-bits $bits --context 32768 --context 131072 \
-    --chain --implementations mlx,custom-quantized,mlx-lm-quantized \
+  ops --kv-bits $bits --context 32768 --context 131072 --chain \
     --json-output "$OUT/h200-qwen3-4b-attention-quantized-$bits-bit-chained.json"
 done

@@ -115,7 +115,9 @@ def test_metal_quantized_kernel_under_emulation(
     (tmp_path / "params.bin").write_bytes(params)
     (tmp_path / "config.txt").write_text(f"{dtype} {groups}\n")
     (tmp_path / "q.bin").write_bytes(storage(q, dtype))
-    for name, array in zip(("kc", "ks", "kb", "vc", "vs", "vb"), (*k_triple, *v_triple), strict=True):
+    for name, array in zip(
+        ("kc", "ks", "kb", "vc", "vs", "vb"), (*k_triple, *v_triple), strict=True
+    ):
         (tmp_path / f"{name}.bin").write_bytes(to_storage(array))
     if mask is None:
         mask_bytes = b"\0"

@@ -24,7 +24,11 @@ def dequantize_f32(triple, group_size, bits):
     cache dtype (mx.dequantize in bf16 would round them; the kernels do not)."""
     codes, scales, biases = triple
     return mx.dequantize(
-        codes, scales.astype(mx.float32), biases.astype(mx.float32), group_size=group_size, bits=bits
+        codes,
+        scales.astype(mx.float32),
+        biases.astype(mx.float32),
+        group_size=group_size,
+        bits=bits,
     )
 
 
@@ -190,7 +194,9 @@ def test_group_size_must_divide_head_dim():
 
 def test_settings_must_match_the_quantization():
     q, kq, vq = triples(bits=4)
-    with pytest.raises(ValueError, match=r"keys' codes hold 16 words per row.*bits=8 packs into 32"):
+    with pytest.raises(
+        ValueError, match=r"keys' codes hold 16 words per row.*bits=8 packs into 32"
+    ):
         decode_attention_quantized(q, kq, vq, bits=8)
     q, kq, vq = triples(group_size=32)
     with pytest.raises(ValueError, match=r"keys' scales must have shape \(1, 2, 8, 2\)"):

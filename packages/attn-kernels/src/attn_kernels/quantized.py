@@ -23,7 +23,8 @@ def _triple(name: str, arrays: object) -> list[mx.array]:
     if not isinstance(arrays, (tuple, list)) or len(arrays) != 3:
         raise ValueError(
             f"{name} must be a (codes, scales, biases) triple from mx.quantize, got "
-            f"{type(arrays).__name__}" + (f" of {len(arrays)}" if isinstance(arrays, (tuple, list)) else "")
+            f"{type(arrays).__name__}"
+            + (f" of {len(arrays)}" if isinstance(arrays, (tuple, list)) else "")
         )
     for part, a in zip(("codes", "scales", "biases"), arrays, strict=True):
         if not isinstance(a, mx.array):
