@@ -4,6 +4,7 @@ from qwen3_model.cache import KVCache, make_cache
 from qwen3_model.configs import CONFIGS, ModelArgs
 from qwen3_model.loading import load, save, weight_bytes
 from qwen3_model.model import CHECKPOINTS, MAX_CONTEXT, MAX_QUERY, Model
+from qwen3_model.quantized_cache import QuantizedKVCache
 
 __all__ = [
     "CHECKPOINTS",
@@ -13,6 +14,7 @@ __all__ = [
     "KVCache",
     "Model",
     "ModelArgs",
+    "QuantizedKVCache",
     "load",
     "make_cache",
     "save",
