@@ -42,7 +42,10 @@ def build(args):
     checkpoint = "composition" if args.checkpoint == "mlx-lm" else args.checkpoint
     model = qwen3_model.load(source, quantize=quantize, seed=args.seed, checkpoint=checkpoint)
     model.set_schedule(args.schedule)
+    kv_bits, kv_group_size = getattr(args, "kv_bits", None), getattr(args, "kv_group_size", 64)
     if args.checkpoint != "mlx-lm":
+        if kv_bits:  # a quantized cache in mlx-lm's layout
+            return model, lambda m: qwen3_model.make_cache(m, kv_bits, kv_group_size)
         return model, qwen3_model.make_cache
     import mlx.nn as nn
     from mlx_lm.models import qwen3 as mlx_lm_qwen3
@@ -53,6 +56,10 @@ def build(args):
         nn.quantize(twin, **model.quantization)
     twin.load_weights(list(tree_flatten(model.parameters())), strict=True)
     mx.eval(twin.parameters())
+    if kv_bits:
+        from mlx_lm.models.cache import QuantizedKVCache
+
+        return twin, lambda m: [QuantizedKVCache(kv_group_size, kv_bits) for _ in m.layers]
     return twin, make_prompt_cache
 
 
@@ -101,6 +108,17 @@ def run_request(model, make_cache, prompt: mx.array, output_len: int, last_only:
     }
 
 
+def add_kv_cache_args(p: argparse.ArgumentParser) -> None:
+    """--kv-bits / --kv-group-size as mlx-lm's generate takes them (bench and ab-decode)."""
+    p.add_argument(
+        "--kv-bits",
+        type=int,
+        choices=[4, 8],
+        help="quantize the KV cache (mlx-lm's QuantizedKVCache layout; mlx-lm gets its own)",
+    )
+    p.add_argument("--kv-group-size", type=int, choices=[32, 64, 128], default=64)
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -115,6 +133,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         default="auto",
         help="GPU kernel schedule of the decode-attention checkpoint (scheduling experiment)",
     )
+    add_kv_cache_args(p)
     p.add_argument("--num-seqs", type=int, default=1)
     p.add_argument("--min-input-len", type=int)
     p.add_argument("--max-input-len", type=int)
