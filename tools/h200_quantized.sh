@@ -3,8 +3,11 @@
 # records (8- and 4-bit, against mx.fast on bf16 K/V and mlx-lm's quantized path), its GPU tests,
 # accuracy record, an A/B of the CUDA kernel's variants and chained-call records, most important
 # first (a call cut short still returns what was written).
-#   bash tools/h200_quantized.sh       outputs under $OUT
+#   LLM_EVAL_GIT_SHA=<commit> bash tools/h200_quantized.sh       outputs under $OUT
+# (the device's copy of the tree carries a stale .git: the records name the commit given).
 set -uo pipefail
+: "${LLM_EVAL_GIT_SHA:?set LLM_EVAL_GIT_SHA to the commit being measured}"
+export LLM_EVAL_GIT_SHA
 OUT="${OUT:-/tmp/out}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
