@@ -14,7 +14,8 @@ read and the fraction of the bandwidth floor (K+V bytes / measured or given read
 
 With --kv-bits, K and V are also quantized (mx.quantize, mlx-lm's QuantizedKVCache layout) for
 the implementations custom-quantized (attn_kernels.decode_attention_quantized) and
-mlx-lm-quantized (mlx_lm's quantized_scaled_dot_product_attention); their GB/s and floor count
+mlx-lm-quantized (mlx_lm's quantized_scaled_dot_product_attention) and readable-quantized
+(mx.dequantize, then the readable path: qwen3-model's fallback); their GB/s and floor count
 the quantized bytes (codes, scales and biases), the others' the K+V bytes in --dtype.
 """
 
@@ -35,7 +36,7 @@ from llm_eval.progress import Progress
 from llm_eval.record import SCHEMA_VERSION, collect_metadata, refuse_overwrite, write_record
 
 IMPLEMENTATIONS = ("readable", "custom", "mlx")
-QUANTIZED_IMPLEMENTATIONS = ("custom-quantized", "mlx-lm-quantized")
+QUANTIZED_IMPLEMENTATIONS = ("custom-quantized", "mlx-lm-quantized", "readable-quantized")
 # H200 HBM3e copy rate measured with MLX (shared/gpu-kit/README.md); CPUs are measured in-run.
 DEFAULT_GPU_BANDWIDTH_GBS = 4300.0
 
@@ -61,6 +62,16 @@ def quantized_implementation(name: str, scale: float, mask, keys, values, group_
         return lambda q, _k, _v: decode_attention_quantized(
             q, keys, values, scale=scale, mask=mask, group_size=group_size, bits=bits
         )
+    if name == "readable-quantized":  # qwen3-model's fallback: dequantise, then the readable path
+
+        def readable(q, _k, _v):
+            k, v = (
+                mx.dequantize(*t, group_size=group_size, bits=bits).astype(q.dtype)
+                for t in (keys, values)
+            )
+            return scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
+
+        return readable
     from mlx_lm.models.base import quantized_scaled_dot_product_attention
 
     return lambda q, _k, _v: quantized_scaled_dot_product_attention(
