@@ -13,7 +13,10 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 source tools/h200.sh || exit 1
 python3 tools/gpu_quantized_sanity.py
-ops() { python3 -m llm_eval.operators --device gpu --implementations mlx,custom-quantized,mlx-lm-quantized "$@"; }
+ops() {
+  python3 -m llm_eval.operators --device gpu \
+    --implementations mlx,custom-quantized,mlx-lm-quantized,readable-quantized "$@"
+}
 for bits in 8 4; do
   ops --kv-bits $bits --context 1024 --context 4096 --context 32768 --context 131072 \
     --json-output "$OUT/h200-qwen3-4b-attention-quantized-$bits-bit.json"
