@@ -38,8 +38,8 @@ MAX_CONTEXT = {"cpu": 16384, "cuda": 131072, "metal": 256}
 # The same for a quantized cache (make_cache(kv_bits=...)): decode_attention_quantized where
 # measured, else the readable path over the dequantised cache.
 #   cpu: benchmark_results/cpu-2core-qwen3-4b-attention-quantized-{8,4}-bit-mlx-0.32.4.json: L=1,
-#        S = 1024..32768, every pass won, 21-40x faster than mlx-lm's quantized path and
-#        4.3-8.1x than mx.fast on bf16 K/V; L > 1 not measured.
+#        S = 1024..32768, every pass won against this fallback (readable-quantized: 7.4-23x),
+#        mlx-lm's quantized path (22-36x) and mx.fast on bf16 K/V (4.7-8.2x); L > 1 not measured.
 #   cuda, metal: no record yet (tools/h200_quantized.sh writes the H200's).
 QUANTIZED_MAX_QUERY = {"cpu": 1, "cuda": 0, "metal": 0}
 QUANTIZED_MAX_CONTEXT = {"cpu": 32768, "cuda": 0, "metal": 0}
