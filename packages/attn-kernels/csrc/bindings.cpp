@@ -5,6 +5,7 @@
 #include <nanobind/stl/variant.h>
 
 #include "decode_attention.h"
+#include "decode_attention_quantized.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -43,4 +44,28 @@ Args:
 
 Returns:
     (B, Hq, L, D) in the queries' dtype. A row whose mask removes every key is all zeros.)");
+  m.def(
+      "decode_attention_quantized",
+      &attn_kernels::decode_attention_quantized,
+      "queries"_a,
+      "keys"_a,
+      "values"_a,
+      "scale"_a,
+      "mask"_a = nb::none(),
+      "causal"_a = false,
+      "group_size"_a = 64,
+      "bits"_a = 8,
+      nb::kw_only(),
+      "stream"_a = nb::none(),
+      R"(decode_attention over a quantized cache: keys and values are mx.quantize triples.
+
+Args:
+    queries: (B, Hq, L, D).
+    keys, values: [codes, scales, biases]: codes uint32 (B, Hkv, S, D * bits / 32), scales and
+        biases (B, Hkv, S, D / group_size) in the queries' dtype; strided views are read in place.
+    scale, mask, causal: as in decode_attention.
+    group_size: 32, 64 or 128, dividing D. bits: 4 or 8.
+
+Returns:
+    (B, Hq, L, D) in the queries' dtype.)");
 }

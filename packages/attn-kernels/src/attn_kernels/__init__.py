@@ -2,6 +2,7 @@
 
 - `scaled_dot_product_attention`: the readable mlx.core oracle and fallback.
 - `decode_attention_custom`: the fused `DecodeAttention` primitive (CPU, CUDA, Metal).
+- `decode_attention_quantized`: the same over a quantized KV cache (mlx-lm's layout).
 """
 
 import mlx.core  # noqa: F401  (loads libmlx before the extension)
@@ -13,12 +14,15 @@ from attn_kernels.attention import (
     decode_attention_custom,
     scaled_dot_product_attention,
 )
+from attn_kernels.quantized import decode_attention_quantized, dequantize_kv
 
 __all__ = [
     "MAX_HEAD_DIM",
     "SCHEDULES",
     "causal_mask",
     "decode_attention_custom",
+    "decode_attention_quantized",
+    "dequantize_kv",
     "scaled_dot_product_attention",
 ]
 __version__ = "0.1.0"

@@ -28,6 +28,14 @@ cuda (H200):
 metal: no record of ours (no Mac here); the chapter's M4 Pro evidence (against the readable
     path, not mx.fast) covers L <= 2, S <= 256, no explicit mask. Kept until a Mac record exists.
 
+Over a quantized KV cache (decode_attention_quantized; QUANTIZED_LIMITS), the fallback is the
+cache dequantised, then mx.fast:
+cpu: cpu-2core-qwen3-4b-attention-quantized-{8,4}-bit-mlx-0.32.4.json: L=1, S = 1024..32768,
+    every pass won against the dequantise-then-readable path (7.4-23x), mlx-lm's quantized path
+    (22-36x) and mx.fast on bf16 K/V (4.7-8.2x), which the dequantise-then-mx.fast fallback
+    cannot beat; L > 1 not measured.
+cuda, metal: no record yet (tools/h200_quantized.sh writes the H200's): always the fallback.
+
 Head dim and dtype: every record is D=128 bf16 (Qwen3); other values run the same kernels but
 were not measured against mx.fast, so they take the fallback until they are.
 """
@@ -55,6 +63,11 @@ LIMITS: dict[str, Limits] = {
     "cuda": Limits(8, 131072, (128,), (mx.bfloat16,), 2, 4096),
     "metal": Limits(2, 256, (128,), (mx.bfloat16,), 0, 0),
 }
+
+
+# Over a quantized cache: (max query length, max context); (0, 0) means never. Mask None or
+# "causal" only.
+QUANTIZED_LIMITS: dict[str, tuple[int, int]] = {"cpu": (1, 32768), "cuda": (0, 0), "metal": (0, 0)}
 
 
 def backend() -> str:
@@ -89,6 +102,16 @@ def use_fused(
     if isinstance(mask, mx.array):
         return query_len <= limits.max_masked_query and context <= limits.max_masked_context
     return False
+
+
+def use_fused_quantized(query_len: int, context: int, mask, backend: str | None = None) -> bool:
+    """True where decode_attention_quantized was measured to beat the fallback on `backend`."""
+    where = _default_backend() if backend is None else backend
+    if where not in QUANTIZED_LIMITS:
+        raise ValueError(f"unknown backend {where!r}: use one of {', '.join(QUANTIZED_LIMITS)}")
+    max_query, max_context = QUANTIZED_LIMITS[where]
+    plain = mask is None or (isinstance(mask, str) and mask == "causal")
+    return plain and 1 <= query_len <= max_query and query_len <= context <= max_context
 
 
 _default_backend = backend

@@ -33,6 +33,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--model", default="qwen3-4b", help="built-in config (random weights)")
     p.add_argument("--weights", type=Path, help="a local checkpoint folder instead of --model")
     p.add_argument("--quantize", choices=["none", "4bit"], default="none")
+    bench.add_kv_cache_args(p)
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=129)
     p.add_argument("--rounds", type=int, default=12, help="requests per variant (default 12)")

@@ -131,13 +131,14 @@ class Models:
     switched per request; mlx-lm: its model, its cache and its generate_step; mlx-lm-our-loop:
     its model and cache in our generate_step."""
 
-    def __init__(self, model, schedule: str = "auto"):
+    def __init__(self, model, schedule: str = "auto", kv_bits=None, kv_group_size: int = 64):
         from mlx_lm.generate import generate_step as mlx_lm_generate_step
         from mlx_lm.generate import generation_stream
         from mlx_lm.models.cache import make_prompt_cache
 
         self.model = model
         self.model.set_schedule(schedule)
+        self.kv = (kv_bits, kv_group_size)
         self.twin = mlx_lm_twin(model)
         self._mlx_lm_step, self._mlx_lm_cache = mlx_lm_generate_step, make_prompt_cache
         # mlx-lm makes its stream when imported, on the default device of that moment.
@@ -149,17 +150,26 @@ class Models:
 
     def steps(self, variant: str, prompt: mx.array, output_len: int):
         """The token iterator of `variant`, with the step after output_len tokens queued."""
+        if variant.startswith("mlx-lm"):
+            cache = self._twin_cache()
         if variant == "mlx-lm":
-            cache = self._mlx_lm_cache(self.twin)
             return self._mlx_lm_step(
                 prompt, self.twin, max_tokens=output_len, prompt_cache=cache, **self._mlx_lm_kw
             )
         if variant == "mlx-lm-our-loop":
-            cache = self._mlx_lm_cache(self.twin)
             return generate_step(prompt, self.twin, max_tokens=output_len + 1, prompt_cache=cache)
         self.model.set_checkpoint(variant)
-        cache = make_cache(self.model)
+        cache = make_cache(self.model, *self.kv) if self.kv[0] else make_cache(self.model)
         return generate_step(prompt, self.model, max_tokens=output_len + 1, prompt_cache=cache)
+
+    def _twin_cache(self):
+        """mlx-lm's cache: with --kv-bits its QuantizedKVCache (what mlx-lm's kv_bits gives)."""
+        bits, group_size = self.kv
+        if bits:
+            from mlx_lm.models.cache import QuantizedKVCache
+
+            return [QuantizedKVCache(group_size=group_size, bits=bits) for _ in self.twin.layers]
+        return self._mlx_lm_cache(self.twin)
 
     def request(self, variant: str, prompt: mx.array, output_len: int) -> dict:
         mx.reset_peak_memory()
@@ -169,11 +179,15 @@ class Models:
         return sample
 
 
-def kv_bytes_per_position(model) -> int:
-    """Keys and values of one position, all layers, in the cache's dtype (the activations')."""
+def kv_bytes_per_position(model, kv_bits=None, kv_group_size: int = 64) -> int:
+    """Keys and values of one position, all layers, in the cache's dtype (the activations'), or
+    quantized: packed codes plus a scale and a bias per group."""
     a = model.args
     itemsize = model.model.norm.weight.dtype.size
-    return 2 * a.num_hidden_layers * a.num_key_value_heads * a.head_dim * itemsize
+    per_head = a.head_dim * itemsize
+    if kv_bits:
+        per_head = a.head_dim * kv_bits // 8 + 2 * (a.head_dim // kv_group_size) * itemsize
+    return 2 * a.num_hidden_layers * a.num_key_value_heads * per_head
 
 
 def add_reads(sample: dict, weight_bytes: int, kv_per_position: int, bandwidth_gbs) -> None:
@@ -269,6 +283,17 @@ def unique_path(folder: Path, stem: str) -> Path:
     return path
 
 
+def add_kv_cache_args(p: argparse.ArgumentParser) -> None:
+    """--kv-bits / --kv-group-size as mlx-lm's generate takes them (bench and ab-decode)."""
+    p.add_argument(
+        "--kv-bits",
+        type=int,
+        choices=[4, 8],
+        help="quantize the KV cache (mlx-lm's QuantizedKVCache layout, in every model)",
+    )
+    p.add_argument("--kv-group-size", type=int, choices=[32, 64, 128], default=64)
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -299,6 +324,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         default="auto",
         help="GPU kernel schedule of decode-attention (scheduling experiment)",
     )
+    add_kv_cache_args(p)
     p.add_argument(
         "--bandwidth-gbs",
         type=float,
@@ -383,7 +409,8 @@ def run(args, progress: Progress | None = None, kind: str = "model-bench") -> di
         seed=args.seed,
         progress=lambda done, total: progress.update(f"loading {source}: layer {done}/{total}"),
     )
-    models = Models(model, args.schedule)
+    kv = (getattr(args, "kv_bits", None), getattr(args, "kv_group_size", 64))
+    models = Models(model, args.schedule, *kv)
     group = mx.distributed.init()
     if group.size() > 1:  # under mlx.launch: tensor parallel, mlx-lm's layout in both models
         progress.say(f"sharding over {group.size()} ranks")
@@ -391,7 +418,7 @@ def run(args, progress: Progress | None = None, kind: str = "model-bench") -> di
         models.twin.shard(group)
     progress.say(f"loaded in {time.perf_counter() - started:.1f} s; warming up")
     weight_bytes = qwen3_model.weight_bytes(model)  # this rank's share
-    kv_per_position = kv_bytes_per_position(model)
+    kv_per_position = kv_bytes_per_position(model, *kv)
     prompt = prompt_ids(model.args.vocab_size, args.input_len, mx.random.key(args.seed))
 
     progress.restart(args.warmup * len(args.variant))
@@ -417,6 +444,9 @@ def run(args, progress: Progress | None = None, kind: str = "model-bench") -> di
     config["quantization"] = describe_weights(model)
     q = getattr(model, "quantization", None)
     config["weights_tag"] = f"{q['bits']}bit" if q else config["quantization"].split()[0]
+    if kv[0]:
+        config["weights_tag"] += f"-kv{kv[0]}bit"
+        config["quantization"] += f"; KV cache {kv[0]}-bit, group {kv[1]}"
     return {
         "schema_version": SCHEMA_VERSION,
         "kind": kind,

@@ -18,6 +18,12 @@ cache is cleared, then one copy per implementation and iteration is made and kep
 the shape is done (so the allocator cannot hand a buffer back), then every copy is used once in
 rotated order ("first use"), then once more in the same order ("repeat use"). On MLX's CUDA
 backend this exposes any copy into unified memory an op makes the first time it reads a buffer.
+
+With --kv-bits, K and V are also quantized (mx.quantize, mlx-lm's QuantizedKVCache layout) for
+the implementations custom-quantized (attn_kernels.decode_attention_quantized) and
+mlx-lm-quantized (mlx_lm's quantized_scaled_dot_product_attention) and readable-quantized
+(mx.dequantize, then the readable path: qwen3-model's fallback); their GB/s and floor count
+the quantized bytes (codes, scales and biases), the others' the K+V bytes in --dtype.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from llm_eval.progress import Progress
 from llm_eval.record import SCHEMA_VERSION, collect_metadata, refuse_overwrite, write_record
 
 IMPLEMENTATIONS = ("readable", "custom", "mlx")
+QUANTIZED_IMPLEMENTATIONS = ("custom-quantized", "mlx-lm-quantized", "readable-quantized")
 # H200 HBM3e copy rate measured with MLX (shared/gpu-kit/README.md); CPUs are measured in-run.
 DEFAULT_GPU_BANDWIDTH_GBS = 4300.0
 
@@ -52,6 +59,31 @@ def implementation(name: str, scale: float, mask):
     if name == "mlx":
         return lambda q, k, v: mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
     raise ValueError(f"unknown implementation {name!r}")
+
+
+def quantized_implementation(name: str, scale: float, mask, keys, values, group_size, bits):
+    """A quantized implementation as fn(q, k, v): it reads the quantized triples instead of k, v."""
+    if name == "custom-quantized":
+        from attn_kernels import decode_attention_quantized
+
+        return lambda q, _k, _v: decode_attention_quantized(
+            q, keys, values, scale=scale, mask=mask, group_size=group_size, bits=bits
+        )
+    if name == "readable-quantized":  # qwen3-model's fallback: dequantise, then the readable path
+
+        def readable(q, _k, _v):
+            k, v = (
+                mx.dequantize(*t, group_size=group_size, bits=bits).astype(q.dtype)
+                for t in (keys, values)
+            )
+            return scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
+
+        return readable
+    from mlx_lm.models.base import quantized_scaled_dot_product_attention
+
+    return lambda q, _k, _v: quantized_scaled_dot_product_attention(
+        q, keys, values, scale=scale, mask=mask, group_size=group_size, bits=bits
+    )
 
 
 def implementation_orders(names: list[str]) -> list[tuple[str, ...]]:
@@ -162,7 +194,22 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--implementations",
         default=",".join(IMPLEMENTATIONS),
-        help="comma-separated subset of " + ",".join(IMPLEMENTATIONS),
+        help="comma-separated subset of "
+        + ",".join(IMPLEMENTATIONS + QUANTIZED_IMPLEMENTATIONS)
+        + " (the quantized ones need --kv-bits)",
+    )
+    p.add_argument(
+        "--kv-bits",
+        type=int,
+        choices=[4, 8],
+        help="also quantize K/V (mx.quantize) for custom-quantized and mlx-lm-quantized",
+    )
+    p.add_argument(
+        "--kv-group-size",
+        type=int,
+        choices=[32, 64, 128],
+        default=64,
+        help="quantization group size with --kv-bits (mlx-lm's default: 64)",
     )
     p.add_argument(
         "--schedule",
@@ -229,10 +276,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.query_length = args.query_length or [1]
     args.implementations = [s for s in args.implementations.split(",") if s]
     for name in args.implementations:
-        if name not in IMPLEMENTATIONS:
+        if name in QUANTIZED_IMPLEMENTATIONS and args.kv_bits is None:
+            p.error(f"--implementations: {name} needs --kv-bits 4 or 8")
+        if name not in IMPLEMENTATIONS + QUANTIZED_IMPLEMENTATIONS:
             p.error(
-                f"--implementations: unknown {name!r} (choose from {', '.join(IMPLEMENTATIONS)})"
+                f"--implementations: unknown {name!r} (choose from "
+                f"{', '.join(IMPLEMENTATIONS + QUANTIZED_IMPLEMENTATIONS)})"
             )
+    if "mlx-lm-quantized" in args.implementations and args.attention_mask == "explicit":
+        p.error("mlx-lm-quantized takes --attention-mask none or causal")
     if args.schedule:
         for name in args.schedule:
             if name not in SCHEDULES:
@@ -296,13 +348,29 @@ def run(args) -> dict:
                 dtype,
                 args.seed,
             )
-            fns = {name: implementation(name, scale, mask) for name in args.implementations}
+            quantized = None
+            if args.kv_bits:
+                quantized = [
+                    mx.quantize(x, group_size=args.kv_group_size, bits=args.kv_bits) for x in (k, v)
+                ]
+                mx.eval(quantized)
+            fns = {
+                name: quantized_implementation(
+                    name, scale, mask, *quantized, args.kv_group_size, args.kv_bits
+                )
+                if name in QUANTIZED_IMPLEMENTATIONS
+                else implementation(name, scale, mask)
+                for name in args.implementations
+            }
             entry = results.setdefault(
                 key,
                 {
                     "context": context,
                     "query_length": query_length,
                     "kv_bytes": 2 * k.nbytes,
+                    "kv_quantized_bytes": sum(a.nbytes for t in quantized for a in t)
+                    if quantized
+                    else None,
                     "samples_us": {n: [] for n in fns},
                     **({"repeat_samples_us": {n: [] for n in fns}} if args.fresh_inputs else {}),
                     "passes": [],
@@ -345,10 +413,16 @@ def run(args) -> dict:
         floor_us = entry["kv_bytes"] / (floor_gbs * 1e9) * 1e6
         entry["floor_us"] = floor_us
         entry["summary"] = {}
+        if entry.get("kv_quantized_bytes"):
+            entry["floor_quantized_us"] = entry["kv_quantized_bytes"] / (floor_gbs * 1e9) * 1e6
         for name, samples in entry["samples_us"].items():
             s = summarize([x / 1e6 for x in samples])
-            s["gbs"] = entry["kv_bytes"] / (s["median_us"] * 1e-6) / 1e9
-            s["floor_fraction"] = floor_us / s["median_us"]
+            quantized = name in QUANTIZED_IMPLEMENTATIONS
+            read = entry["kv_quantized_bytes"] if quantized else entry["kv_bytes"]
+            s["gbs"] = read / (s["median_us"] * 1e-6) / 1e9
+            s["floor_fraction"] = (entry["floor_quantized_us"] if quantized else floor_us) / s[
+                "median_us"
+            ]
             s["pass_wins"] = sum(p["winner"] == name for p in entry["passes"])
             if "repeat_samples_us" in entry:
                 r = summarize([x / 1e6 for x in entry["repeat_samples_us"][name]])
@@ -379,7 +453,10 @@ def format_table(record: dict) -> str:
     lines = [head, "|" + "---:|" * (head.count("|") - 1)]
     for entry in record["results"].values():
         sm, passes = entry["summary"], entry["passes"]
-        row = f"| {entry['context']} | {entry['query_length']} | {entry['floor_us']:.2f} | "
+        floor = f"{entry['floor_us']:.2f}"
+        if entry.get("floor_quantized_us"):
+            floor += f" / {entry['floor_quantized_us']:.2f} quantized"
+        row = f"| {entry['context']} | {entry['query_length']} | {floor} | "
         row += " | ".join(
             f"{sm[n]['median_us']:.1f} ({sm[n]['gbs']:.0f}, {100 * sm[n]['floor_fraction']:.0f}%)"
             for n in names

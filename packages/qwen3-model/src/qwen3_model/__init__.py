@@ -14,6 +14,7 @@ from qwen3_model.generate import (
 )
 from qwen3_model.loading import CheckpointError, describe_weights, load, save, weight_bytes
 from qwen3_model.model import CHECKPOINTS, Model
+from qwen3_model.quantized_cache import QuantizedKVCache
 from qwen3_model.tokenizer import Tokenizer
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "KVCache",
     "Model",
     "ModelArgs",
+    "QuantizedKVCache",
     "Tokenizer",
     "describe_weights",
     "generate",

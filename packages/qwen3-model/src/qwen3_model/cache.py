@@ -45,5 +45,11 @@ class KVCache:
         return 0 if self.keys is None else self.keys.nbytes + self.values.nbytes
 
 
-def make_cache(model) -> list[KVCache]:
-    return [KVCache() for _ in model.layers]
+def make_cache(model, kv_bits: int | None = None, kv_group_size: int = 64) -> list:
+    """One cache per layer: KVCache, or with kv_bits (4 or 8) a QuantizedKVCache in mlx-lm's
+    layout (kv_bits / kv_group_size as mlx-lm's generate takes them)."""
+    if kv_bits is None:
+        return [KVCache() for _ in model.layers]
+    from qwen3_model.quantized_cache import QuantizedKVCache
+
+    return [QuantizedKVCache(group_size=kv_group_size, bits=kv_bits) for _ in model.layers]

@@ -7,8 +7,14 @@ from __future__ import annotations
 
 import mlx.core as mx
 import mlx.nn as nn
-from attn_kernels import SCHEDULES, decode_attention_custom, scaled_dot_product_attention
-from attn_kernels.guard import use_fused
+from attn_kernels import (
+    SCHEDULES,
+    decode_attention_custom,
+    decode_attention_quantized,
+    dequantize_kv,
+    scaled_dot_product_attention,
+)
+from attn_kernels.guard import use_fused, use_fused_quantized
 
 from qwen3_model.configs import ModelArgs
 from qwen3_model.sharding import shard
@@ -44,6 +50,9 @@ class Attention(nn.Module):
         q, k = self.rope(q, offset=offset), self.rope(k, offset=offset)
         if cache is not None:
             k, v = cache.update_and_fetch(k, v)
+        if isinstance(k, tuple):  # a QuantizedKVCache: (codes, scales, biases) triples
+            out = self._attend_quantized(q, k, v, mask, cache)
+            return self.o_proj(out.transpose(0, 2, 1, 3).reshape(b, length, -1))
 
         # The dispatch guard: the fused kernel only where it was measured to beat mx.fast, the
         # fallback (the readable path is the composition checkpoint's, the baseline).
@@ -56,6 +65,19 @@ class Attention(nn.Module):
         else:
             out = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(b, length, -1))
+
+    def _attend_quantized(self, q, k, v, mask, cache) -> mx.array:
+        """The guard over a quantized cache. Fallback: the cache dequantised, then mx.fast
+        (composition: the readable path, the baseline)."""
+        settings = dict(group_size=cache.group_size, bits=cache.bits)
+        if self.checkpoint == "decode-attention" and use_fused_quantized(
+            q.shape[2], k[0].shape[2], mask
+        ):
+            return decode_attention_quantized(q, k, v, scale=self.scale, mask=mask, **settings)
+        keys, values = (dequantize_kv(t, **settings).astype(q.dtype) for t in (k, v))
+        if self.checkpoint == "composition":
+            return scaled_dot_product_attention(q, keys, values, scale=self.scale, mask=mask)
+        return mx.fast.scaled_dot_product_attention(q, keys, values, scale=self.scale, mask=mask)
 
 
 @mx.compile

@@ -1,0 +1,122 @@
+// Lets a host C++20 compiler run decode_attention_quantized_kernel.cuh: every thread of a block
+// is a host thread (blocks run one after another), __syncthreads is a real barrier of the block,
+// warp shuffles exchange values among the 32 threads of a warp (each waits for all 32, as the
+// *_sync intrinsics do), atomics are std::atomic_ref, and loads through __ldg/__ldcg are plain
+// loads. Queries, scales, biases and outputs run in float storage; half and bfloat16 are there
+// for the mask's conversions and so that the overloads compile.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <barrier>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+
+struct Dim3 {
+  unsigned x = 0, y = 0, z = 0;
+};
+inline thread_local Dim3 threadIdx, blockIdx;
+inline Dim3 blockDim, gridDim;
+struct uint4 {
+  unsigned x, y, z, w;
+};
+struct uint2 {
+  unsigned x, y;
+};
+
+namespace emu {
+
+struct Block {
+  explicit Block(int threads, size_t shared_floats)
+      : barrier(threads), exchange(threads), shared(shared_floats) {
+    for (int w = 0; w < threads / 32; ++w) {
+      warp_barriers.push_back(std::make_unique<std::barrier<>>(32));
+    }
+  }
+  std::barrier<> barrier;
+  std::vector<std::unique_ptr<std::barrier<>>> warp_barriers;
+  std::vector<float> exchange;
+  std::vector<float> shared;
+  bool flag = false;
+};
+
+inline thread_local Block* block = nullptr;
+
+}  // namespace emu
+
+#define ATTN_SHARED_FLOATS(name) float* name = emu::block->shared.data()
+#define ATTN_SHARED_FLAG(name) bool& name = emu::block->flag
+
+inline float __shfl_xor_sync(unsigned, float x, int offset) {
+  const int t = static_cast<int>(threadIdx.x);
+  auto& barrier = *emu::block->warp_barriers[t / 32];
+  emu::block->exchange[t] = x;
+  barrier.arrive_and_wait();
+  const float other = emu::block->exchange[t ^ offset];
+  barrier.arrive_and_wait();  // nobody overwrites the exchange before all have read it
+  return other;
+}
+inline void __syncthreads() {
+  emu::block->barrier.arrive_and_wait();
+}
+inline void __threadfence() {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+}
+inline unsigned atomicAdd(unsigned* p, unsigned v) {
+  return std::atomic_ref<unsigned>(*p).fetch_add(v);
+}
+template <typename T>
+inline T __ldg(const T* p) {
+  return *p;
+}
+template <typename T>
+inline T __ldcg(const T* p) {
+  return *p;
+}
+inline float __expf(float x) {
+  return std::exp(x);
+}
+inline float __uint_as_float(unsigned u) {
+  return std::bit_cast<float>(u);
+}
+inline unsigned __byte_perm(unsigned x, unsigned y, unsigned selector) {
+  uint8_t bytes[8];
+  std::memcpy(bytes, &x, 4);
+  std::memcpy(bytes + 4, &y, 4);
+  unsigned r = 0;
+  for (int i = 0; i < 4; ++i) r |= unsigned(bytes[(selector >> (4 * i)) & 7]) << (8 * i);
+  return r;
+}
+using std::max;
+using std::min;
+inline float fmaxf(float a, float b) {
+  return std::fmax(a, b);
+}
+inline float fmaf(float a, float b, float c) {
+  return std::fma(a, b, c);
+}
+
+struct __half {
+  uint16_t bits;
+};
+struct __nv_bfloat16 {
+  uint16_t bits;
+};
+inline float __half2float(__half x) {
+  return float(std::bit_cast<_Float16>(x.bits));
+}
+inline float __bfloat162float(__nv_bfloat16 x) {
+  return std::bit_cast<float>(uint32_t(x.bits) << 16);
+}
+__half __float2half_rn(float);  // declared only: outputs in float storage are what runs
+__nv_bfloat16 __float2bfloat16_rn(float);

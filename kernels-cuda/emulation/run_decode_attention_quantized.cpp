@@ -1,0 +1,131 @@
+// Runs kernels-cuda/decode_attention_quantized_kernel.cuh on the CPU under cuda_emu.h.
+//
+//   run_decode_attention_quantized DIR
+//
+// DIR holds config.txt ("B Hq Hkv L S D bits group_size causal mask_kind splits variant_values")
+// where mask_kind is 0 (none) or 1 (float32, (B, Hq, L, S) contiguous), q.bin (float32, (B, Hq,
+// L, D) contiguous), kc.bin, ks.bin, kb.bin, vc.bin, vs.bin, vb.bin (mx.quantize's arrays, float32
+// scales and biases, each (B, Hkv, capacity, ·) contiguous, capacity in config line 2) and
+// mask.bin; it receives out.bin, float32 (B, Hq, L, D). The launch follows plan_quantized()
+// with the split count given.
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cuda_emu.h"
+// The kernel source itself, unchanged.
+#include "../decode_attention_quantized_kernel.cuh"
+
+namespace {
+
+using namespace attn_kernels;
+using namespace attn_kernels::cuda::quantized;
+
+template <typename T>
+std::vector<T> read(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw std::runtime_error("cannot read " + path);
+  std::vector<char> raw{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+  std::vector<T> out(raw.size() / sizeof(T));
+  std::memcpy(out.data(), raw.data(), out.size() * sizeof(T));
+  return out;
+}
+
+using Kernel = void (*)(QuantizedProblem, float*, int, unsigned);
+
+template <int BITS>
+Kernel kernel_for(int lpr) {
+  switch (lpr) {
+    case 4: return &attend_quantized<float, BITS, 4, 8, 2>;
+    case 8: return &attend_quantized<float, BITS, 8, 8, 2>;
+    case 16: return &attend_quantized<float, BITS, 16, 8, 2>;
+    default: return &attend_quantized<float, BITS, 32, 8, 2>;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: %s DIR\n", argv[0]);
+    return 2;
+  }
+  const std::string dir = argv[1];
+  std::ifstream config(dir + "/config.txt");
+  int b, hq, hkv, L, S, D, bits, group_size, causal, mask_kind, splits, capacity;
+  config >> b >> hq >> hkv >> L >> S >> D >> bits >> group_size >> causal >> mask_kind >> splits >>
+      capacity;
+  const auto q = read<float>(dir + "/q.bin"), mask = read<float>(dir + "/mask.bin");
+  const auto kc = read<uint32_t>(dir + "/kc.bin"), vc = read<uint32_t>(dir + "/vc.bin");
+  const auto ks = read<float>(dir + "/ks.bin"), kb = read<float>(dir + "/kb.bin");
+  const auto vs = read<float>(dir + "/vs.bin"), vb = read<float>(dir + "/vb.bin");
+  std::vector<float> out(q.size(), NAN);
+
+  QuantizedProblem p{};
+  p.queries = q.data();
+  p.k_codes = kc.data(), p.k_scales = ks.data(), p.k_biases = kb.data();
+  p.v_codes = vc.data(), p.v_scales = vs.data(), p.v_biases = vb.data();
+  p.mask = mask_kind ? mask.data() : nullptr;
+  p.out = out.data();
+  p.dtype = ElementType::float32;
+  p.mask_dtype = ElementType::float32;
+  p.q_heads = hq, p.kv_heads = hkv, p.rows = b * hq, p.kv_rows = b * hkv;
+  p.query_len = L, p.context = S, p.head_dim = D, p.group = hq / hkv;
+  p.bits = bits, p.group_size = group_size, p.scale = 1.0f / std::sqrt(float(D));
+  p.causal = causal != 0;
+  const int64_t q_strides[4] = {int64_t(hq) * L * D, int64_t(L) * D, D, 1};
+  const int64_t m_strides[4] = {int64_t(hq) * L * S, int64_t(L) * S, S, 1};
+  const int words = D * bits / 32, groups = D / group_size;
+  for (int a = 0; a < 4; ++a) {
+    p.q_strides[a] = q_strides[a];
+    p.m_strides[a] = m_strides[a];
+  }
+  for (auto* strides : {&p.k_strides, &p.v_strides}) {
+    const int64_t code[4] = {int64_t(hkv) * capacity * words, int64_t(capacity) * words, words, 1};
+    const int64_t group[4] = {int64_t(hkv) * capacity * groups, int64_t(capacity) * groups, groups, 1};
+    for (int a = 0; a < 4; ++a) {
+      (*strides)[0][a] = code[a];
+      (*strides)[1][a] = group[a];
+      (*strides)[2][a] = group[a];
+    }
+  }
+
+  // plan_quantized()'s shape of the launch, with the split count from the config.
+  int lpr = 4;
+  while (lpr * 8 < D) lpr *= 2;
+  const int vectors = p.group * L, tiles = (vectors + kVectors - 1) / kVectors;
+  const int step = 2 * (kThreads / lpr);
+  int chunk = (S + splits - 1) / splits;
+  chunk = (chunk + step - 1) / step * step;
+  splits = (S + chunk - 1) / chunk;
+  std::vector<float> partials(size_t(p.kv_rows) * vectors * splits * partial_stride(D));
+  std::vector<unsigned> counters(kArrivalSlots);
+  blockDim.x = kThreads;
+  gridDim.x = p.kv_rows * tiles;
+  gridDim.y = splits;
+  const Kernel kernel = bits == 8 ? kernel_for<8>(lpr) : kernel_for<4>(lpr);
+  for (unsigned y = 0; y < gridDim.y; ++y) {
+    for (unsigned x = 0; x < gridDim.x; ++x) {
+      emu::Block block(kThreads, kWarps * kVectors * partial_stride(D));
+      std::vector<std::thread> threads;
+      for (int t = 0; t < kThreads; ++t) {
+        threads.emplace_back([&, t] {
+          emu::block = &block;
+          threadIdx.x = t;
+          blockIdx.x = x;
+          blockIdx.y = y;
+          kernel(p, splits > 1 ? partials.data() : nullptr, chunk, 7u);
+        });
+      }
+      for (auto& t : threads) t.join();
+    }
+  }
+  std::ofstream(dir + "/out.bin", std::ios::binary)
+      .write(reinterpret_cast<const char*>(out.data()), out.size() * sizeof(float));
+  std::printf("splits %d chunk %d lanes per row %d\n", splits, chunk, lpr);
+  return 0;
+}

@@ -1,0 +1,159 @@
+"""The Metal quantized-KV kernel source, run on the CPU under the SIMT emulation
+(kernels-metal/emulation), against float64 attention over the dequantised cache.
+
+What this proves and what it cannot: as test_metal_emulation.py says for the bf16 kernel (the
+algorithm, indexing, strides, masks, GQA mapping and barrier protocol as emulated; not Apple's
+compiler, real half/bfloat paths, the launcher or speed)."""
+
+import shutil
+import struct
+import subprocess
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from conftest import TOLERANCE
+from reference import attention_f64
+from test_metal_emulation import MASK_KINDS, element_strides, quantized, storage
+
+KERNELS_METAL = Path(__file__).resolve().parents[3] / "kernels-metal"
+
+
+@pytest.fixture(scope="session")
+def emulator(tmp_path_factory):
+    compiler = shutil.which("g++") or shutil.which("clang++")
+    if compiler is None:
+        pytest.skip("no host C++ compiler")
+    exe = tmp_path_factory.mktemp("metal") / "run_decode_attention_quantized"
+    subprocess.run(
+        [
+            compiler,
+            "-std=c++20",
+            "-O2",
+            "-Wall",
+            "-Werror",
+            "-Wno-attributes",
+            "-Wno-unknown-pragmas",
+            "-pthread",
+            str(KERNELS_METAL / "emulation" / "run_decode_attention_quantized.cpp"),
+            "-o",
+            str(exe),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return exe
+
+
+def to_storage(a: mx.array) -> bytes:
+    if a.dtype == mx.uint32:
+        return np.array(a).astype(np.uint32).tobytes()
+    if a.dtype == mx.bfloat16:
+        return np.array(a.view(mx.uint16)).tobytes()
+    return np.array(a).tobytes()
+
+
+# (batch, Hq, Hkv, L, S, D, mask, dtype, groups, bits, group_size)
+CASES = [
+    (1, 8, 2, 1, 129, 128, "none", "bfloat16", 8, 8, 64),
+    (1, 8, 2, 1, 129, 128, "none", "bfloat16", 4, 4, 64),
+    (2, 2, 2, 1, 31, 128, "none", "float32", 8, 4, 32),
+    (1, 8, 2, 8, 31, 128, "causal", "float16", 8, 8, 128),
+    (1, 12, 2, 3, 77, 64, "causal", "float32", 4, 8, 32),
+    (1, 4, 4, 1, 1, 128, "none", "float16", 8, 4, 128),
+    (1, 8, 2, 3, 40, 256, "float32", "float32", 4, 4, 64),
+    (1, 4, 2, 2, 33, 96, "bool", "bfloat16", 8, 8, 32),
+]
+
+
+@pytest.mark.parametrize(
+    ("b", "hq", "hkv", "length", "s", "d", "mask_kind", "dtype", "groups", "bits", "group_size"),
+    CASES,
+)
+def test_metal_quantized_kernel_under_emulation(
+    emulator, tmp_path, b, hq, hkv, length, s, d, mask_kind, dtype, groups, bits, group_size
+):
+    rng = np.random.default_rng(s * 131 + length * 7 + d + groups + bits)
+    capacity = s + 5  # K/V are views of a longer cache buffer
+    q = rng.standard_normal((b, hq, length, d))
+    as_dtype = lambda a: mx.array(quantized(a, dtype).astype(np.float32)).astype(  # noqa: E731
+        getattr(mx, dtype)
+    )
+    k_triple = mx.quantize(as_dtype(rng.standard_normal((b, hkv, capacity, d))), group_size, bits)
+    v_triple = mx.quantize(as_dtype(rng.standard_normal((b, hkv, capacity, d))), group_size, bits)
+    causal = mask_kind == "causal"
+    mask = None
+    if mask_kind == "bool":
+        mask = rng.random((b, hq, length, s)) < 0.8
+        mask[0, 1, 0, :] = False  # a row with nothing visible: zeros
+    elif mask_kind not in ("none", "causal"):
+        mask = np.where(
+            rng.random((b, hq, length, s)) < 0.2, -np.inf, rng.standard_normal((b, hq, length, s))
+        )
+    strides = [s_ for t in (k_triple, v_triple) for a in t for s_ in element_strides(a.shape)]
+    m_strides = element_strides(mask.shape) if mask is not None else [0, 0, 0, 0]
+    params = struct.pack(
+        "<8if3i32q",
+        b * hq,
+        hq // hkv,
+        length,
+        s,
+        d,
+        hq,
+        hkv,
+        MASK_KINDS.get(mask_kind, 0),
+        1.0 / np.sqrt(d),
+        int(causal),
+        group_size,
+        bits,
+        *element_strides(q.shape),
+        *m_strides,
+        *strides,
+    )
+    (tmp_path / "params.bin").write_bytes(params)
+    (tmp_path / "config.txt").write_text(f"{dtype} {groups}\n")
+    (tmp_path / "q.bin").write_bytes(storage(q, dtype))
+    for name, array in zip(
+        ("kc", "ks", "kb", "vc", "vs", "vb"), (*k_triple, *v_triple), strict=True
+    ):
+        (tmp_path / f"{name}.bin").write_bytes(to_storage(array))
+    if mask is None:
+        mask_bytes = b"\0"
+    elif mask_kind == "bool":
+        mask_bytes = mask.astype(np.bool_).tobytes()
+    else:
+        mask_bytes = storage(mask, mask_kind)
+    (tmp_path / "mask.bin").write_bytes(mask_bytes)
+    subprocess.run([str(emulator), str(tmp_path)], check=True, timeout=120)
+    raw = np.fromfile(
+        tmp_path / "out.bin",
+        dtype={"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}[dtype],
+    )
+    if dtype == "bfloat16":
+        raw = (raw.astype(np.uint32) << 16).view(np.float32)
+    out = raw.astype(np.float64).reshape(b, hq, length, d)
+
+    def dequantized(triple):
+        codes, scales, biases = (a[:, :, :s] for a in triple)
+        return mx.dequantize(
+            codes, scales.astype(mx.float32), biases.astype(mx.float32), group_size, bits
+        )
+
+    if mask is None:
+        ref_mask = "causal" if causal else None
+    elif mask_kind == "bool":
+        ref_mask = mx.array(mask)
+    else:
+        ref_mask = mx.array(quantized(mask, mask_kind).astype(np.float32))
+    expected = attention_f64(
+        mx.array(quantized(q, dtype).astype(np.float32)),
+        dequantized(k_triple),
+        dequantized(v_triple),
+        scale=1.0 / np.sqrt(d),
+        mask=ref_mask,
+    )
+    np.testing.assert_allclose(out, expected, **TOLERANCE[getattr(mx, dtype)])
+    if mask_kind == "bool":
+        assert np.all(out[0, 1, 0] == 0.0)

@@ -1,0 +1,88 @@
+"""Accuracy of attention over a quantized KV cache: decode_attention_quantized and mlx-lm's
+quantized_scaled_dot_product_attention on the same codes, both against float64 attention over
+the original (unquantized) bf16 K/V. Qwen3-4B shapes (Hq 32, Hkv 8, D 128), random normal inputs,
+causal; RMS and largest absolute error over every output value.
+
+    python tools/quantized_accuracy.py --device cpu|gpu --json-output PATH
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+from attn_kernels import decode_attention_quantized
+from llm_eval.record import SCHEMA_VERSION, collect_metadata, write_record
+from mlx_lm.models.base import quantized_scaled_dot_product_attention
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "packages/attn-kernels/tests"))
+from reference import attention_f64, to_numpy
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
+    p.add_argument("--context", type=int, action="append", help="S (repeatable)")
+    p.add_argument("--json-output", type=Path)
+    p.add_argument("--force", action="store_true")
+    args = p.parse_args()
+    mx.set_default_device(mx.gpu if args.device == "gpu" else mx.cpu)
+    contexts = args.context or [1000, 4133]
+    rows = []
+    for bits in (8, 4):
+        for group_size in (32, 64, 128):
+            for s in contexts:
+                for length in (1, 4):
+                    keys = mx.random.split(mx.random.key(s + length + bits + group_size), 3)
+                    q = mx.random.normal((1, 32, length, 128), key=keys[0]).astype(mx.bfloat16)
+                    k = mx.random.normal((1, 8, s, 128), key=keys[1]).astype(mx.bfloat16)
+                    v = mx.random.normal((1, 8, s, 128), key=keys[2]).astype(mx.bfloat16)
+                    kq = mx.quantize(k, group_size=group_size, bits=bits)
+                    vq = mx.quantize(v, group_size=group_size, bits=bits)
+                    exact = attention_f64(q, k, v, mask="causal")
+                    ours = decode_attention_quantized(
+                        q, kq, vq, mask="causal", group_size=group_size, bits=bits
+                    )
+                    theirs = quantized_scaled_dot_product_attention(
+                        q, kq, vq, scale=128**-0.5, mask="causal", group_size=group_size, bits=bits
+                    )
+                    row = {
+                        "bits": bits,
+                        "group_size": group_size,
+                        "context": s,
+                        "query_length": length,
+                    }
+                    for name, out in (("custom-quantized", ours), ("mlx-lm-quantized", theirs)):
+                        err = to_numpy(out) - exact
+                        row[name] = {
+                            "rms_error": float(np.sqrt(np.mean(err**2))),
+                            "max_abs_error": float(np.abs(err).max()),
+                        }
+                    rows.append(row)
+                    print(
+                        f"bits {bits} group {group_size} S {s} L {length}: rms ours "
+                        f"{row['custom-quantized']['rms_error']:.3e} mlx-lm "
+                        f"{row['mlx-lm-quantized']['rms_error']:.3e}; max ours "
+                        f"{row['custom-quantized']['max_abs_error']:.3e} mlx-lm "
+                        f"{row['mlx-lm-quantized']['max_abs_error']:.3e}",
+                        flush=True,
+                    )
+    wins = sum(
+        r["custom-quantized"]["rms_error"] <= r["mlx-lm-quantized"]["rms_error"] for r in rows
+    )
+    print(f"ours at most mlx-lm's RMS error in {wins} of {len(rows)} cases")
+    if args.json_output:
+        record = {
+            "schema_version": SCHEMA_VERSION,
+            "kind": "quantized-kv-accuracy",
+            "metadata": collect_metadata(args.device),
+            "config": {"device": args.device, "contexts": contexts, "dtype": "bfloat16"},
+            "execution_order": [],
+            "results": rows,
+        }
+        print(f"wrote {write_record(record, args.json_output, force=args.force)}")
+
+
+if __name__ == "__main__":
+    main()
