@@ -178,9 +178,9 @@ void DecodeAttention::eval_cpu(
     encoder.set_input_array(in);
   }
   encoder.set_output_array(out);
-  encoder.dispatch([problem = make_problem(inputs, out.data<void>(), scale_, causal_)]() {
-    decode_attention_cpu(problem);
-  });
+  // The path is resolved here, not in the task: a bad ATTN_KERNELS_CPU_PATH raises to the caller.
+  encoder.dispatch([problem = make_problem(inputs, out.data<void>(), scale_, causal_),
+                    path = cpu_path_from_env()]() { decode_attention_cpu(problem, path); });
 }
 
 }  // namespace attn_kernels

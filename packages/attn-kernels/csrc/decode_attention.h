@@ -11,6 +11,7 @@
 #include "mlx/primitives.h"
 #include "mlx/utils.h"
 
+#include "cpu_kernel.h"
 #include "decode_problem.h"
 
 namespace attn_kernels {
@@ -69,9 +70,5 @@ class DecodeAttention : public mx::Primitive {
 DecodeProblem make_problem(
     const std::vector<mx::array>& inputs, void* out, float scale, bool causal);
 
-void decode_attention_cpu(const DecodeProblem& problem);
-
-// Best read rate (bytes/s) of the CPU kernel's thread pool streaming over `bytes` of memory.
-double measure_read_bandwidth(size_t bytes, int repeats);
 
 }  // namespace attn_kernels

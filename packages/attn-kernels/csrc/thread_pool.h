@@ -3,7 +3,6 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <mutex>
@@ -22,11 +21,9 @@ class ThreadPool {
   }
 
   ~ThreadPool() {
-    {
-      std::lock_guard lock(mutex_);
-      stop_ = true;
-    }
-    wake_.notify_all();
+    stop_.store(true, std::memory_order_relaxed);
+    generation_.fetch_add(1, std::memory_order_release);
+    generation_.notify_all();
     for (auto& w : workers_) {
       w.join();
     }
@@ -49,24 +46,28 @@ class ThreadPool {
       return;
     }
     std::lock_guard call(call_mutex_);  // several MLX CPU streams may call at once
-    {
-      std::lock_guard lock(mutex_);
-      job_ = &fn;
-      job_size_ = n;
-      next_.store(0, std::memory_order_relaxed);
-      busy_.store(static_cast<int>(workers_.size()), std::memory_order_relaxed);
-      ++generation_;
-    }
-    wake_.notify_all();
+    job_ = &fn;
+    job_size_ = n;
+    next_.store(0, std::memory_order_relaxed);
+    busy_.store(static_cast<int>(workers_.size()), std::memory_order_relaxed);
+    // One futex wake for every sleeping worker (std::atomic::wait/notify): with a condition
+    // variable each woken worker took the mutex in turn before it could start.
+    generation_.fetch_add(1, std::memory_order_release);
+    generation_.notify_all();
     run_tasks();
     // The workers finish at most one task after this thread: spin for them rather than sleep.
     // A sleeping caller took 50-90 µs to be woken on this project's VM, a third of a call at
     // S = 1024 (Qwen3-4B shapes); the spin is bounded in case a worker was descheduled.
-    for (int spin = 0; busy_.load(std::memory_order_acquire) != 0 && spin < kMaxSpins; ++spin) {
+    for (int spin = 0; spin < kMaxSpins; ++spin) {
+      if (busy_.load(std::memory_order_acquire) == 0) {
+        job_ = nullptr;
+        return;
+      }
       pause();
     }
-    std::unique_lock lock(mutex_);
-    finished_.wait(lock, [this] { return busy_.load(std::memory_order_acquire) == 0; });
+    for (int left; (left = busy_.load(std::memory_order_acquire)) != 0;) {
+      busy_.wait(left, std::memory_order_acquire);
+    }
     job_ = nullptr;
   }
 
@@ -90,34 +91,29 @@ class ThreadPool {
   }
 
   void worker_loop() {
-    uint64_t seen = 0;
+    uint32_t seen = 0;
     for (;;) {
-      {
-        std::unique_lock lock(mutex_);
-        wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
-        if (stop_) {
-          return;
-        }
-        seen = generation_;
+      generation_.wait(seen, std::memory_order_acquire);
+      seen = generation_.load(std::memory_order_acquire);
+      if (stop_.load(std::memory_order_relaxed)) {
+        return;
       }
       run_tasks();
-      std::lock_guard lock(mutex_);
       if (busy_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-        finished_.notify_one();
+        busy_.notify_one();
       }
     }
   }
 
   std::vector<std::thread> workers_;
   std::mutex call_mutex_;
-  std::mutex mutex_;
-  std::condition_variable wake_, finished_;
+  // Written by the caller before it bumps generation_ (release), read by workers after (acquire).
   const std::function<void(int)>* job_ = nullptr;
   int job_size_ = 0;
   std::atomic<int> next_{0};
   std::atomic<int> busy_{0};  // workers still running the current job
-  uint64_t generation_ = 0;
-  bool stop_ = false;
+  std::atomic<uint32_t> generation_{0};
+  std::atomic<bool> stop_{false};
 };
 
 }  // namespace attn_kernels

@@ -1,0 +1,7 @@
+// The CPU kernel for AVX2 with FMA and F16C: 8 floats per register (16 registers: 4 query vectors x 2 positions scored at once).
+// CMakeLists.txt gives this file its target flags; the dispatcher runs it only where the CPU
+// has them.
+#define ATTN_CPU_PATH avx2
+#define ATTN_CPU_WIDTH 8
+#define ATTN_CPU_SCORE_POSITIONS 2
+#include "cpu_kernel_body.h"
