@@ -88,7 +88,7 @@ $(CPU_BUILD)/arm64/cpu_kernel_check: $(CPU_CHECK) $(CPU_SRC)/decode_attention_cp
 
 test-arm64: $(CPU_BUILD)/arm64/cpu_kernel_check
 	@command -v $(QEMU_ARM64) >/dev/null || { echo "error: no $(QEMU_ARM64) (Debian/Ubuntu: apt-get install qemu-user)" >&2; exit 1; }
-	$(QEMU_ARM64) $<
+	$(QEMU_ARM64) $< --seeds 1
 
 # The main job: Qwen3 decode, fused kernel against the readable composition and mlx-lm.
 bench: build

@@ -41,12 +41,10 @@ constexpr int kBlock = 16;
 constexpr int kTile = 4;
 // Key positions scored at once: kTile * J accumulators plus J widened keys stay in registers.
 constexpr int J = ATTN_CPU_SCORE_POSITIONS;
-static_assert(kBlock % J == 0 && (kTile * J) % W == 0);
+static_assert(kBlock % J == 0 && kBlock % W == 0 && (kTile * J) % W == 0);
 
 using Vec = float __attribute__((vector_size(W * sizeof(float))));
 using Bits = uint32_t __attribute__((vector_size(W * sizeof(float))));
-using Block = float __attribute__((vector_size(kBlock * sizeof(float))));
-using BlockInts = int32_t __attribute__((vector_size(kBlock * sizeof(float))));
 
 struct Pair {
   Vec a, b;
@@ -283,41 +281,59 @@ ATTN_ALWAYS_INLINE void block_accumulate(const float* weights, const float* resc
   }
 }
 
-// NaN-propagating horizontal max and the sum of a block's scores: log-depth trees.
-ATTN_ALWAYS_INLINE Block block_max2(Block x, Block y) {
+// A block's kBlock scores as kBlock / W native vectors (wider generic vectors were lowered to
+// scalar code on the narrower targets).
+constexpr int kBlockVecs = kBlock / W;
+
+// Lane l of x swapped with lane l ^ H, for the horizontal reductions.
+template <int H, size_t... L>
+ATTN_ALWAYS_INLINE Vec swap_lanes(Vec x, std::index_sequence<L...>) {
+  return __builtin_shufflevector(x, x, (static_cast<int>(L) ^ H)...);
+}
+ATTN_ALWAYS_INLINE Vec nan_max_vec(Vec x, Vec y) {
   return (x > y || x != x) ? x : y;
 }
-ATTN_ALWAYS_INLINE float block_max(Block x) {
-  static_assert(kBlock == 16, "the shuffles are written for 16 lanes");
-  x = block_max2(x, __builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7));
-  x = block_max2(x, __builtin_shufflevector(x, x, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11));
-  x = block_max2(x, __builtin_shufflevector(x, x, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13));
-  x = block_max2(x, __builtin_shufflevector(x, x, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14));
-  return x[0];
+template <int H = W / 2>
+ATTN_ALWAYS_INLINE float horizontal_max(Vec x) {
+  x = nan_max_vec(x, swap_lanes<H>(x, std::make_index_sequence<W>()));
+  if constexpr (H > 1) {
+    return horizontal_max<H / 2>(x);
+  } else {
+    return x[0];
+  }
 }
-ATTN_ALWAYS_INLINE float block_sum(Block x) {
-  x += __builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
-  x += __builtin_shufflevector(x, x, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11);
-  x += __builtin_shufflevector(x, x, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
-  x += __builtin_shufflevector(x, x, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
-  return x[0];
+template <int H = W / 2>
+ATTN_ALWAYS_INLINE float horizontal_sum(Vec x) {
+  x += swap_lanes<H>(x, std::make_index_sequence<W>());
+  if constexpr (H > 1) {
+    return horizontal_sum<H / 2>(x);
+  } else {
+    return x[0];
+  }
 }
-// exp_nonpositive (cpu_scalar.h) on a whole block.
-ATTN_ALWAYS_INLINE Block block_exp(Block x) {
-  const Block clamped = x < -87.0f ? Block{} - 87.0f : x;
+// The largest of a block's scores; NaN if any is NaN.
+ATTN_ALWAYS_INLINE float block_max(const Vec* s) {
+  Vec m = s[0];
+  for (int i = 1; i < kBlockVecs; ++i) m = nan_max_vec(m, s[i]);
+  return horizontal_max(m);
+}
+// exp_nonpositive (cpu_scalar.h) on a vector.
+ATTN_ALWAYS_INLINE Vec vec_exp(Vec x) {
+  using Ints = int32_t __attribute__((vector_size(W * sizeof(float))));
+  const Vec clamped = x < -87.0f ? Vec{} - 87.0f : x;
   constexpr float kRound = 12582912.0f;
-  const Block n = (clamped * 1.44269504f + kRound) - kRound;
-  const Block r = (clamped - n * 0.693145752f) - n * 1.42860677e-6f;
-  Block poly = Block{} + 1.0f / 720.0f;
+  const Vec n = (clamped * 1.44269504f + kRound) - kRound;
+  const Vec r = (clamped - n * 0.693145752f) - n * 1.42860677e-6f;
+  Vec poly = Vec{} + 1.0f / 720.0f;
   poly = poly * r + 1.0f / 120.0f;
   poly = poly * r + 1.0f / 24.0f;
   poly = poly * r + 1.0f / 6.0f;
   poly = poly * r + 0.5f;
   poly = poly * r + 1.0f;
   poly = poly * r + 1.0f;
-  const BlockInts power = n == n ? __builtin_convertvector(n, BlockInts) : BlockInts{};
-  const Block scale = (Block)((power + 127) << 23);
-  return x < -87.0f ? Block{} : poly * scale;
+  const Ints power = n == n ? __builtin_convertvector(n, Ints) : Ints{};
+  const Vec scale = (Vec)((power + 127) << 23);
+  return x < -87.0f ? Vec{} : poly * scale;
 }
 
 size_t scratch_floats(const DecodeProblem& p) {
@@ -392,7 +408,8 @@ ATTN_ALWAYS_INLINE void attend_chunk(const DecodeProblem& p, int kv_row, int beg
         }
       }
       float* st = state + r * state_size;
-      const Block block = load<Block>(s);
+      Vec block[kBlockVecs];
+      for (int v = 0; v < kBlockVecs; ++v) block[v] = load<Vec>(s + v * W);
       const float top = block_max(block);  // NaN if any score is NaN
       if (top == neg_inf) {
         rescale[r] = 1.0f;
@@ -401,10 +418,14 @@ ATTN_ALWAYS_INLINE void attend_chunk(const DecodeProblem& p, int kv_row, int beg
       }
       const float new_max = nan_max(top, st[0]);
       rescale[r] = exp_nonpositive(st[0] - new_max);
-      const Block weights = block_exp(block - new_max);
-      __builtin_memcpy(s, &weights, sizeof weights);
+      Vec sum = {};
+      for (int v = 0; v < kBlockVecs; ++v) {
+        const Vec weights = vec_exp(block[v] - new_max);
+        store_vec(s + v * W, weights);
+        sum += weights;
+      }
       st[0] = new_max;
-      st[1] = st[1] * rescale[r] + block_sum(weights);
+      st[1] = st[1] * rescale[r] + horizontal_sum(sum);
       any = true;
     }
     if (!any) {

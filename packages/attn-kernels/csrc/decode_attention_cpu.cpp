@@ -2,6 +2,7 @@
 // context chunk) over the thread pool, and merges the chunks' online-softmax states into the
 // output rows. The kernel body is cpu_kernel_body.h.
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -176,17 +177,38 @@ void run(const DecodeProblem& p, const Kernel& kernel) {
   }
   const int chunk_len = (S + chunks - 1) / chunks;
   const int units = p.kv_rows * chunks;
-  // states[kv_row][chunk][vector]: one (max, denominator, accumulator) each.
-  std::vector<float> states(static_cast<size_t>(units) * vectors * state_size);
+  // states[kv_row][chunk][vector]: one (max, denominator, accumulator) each, every float written
+  // by its unit before it is read (no zeroing); reused across calls by the calling thread.
+  thread_local std::vector<float> states;
+  states.resize(std::max(states.size(), static_cast<size_t>(units) * vectors * state_size));
+  // Chunks of each key/value row still running: the unit that finishes a row's last chunk merges
+  // the row, so merging runs in parallel and needs no second hand-off.
+  std::vector<std::atomic<int>> running(p.kv_rows);
+  for (auto& r : running) r.store(chunks, std::memory_order_relaxed);
   const size_t scratch_size = kernel.scratch_floats(p);
+  float* const all_states = states.data();  // the caller's: workers have thread_locals of their own
 
+  auto finish_row = [&](int h) {
+    thread_local std::vector<float> merged;
+    merged.resize(std::max(merged.size(), static_cast<size_t>(state_size)));
+    for (int r = 0; r < vectors; ++r) {
+      const int row = h * p.group + r / p.query_len, i = r % p.query_len;
+      T* out = static_cast<T*>(p.out) + (static_cast<int64_t>(row) * p.query_len + i) * D;
+      const float* first =
+          all_states + (static_cast<size_t>(h) * chunks * vectors + r) * state_size;
+      finish(first, chunks, vectors * state_size, p, kernel.width, merged.data(), out);
+    }
+  };
   auto attend_unit = [&](int unit) {
     thread_local std::vector<float> scratch;
     scratch.resize(std::max(scratch.size(), scratch_size));
     const int kv_row = unit / chunks, c = unit % chunks;
     const int begin = c * chunk_len, end = std::min(S, begin + chunk_len);
-    float* st = states.data() + static_cast<size_t>(unit) * vectors * state_size;
+    float* st = all_states + static_cast<size_t>(unit) * vectors * state_size;
     kernel.attend(p, kv_row, begin, end, st, scratch.data());
+    if (running[kv_row].fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      finish_row(kv_row);
+    }
   };
   if (threads == 1) {
     for (int u = 0; u < units; ++u) {
@@ -194,18 +216,6 @@ void run(const DecodeProblem& p, const Kernel& kernel) {
     }
   } else {
     pool().parallel_for(units, attend_unit);
-  }
-  // Normalising the rows is a few thousand multiply-adds: waking the pool for them cost 65-90 µs
-  // more per call than doing them here (interleaved A/B through MLX, S = 256..4096).
-  std::vector<float> merged(state_size);
-  for (int h = 0; h < p.kv_rows; ++h) {
-    for (int r = 0; r < vectors; ++r) {
-      const int row = h * p.group + r / p.query_len, i = r % p.query_len;
-      T* out = static_cast<T*>(p.out) + (static_cast<int64_t>(row) * p.query_len + i) * D;
-      const float* first =
-          states.data() + (static_cast<size_t>(h) * chunks * vectors + r) * state_size;
-      finish(first, chunks, vectors * state_size, p, kernel.width, merged.data(), out);
-    }
   }
 }
 
