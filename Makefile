@@ -82,12 +82,14 @@ QEMU_ARM64 ?= $(shell command -v qemu-aarch64-static 2>/dev/null || echo qemu-aa
 $(CPU_BUILD)/arm64/cpu_kernel_check: $(CPU_CHECK) $(CPU_SRC)/decode_attention_cpu.cpp \
     $(CPU_SRC)/cpu_kernel_neon.cpp $(wildcard $(CPU_SRC)/*.h)
 	@mkdir -p $(@D)
-	@command -v $(ARM64_CXX) >/dev/null || { echo "error: no $(ARM64_CXX) (Debian/Ubuntu: apt-get install g++-aarch64-linux-gnu qemu-user)" >&2; exit 1; }
+	@command -v $(ARM64_CXX) >/dev/null || { echo "error: no $(ARM64_CXX) (Debian/Ubuntu:" \
+	  "apt-get install g++-aarch64-linux-gnu qemu-user)" >&2; exit 1; }
 	$(ARM64_CXX) $(CPU_FLAGS) -march=armv8-a+simd -static $(CPU_CHECK) \
 	  $(CPU_SRC)/decode_attention_cpu.cpp $(CPU_SRC)/cpu_kernel_neon.cpp -o $@
 
 test-arm64: $(CPU_BUILD)/arm64/cpu_kernel_check
-	@command -v $(QEMU_ARM64) >/dev/null || { echo "error: no $(QEMU_ARM64) (Debian/Ubuntu: apt-get install qemu-user)" >&2; exit 1; }
+	@command -v $(QEMU_ARM64) >/dev/null || { echo "error: no $(QEMU_ARM64) (Debian/Ubuntu:" \
+	  "apt-get install qemu-user)" >&2; exit 1; }
 	$(QEMU_ARM64) $< --seeds 1
 
 # The main job: Qwen3 decode, fused kernel against the readable composition and mlx-lm.

@@ -336,6 +336,17 @@ ATTN_ALWAYS_INLINE Vec vec_exp(Vec x) {
   return x < -87.0f ? Vec{} : poly * scale;
 }
 
+// Element `at` of the explicit mask as an additive float.
+ATTN_ALWAYS_INLINE float mask_value(const DecodeProblem& p, int64_t at) {
+  switch (p.mask_dtype) {
+    case ElementType::float32: return static_cast<const float*>(p.mask)[at];
+    case ElementType::float16: return to_float(static_cast<const Float16*>(p.mask)[at]);
+    case ElementType::bfloat16: return to_float(static_cast<const BFloat16*>(p.mask)[at]);
+    case ElementType::boolean: return to_float(static_cast<const bool*>(p.mask)[at]);
+  }
+  return 0.0f;
+}
+
 size_t scratch_floats(const DecodeProblem& p) {
   const size_t vectors = static_cast<size_t>(p.group) * p.query_len, Dp = padded_dim(p.head_dim, W);
   return vectors * Dp + 2 * kBlock * Dp + vectors * kBlock + vectors;
@@ -371,8 +382,9 @@ ATTN_ALWAYS_INLINE void attend_chunk(const DecodeProblem& p, int kv_row, int beg
   for (int j0 = begin; j0 < end; j0 += kBlock) {
     const int n = end - j0 < kBlock ? end - j0 : kBlock;
     const bool full = n == kBlock;
-    const T* keys_ahead =
-        full && j0 + kPrefetchRows + kBlock <= end ? keys + (j0 + kPrefetchRows) * k_row : nullptr;
+    // Full blocks prefetch the rows two blocks on, while those are still in this chunk.
+    const bool ahead = full && j0 + kPrefetchRows + kBlock <= end;
+    const T* keys_ahead = ahead ? keys + (j0 + kPrefetchRows) * k_row : nullptr;
     if (keys_direct) {
       block_scores(queries, vectors, Dp, CacheRows<T>{keys + j0 * k_row, k_row}, n, p.scale,
                    keys_ahead, k_row, D, scores);
@@ -399,12 +411,7 @@ ATTN_ALWAYS_INLINE void attend_chunk(const DecodeProblem& p, int kv_row, int beg
         const int64_t base = p.mask_offset(row, i);
         for (int j = 0; j < visible; ++j) {
           const int64_t at = base + (j0 + j) * p.m_strides[3];
-          switch (p.mask_dtype) {
-            case ElementType::float32: s[j] += static_cast<const float*>(p.mask)[at]; break;
-            case ElementType::float16: s[j] += to_float(static_cast<const Float16*>(p.mask)[at]); break;
-            case ElementType::bfloat16: s[j] += to_float(static_cast<const BFloat16*>(p.mask)[at]); break;
-            case ElementType::boolean: s[j] += to_float(static_cast<const bool*>(p.mask)[at]); break;
-          }
+          s[j] += mask_value(p, at);
         }
       }
       float* st = state + r * state_size;
@@ -431,8 +438,7 @@ ATTN_ALWAYS_INLINE void attend_chunk(const DecodeProblem& p, int kv_row, int beg
     if (!any) {
       continue;
     }
-    const T* values_ahead =
-        full && j0 + kPrefetchRows + kBlock <= end ? values + (j0 + kPrefetchRows) * v_row : nullptr;
+    const T* values_ahead = ahead ? values + (j0 + kPrefetchRows) * v_row : nullptr;
     if (values_direct) {
       const CacheRows<T> rows{values + j0 * v_row, v_row};
       if (full) {
@@ -455,10 +461,11 @@ ATTN_ALWAYS_INLINE void attend_chunk(const DecodeProblem& p, int kv_row, int beg
 
 void attend(const DecodeProblem& p, int kv_row, int begin, int end, float* state, float* scratch) {
   switch (p.dtype) {
-    case ElementType::float32: attend_chunk<float>(p, kv_row, begin, end, state, scratch); break;
-    case ElementType::float16: attend_chunk<Float16>(p, kv_row, begin, end, state, scratch); break;
-    case ElementType::bfloat16: attend_chunk<BFloat16>(p, kv_row, begin, end, state, scratch); break;
-    case ElementType::boolean: break;  // rejected by the op
+    case ElementType::float32: return attend_chunk<float>(p, kv_row, begin, end, state, scratch);
+    case ElementType::float16: return attend_chunk<Float16>(p, kv_row, begin, end, state, scratch);
+    case ElementType::bfloat16:
+      return attend_chunk<BFloat16>(p, kv_row, begin, end, state, scratch);
+    case ElementType::boolean: return;  // rejected by the op
   }
 }
 

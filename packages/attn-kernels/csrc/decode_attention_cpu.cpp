@@ -269,9 +269,9 @@ CpuPath cpu_path_from_env() {
       return info.path;
     }
   }
-  throw std::invalid_argument(std::string("ATTN_KERNELS_CPU_PATH=") + env +
-                              ": unknown path (avx512, avx2, portable, neon or auto); paths here: " +
-                              supported_names());
+  throw std::invalid_argument(
+      std::string("ATTN_KERNELS_CPU_PATH=") + env +
+      ": unknown path (avx512, avx2, portable, neon or auto); paths here: " + supported_names());
 }
 
 int cpu_threads() {

@@ -4,7 +4,7 @@
 // one process; and the thread pool's hand-off (an empty parallel_for over every thread, workers
 // asleep before each call as between decode steps, and back to back). From the repository root:
 //
-//   make -C packages/attn-kernels/dev bench_cpu && packages/attn-kernels/dev/build/bench_cpu [PATH...]
+//   make bench-cpu-kernel ARGS="[PATH...]"
 //
 // PATH: avx512, avx2, portable, neon (default: every path this CPU runs). ATTN_KERNELS_NUM_THREADS
 // caps the threads as in the extension. Prints one line per (state, S, path): median and min µs,
@@ -45,8 +45,8 @@ void handoff(int threads) {
     pool.parallel_for(threads, noop);
     back_to_back.push_back(std::chrono::duration<double>(Clock::now() - start).count() * 1e6);
   }
-  std::printf("pool hand-off, %d threads: %.1f us from sleep (median of 200), %.1f us back to back\n",
-              threads, median(asleep), median(back_to_back));
+  std::printf("pool hand-off, %d threads: %.1f us from sleep (median of 200), %.1f us back to "
+              "back\n", threads, median(asleep), median(back_to_back));
 }
 
 }  // namespace

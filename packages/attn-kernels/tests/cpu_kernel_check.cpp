@@ -62,8 +62,16 @@ struct Tensor {
   double get_output(size_t i) const {
     switch (dtype) {
       case ElementType::float32: { float f; std::memcpy(&f, &bytes[4 * i], 4); return f; }
-      case ElementType::float16: { Float16 h; std::memcpy(&h, &bytes[2 * i], 2); return cpu::to_float(h); }
-      case ElementType::bfloat16: { BFloat16 b; std::memcpy(&b, &bytes[2 * i], 2); return cpu::to_float(b); }
+      case ElementType::float16: {
+        Float16 h;
+        std::memcpy(&h, &bytes[2 * i], 2);
+        return cpu::to_float(h);
+      }
+      case ElementType::bfloat16: {
+        BFloat16 b;
+        std::memcpy(&b, &bytes[2 * i], 2);
+        return cpu::to_float(b);
+      }
       default: return 0;
     }
   }
@@ -85,10 +93,12 @@ const char* dtype_name(ElementType t) {
   return t == ElementType::float32 ? "f32" : t == ElementType::float16 ? "f16" : "bf16";
 }
 const char* mask_name(Mask m) {
-  return m == Mask::none ? "none" : m == Mask::causal ? "causal" : m == Mask::additive ? "additive" : "bool";
+  const char* names[] = {"none", "causal", "additive", "bool"};
+  return names[static_cast<int>(m)];
 }
 const char* poison_name(Poison p) {
-  const char* names[] = {"", "q-nan", "k-nan", "v-nan", "q-inf", "mask-nan", "scale-nan", "all-masked"};
+  const char* names[] = {"",         "q-nan",     "k-nan",     "v-nan",
+                         "q-inf",    "mask-nan",  "scale-nan", "all-masked"};
   return names[static_cast<int>(p)];
 }
 
@@ -104,14 +114,18 @@ struct Random {
     return z ^ (z >> 31);
   }
   double uniform() { return static_cast<double>((*this)() >> 11) * 0x1.0p-53; }
-  double normal() { return (uniform() + uniform() + uniform() + uniform() - 2.0) * 1.7320508075688772; }
+  double normal() {
+    return (uniform() + uniform() + uniform() + uniform() - 2.0) * 1.7320508075688772;
+  }
 };
 
 // Runs one case on every path; adds 1 to failed[n] when path n mismatches (printing the first).
-void run_case(const Case& c, const std::vector<CpuPath>& paths, uint32_t seed, std::vector<int>& failed) {
+void run_case(const Case& c, const std::vector<CpuPath>& paths, uint32_t seed,
+              std::vector<int>& failed) {
   Random rng(seed);
   const int B = c.batch, Hq = c.hq, Hkv = c.hkv, L = c.L, S = c.S, D = c.D, group = Hq / Hkv;
-  const size_t nq = size_t(B) * Hq * L * D, nkv = size_t(B) * Hkv * S * D, nm = size_t(B) * Hq * L * S;
+  const size_t nq = size_t(B) * Hq * L * D, nkv = size_t(B) * Hkv * S * D;
+  const size_t nm = size_t(B) * Hq * L * S;
   Tensor q(c.dtype, nq), k(c.dtype, nkv), v(c.dtype, nkv), out(c.dtype, nq);
   for (size_t i = 0; i < nq; ++i) q.set(i, rng.normal());
   for (size_t i = 0; i < nkv; ++i) k.set(i, rng.normal());
@@ -122,7 +136,7 @@ void run_case(const Case& c, const std::vector<CpuPath>& paths, uint32_t seed, s
   if (c.mask == Mask::additive) {
     additive.resize(nm);
     for (size_t i = 0; i < nm; ++i) {
-      additive[i] = (rng() % 5 == 0) ? -std::numeric_limits<float>::infinity() : float(rng.normal());
+      additive[i] = rng() % 5 == 0 ? -INFINITY : float(rng.normal());
       mask_values[i] = additive[i];
     }
   } else if (c.mask == Mask::boolean) {
@@ -134,7 +148,8 @@ void run_case(const Case& c, const std::vector<CpuPath>& paths, uint32_t seed, s
   }
   // K/V element (b, h, s, d) at offset kv_at: (B, H, S, D) or (B, S, H, D).
   auto kv_at = [&](int b, int h, int s, int d) -> size_t {
-    return c.kv_seq_major ? ((size_t(b) * S + s) * Hkv + h) * D + d : ((size_t(b) * Hkv + h) * S + s) * D + d;
+    return c.kv_seq_major ? ((size_t(b) * S + s) * Hkv + h) * D + d
+                          : ((size_t(b) * Hkv + h) * S + s) * D + d;
   };
   auto q_at = [&](int b, int h, int i, int d) { return ((size_t(b) * Hq + h) * L + i) * D + d; };
   auto m_at = [&](int b, int h, int i, int s) { return ((size_t(b) * Hq + h) * L + i) * S + s; };
@@ -144,7 +159,10 @@ void run_case(const Case& c, const std::vector<CpuPath>& paths, uint32_t seed, s
     case Poison::q_inf: q.set(q_at(0, 0, 0, 0), kInf); break;
     case Poison::k_nan: k.set(kv_at(0, 0, S / 2, 0), kNaN); break;
     case Poison::v_nan: v.set(kv_at(0, 0, S / 2, D - 1), kNaN); break;  // visible to every row
-    case Poison::mask_nan: additive[m_at(0, 0, 0, S / 3)] = NAN; mask_values[m_at(0, 0, 0, S / 3)] = kNaN; break;
+    case Poison::mask_nan:
+      additive[m_at(0, 0, 0, S / 3)] = NAN;
+      mask_values[m_at(0, 0, 0, S / 3)] = kNaN;
+      break;
     case Poison::scale_nan: scale = NAN; break;
     case Poison::all_masked:
       for (int s = 0; s < S; ++s) {
@@ -201,7 +219,9 @@ void run_case(const Case& c, const std::vector<CpuPath>& paths, uint32_t seed, s
         bool nan = false;
         for (int s = 0; s < S; ++s) {
           double dot = 0;
-          for (int d = 0; d < D; ++d) dot += q.values[q_at(b, h, i, d)] * k.values[kv_at(b, kh, s, d)];
+          for (int d = 0; d < D; ++d) {
+            dot += q.values[q_at(b, h, i, d)] * k.values[kv_at(b, kh, s, d)];
+          }
           double x = dot * double(scale) + mask_values[m_at(b, h, i, s)];
           if (c.mask == Mask::causal && s > S - L + i) x = -kInf;
           scores[s] = x;
@@ -234,8 +254,10 @@ void run_case(const Case& c, const std::vector<CpuPath>& paths, uint32_t seed, s
                       : std::isinf(w) ? got == w
                                       : std::fabs(got - w) <= atol + rtol * std::fabs(w);
       if (!ok) {
-        std::printf("  FAIL %s %s B=%d Hq=%d Hkv=%d L=%d S=%d D=%d mask=%s%s %s seed %u: out[%zu] = %g, want %g\n",
-                    cpu_path_name(paths[n]), dtype_name(c.dtype), B, Hq, Hkv, L, S, D, mask_name(c.mask),
+        std::printf("  FAIL %s %s B=%d Hq=%d Hkv=%d L=%d S=%d D=%d mask=%s%s %s seed %u: "
+                    "out[%zu] = %g, want %g\n",
+                    cpu_path_name(paths[n]), dtype_name(c.dtype), B, Hq, Hkv, L, S, D,
+                    mask_name(c.mask),
                     c.kv_seq_major ? " seq-major" : "", poison_name(c.poison), seed, at, got, w);
         ++failed[n];
         break;
@@ -291,11 +313,12 @@ int main(int argc, char** argv) {
   }
   // Non-finite inputs, on a split context and a short one.
   for (ElementType t : dtypes) {
-    for (Poison poison : {Poison::q_nan, Poison::k_nan, Poison::v_nan, Poison::q_inf, Poison::mask_nan,
-                          Poison::scale_nan, Poison::all_masked}) {
-      const Mask m = poison == Poison::mask_nan || poison == Poison::all_masked ? Mask::additive : Mask::causal;
+    for (Poison poison : {Poison::q_nan, Poison::k_nan, Poison::v_nan, Poison::q_inf,
+                          Poison::mask_nan, Poison::scale_nan, Poison::all_masked}) {
+      const bool masked = poison == Poison::mask_nan || poison == Poison::all_masked;
+      const Mask m = masked ? Mask::additive : Mask::causal;
       cases.push_back({t, 1, 8, 2, 2, 100, 64, m, false, poison});
-      cases.push_back({t, 1, 32, 8, 1, 2100, 128, m == Mask::causal ? Mask::none : m, false, poison});
+      cases.push_back({t, 1, 32, 8, 1, 2100, 128, masked ? m : Mask::none, false, poison});
     }
   }
 
@@ -307,8 +330,8 @@ int main(int argc, char** argv) {
   }
   int total = 0;
   for (size_t n = 0; n < paths.size(); ++n) {
-    std::printf("%s: %zu cases x %u seeds, %d failed\n", cpu_path_name(paths[n]), cases.size(), seeds,
-                failed[n]);
+    std::printf("%s: %zu cases x %u seeds, %d failed\n", cpu_path_name(paths[n]), cases.size(),
+                seeds, failed[n]);
     total += failed[n];
   }
   return total == 0 ? 0 : 1;
