@@ -62,12 +62,15 @@ class ThreadPool {
 
   int size() const { return static_cast<int>(workers_.size()) + 1; }
 
-  // Runs fn(i) for every i in [0, n) and returns once all calls have finished.
+  // Runs fn(i) for every i in [0, n) and returns once all calls have finished: when the tasks
+  // are done, not when every worker has woken up. A worker that wakes late (descheduled, or one
+  // of many woken at once) finds nothing left and goes back to sleep; the caller does not wait
+  // for it.
   void parallel_for(int n, const std::function<void(int)>& fn) {
     if (n <= 0) {
       return;
     }
-    if (n == 1 || workers_.empty()) {
+    if (n == 1 || workers_.empty() || n >= kMaxTasks) {
       for (int i = 0; i < n; ++i) {
         fn(i);
       }
@@ -75,34 +78,35 @@ class ThreadPool {
     }
     std::lock_guard call(call_mutex_);  // several MLX CPU streams may call at once
     job_ = &fn;
-    job_size_ = n;
-    next_.store(0, std::memory_order_relaxed);
-    busy_.store(static_cast<uint32_t>(workers_.size()), std::memory_order_relaxed);
+    done_.store(0, std::memory_order_relaxed);
+    tasks_.store(static_cast<uint64_t>(n) << kIndexBits, std::memory_order_release);
     // One futex wake for every sleeping worker: with a condition variable each woken worker took
     // the mutex in turn before it could start.
     generation_.fetch_add(1, std::memory_order_release);
     wake_all(generation_);
     run_tasks();
-    // The workers finish at most one task after this thread: spin for them rather than sleep.
-    // A sleeping caller took 50-90 µs to be woken on this project's VM, a third of a call at
-    // S = 1024 (Qwen3-4B shapes); the spin is bounded in case a worker was descheduled.
-    for (int spin = 0; spin < kMaxSpins; ++spin) {
-      if (busy_.load(std::memory_order_acquire) == 0) {
-        job_ = nullptr;
-        return;
-      }
+    // Spin for the tasks still running rather than sleep: a sleeping caller took 50-90 µs to be
+    // woken on this project's VM, a third of a call at S = 1024 (Qwen3-4B shapes); the spin is
+    // bounded in case a worker was descheduled mid-task.
+    const uint32_t all = static_cast<uint32_t>(n);
+    for (int spin = 0; spin < kMaxSpins && done_.load(std::memory_order_acquire) != all; ++spin) {
       pause();
     }
-    for (uint32_t left; (left = busy_.load(std::memory_order_acquire)) != 0;) {
-      sleep_while(busy_, left);
+    for (uint32_t d; (d = done_.load(std::memory_order_acquire)) != all;) {
+      sleep_while(done_, d);
     }
-    job_ = nullptr;
   }
 
  private:
   // Pause instructions before the caller falls back to sleeping: 0.1-2 ms, by the CPU's pause
   // latency (~10 to ~140 cycles).
   static constexpr int kMaxSpins = 1 << 15;
+  // tasks_ packs the task count (high bits) and the next index (low bits), so a claim reads both
+  // in one atomic step: an index below the count is a task of the job now published (which
+  // cannot end before that task is done), anything else is nothing to do. Late claims push the
+  // index past the count by at most one per worker.
+  static constexpr int kIndexBits = 32;
+  static constexpr int kMaxTasks = 1 << 30;
 
   static void pause() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -113,8 +117,17 @@ class ThreadPool {
   }
 
   void run_tasks() {
-    for (int i; (i = next_.fetch_add(1, std::memory_order_relaxed)) < job_size_;) {
-      (*job_)(i);
+    for (;;) {
+      const uint64_t claim = tasks_.fetch_add(1, std::memory_order_acq_rel);
+      const uint32_t index = static_cast<uint32_t>(claim);
+      const uint32_t count = static_cast<uint32_t>(claim >> kIndexBits);
+      if (index >= count) {
+        return;
+      }
+      (*job_)(static_cast<int>(index));
+      if (done_.fetch_add(1, std::memory_order_acq_rel) + 1 == count) {
+        wake_all(done_);
+      }
     }
   }
 
@@ -127,19 +140,15 @@ class ThreadPool {
         return;
       }
       run_tasks();
-      if (busy_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-        wake_all(busy_);
-      }
     }
   }
 
   std::vector<std::thread> workers_;
   std::mutex call_mutex_;
-  // Written by the caller before it bumps generation_ (release), read by workers after (acquire).
+  // Written by the caller before it publishes tasks_ (release), read after a claim (acquire).
   const std::function<void(int)>* job_ = nullptr;
-  int job_size_ = 0;
-  std::atomic<int> next_{0};
-  std::atomic<uint32_t> busy_{0};  // workers still running the current job
+  std::atomic<uint64_t> tasks_{0};
+  std::atomic<uint32_t> done_{0};  // tasks of the current job finished
   std::atomic<uint32_t> generation_{0};
   std::atomic<bool> stop_{false};
 };
