@@ -1,7 +1,7 @@
 // Kernel-only timing of the CPU paths (no MLX, no Python): decode_attention_cpu on Qwen3-4B
 // shapes (bf16, Hq=32, Hkv=8, D=128, L=1), K/V either hot (one set, reused) or cold (sets
 // rotated over ~600 MB so every call streams from DRAM), the paths interleaved call by call in
-// one process; and the thread pool's hand-off (an empty parallel_for over every thread, workers
+// one process; one KV head on one thread (the kernel's own rate); and the thread pool's hand-off (an empty parallel_for over every thread, workers
 // asleep before each call as between decode steps, and back to back). From the repository root:
 //
 //   make bench-cpu-kernel ARGS="[PATH...]"
@@ -90,6 +90,26 @@ int main(int argc, char** argv) {
                     *std::min_element(us[n].begin(), us[n].end()), c.kv_bytes() / m / 1e3,
                     100 * floor_us / m);
       }
+    }
+  }
+  // The kernel's own rate: one KV head (4 query heads), K/V hot, below the pool's threshold so
+  // one thread; ns per position (K+V of a position: 512 bytes).
+  for (const int S : {1024, 4096}) {
+    dev::Qwen3Case c(S, 1);
+    c.p.rows = c.p.q_heads = c.p.group;
+    c.p.kv_rows = c.p.kv_heads = 1;
+    std::vector<std::vector<double>> ns(paths.size());
+    for (int i = 0; i < 200000 / S; ++i) {
+      for (size_t k = 0; k < paths.size(); ++k) {
+        const size_t n = (k + i) % paths.size();
+        const auto start = Clock::now();
+        decode_attention_cpu(c.p, paths[n]);
+        ns[n].push_back(std::chrono::duration<double>(Clock::now() - start).count() * 1e9 / S);
+      }
+    }
+    for (size_t n = 0; n < paths.size(); ++n) {
+      std::printf("one head, one thread, S=%-5d %-8s %5.1f ns per position\n", S,
+                  cpu_path_name(paths[n]), median(ns[n]));
     }
   }
 }

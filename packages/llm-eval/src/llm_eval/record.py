@@ -50,6 +50,7 @@ def device_info(device: str) -> dict:
         info["gpu"] = smi.stdout.strip() if smi.returncode == 0 else None
     else:
         info["cpu"] = _cpu_name()
+        info["cpu_isa"] = _cpu_isa()
         info["cpu_count"] = os.cpu_count()
     return info
 
@@ -62,6 +63,23 @@ def _cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+# Instruction-set extensions that decide which CPU kernel path runs (x86-64 and arm64 names).
+_ISA_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_bf16")
+_ISA_FLAGS += ("asimd", "fphp", "asimdhp", "bf16", "sve")
+
+
+def _cpu_isa() -> list[str]:
+    """The CPU's vector extensions from /proc/cpuinfo (x86 flags or arm64 features)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                present = set(line.split(":", 1)[1].split())
+                return [f for f in _ISA_FLAGS if f in present]
+    except OSError:
+        pass
+    return []
 
 
 def collect_metadata(device: str) -> dict:
