@@ -21,6 +21,7 @@ make bench-cpu-kernel 2>&1 | tee "$OUT/bench_cpu.txt"
 R="$OUT/h200-host-cpu-qwen3-4b-attention-L1"
 for path in avx512 avx2; do
   ATTN_KERNELS_CPU_PATH=$path python3 -m llm_eval.operators --device cpu --implementations custom \
+    --iterations 10 \
     --context 1024 --context 4096 --context 16384 --context 65536 --context-repeats 3 \
     --json-output "$R-$path-mlx-0.32.4.json" | tail -8
 done
