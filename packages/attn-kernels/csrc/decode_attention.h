@@ -70,5 +70,4 @@ class DecodeAttention : public mx::Primitive {
 DecodeProblem make_problem(
     const std::vector<mx::array>& inputs, void* out, float scale, bool causal);
 
-
 }  // namespace attn_kernels
