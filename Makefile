@@ -7,7 +7,7 @@ LOCAL_UV := .tools/uv/bin/uv
 UV ?= $(shell command -v uv 2>/dev/null || echo $(LOCAL_UV))
 PACKAGES := attn-kernels qwen3-model llm-eval
 
-.PHONY: test bench bench-operators lint format build uv
+.PHONY: test test-cpu-kernel test-arm64 bench bench-operators bench-cpu-kernel lint format build uv
 
 # uv goes into a virtual environment of its own under .tools/, never into the system Python:
 # Debian and Ubuntu refuse `pip install` there (PEP 668, externally managed), and a venv needs
@@ -36,6 +36,61 @@ build: uv
 # Each package's tests on their own, so a package cannot lean on another's fixtures.
 test: build
 	@set -e; for p in $(PACKAGES); do echo "== $$p"; $(UV) run --frozen pytest -q packages/$$p/tests; done
+
+# The CPU kernel alone (no MLX, no Python) against a float64 reference, every path this CPU runs:
+# the kernel files compiled as CMakeLists.txt compiles them (each path with its target flags).
+CPU_SRC := packages/attn-kernels/csrc
+CPU_CHECK := packages/attn-kernels/tests/cpu_kernel_check.cpp
+CPU_FLAGS := -O2 -std=gnu++20 -Wall -Wextra -Wno-unused-parameter -Wno-psabi -ffp-contract=fast \
+  -I $(CPU_SRC) -pthread
+FLAGS_avx512 := -mavx512f -mavx512bw -mavx512dq -mavx512vl -mfma -mf16c
+FLAGS_avx2 := -mavx2 -mfma -mf16c
+ifeq ($(shell uname -m),x86_64)
+HOST_PATHS := avx512 avx2 portable
+else ifeq ($(shell uname -m),aarch64)
+HOST_PATHS := neon
+else
+HOST_PATHS := portable
+endif
+CPU_BUILD := build/cpu-kernel
+
+$(CPU_BUILD)/host/%.o: $(CPU_SRC)/%.cpp $(wildcard $(CPU_SRC)/*.h)
+	@mkdir -p $(@D)
+	$(CXX) $(CPU_FLAGS) -O3 $(FLAGS_$(patsubst cpu_kernel_%,%,$*)) -c $< -o $@
+
+CPU_HOST_OBJECTS := $(CPU_BUILD)/host/decode_attention_cpu.o \
+  $(foreach p,$(HOST_PATHS),$(CPU_BUILD)/host/cpu_kernel_$(p).o)
+
+$(CPU_BUILD)/host/cpu_kernel_check: $(CPU_CHECK) $(CPU_HOST_OBJECTS)
+	$(CXX) $(CPU_FLAGS) $^ -o $@
+
+test-cpu-kernel: $(CPU_BUILD)/host/cpu_kernel_check
+	$<
+
+# Kernel-only timing of every path here, interleaved (packages/attn-kernels/dev/bench_cpu.cpp).
+$(CPU_BUILD)/host/bench_cpu: packages/attn-kernels/dev/bench_cpu.cpp $(CPU_HOST_OBJECTS)
+	$(CXX) $(CPU_FLAGS) -O3 -I packages/attn-kernels/dev $^ -o $@
+
+bench-cpu-kernel: $(CPU_BUILD)/host/bench_cpu
+	$< $(ARGS)
+
+# arm64: the NEON path cross-compiled (Debian: g++-aarch64-linux-gnu) and run under qemu-user,
+# the same check as test-cpu-kernel.
+ARM64_CXX ?= aarch64-linux-gnu-g++
+QEMU_ARM64 ?= $(shell command -v qemu-aarch64-static 2>/dev/null || echo qemu-aarch64)
+
+$(CPU_BUILD)/arm64/cpu_kernel_check: $(CPU_CHECK) $(CPU_SRC)/decode_attention_cpu.cpp \
+    $(CPU_SRC)/cpu_kernel_neon.cpp $(wildcard $(CPU_SRC)/*.h)
+	@mkdir -p $(@D)
+	@command -v $(ARM64_CXX) >/dev/null || { echo "error: no $(ARM64_CXX) (Debian/Ubuntu:" \
+	  "apt-get install g++-aarch64-linux-gnu qemu-user)" >&2; exit 1; }
+	$(ARM64_CXX) $(CPU_FLAGS) -march=armv8-a+simd -static $(CPU_CHECK) \
+	  $(CPU_SRC)/decode_attention_cpu.cpp $(CPU_SRC)/cpu_kernel_neon.cpp -o $@
+
+test-arm64: $(CPU_BUILD)/arm64/cpu_kernel_check
+	@command -v $(QEMU_ARM64) >/dev/null || { echo "error: no $(QEMU_ARM64) (Debian/Ubuntu:" \
+	  "apt-get install qemu-user)" >&2; exit 1; }
+	$(QEMU_ARM64) $< --seeds 1
 
 # The main job: Qwen3 decode, fused kernel against the readable composition and mlx-lm.
 bench: build

@@ -21,6 +21,22 @@ NB_MODULE(_ext, m) {
       "repeats"_a = 5,
       "Best read rate in bytes/s of the CPU kernel's threads streaming over `bytes` of memory.");
   m.def(
+      "cpu_paths",
+      [] {
+        std::vector<std::string> names;
+        for (auto path : attn_kernels::cpu_paths_supported()) {
+          names.emplace_back(attn_kernels::cpu_path_name(path));
+        }
+        return names;
+      },
+      "The CPU kernel's instruction-set paths this CPU runs, best first.");
+  m.def(
+      "cpu_path",
+      [] { return std::string(attn_kernels::cpu_path_name(attn_kernels::cpu_path_from_env())); },
+      "The CPU kernel's path for the next call: $ATTN_KERNELS_CPU_PATH (avx512, avx2, portable, "
+      "neon), else the best this CPU runs. ValueError for a path this CPU or build lacks.");
+  m.def("cpu_threads", &attn_kernels::cpu_threads, "Threads the CPU kernel's pool runs.");
+  m.def(
       "decode_attention",
       &attn_kernels::decode_attention,
       "queries"_a,

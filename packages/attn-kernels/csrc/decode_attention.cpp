@@ -174,7 +174,8 @@ void DecodeAttention::eval_cpu(
   DecodeProblem problem =
       make_problem(inputs, scale_, causal_, [](const mx::array& a) { return a.data<void>(); });
   problem.out = out.data<void>();
-  encoder.dispatch([problem]() { decode_attention_cpu(problem); });
+  // The path is resolved here, not in the task: a bad ATTN_KERNELS_CPU_PATH raises to the caller.
+  encoder.dispatch([problem, path = cpu_path_from_env()]() { decode_attention_cpu(problem, path); });
 }
 
 }  // namespace attn_kernels

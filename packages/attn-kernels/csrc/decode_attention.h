@@ -11,6 +11,7 @@
 #include "mlx/primitives.h"
 #include "mlx/utils.h"
 
+#include "cpu_kernel.h"
 #include "decode_problem.h"
 
 namespace attn_kernels {
@@ -81,10 +82,5 @@ DecodeProblem make_problem(
   p.mask = inputs.size() > 3 ? pointer(inputs[3]) : nullptr;
   return p;
 }
-
-void decode_attention_cpu(const DecodeProblem& problem);
-
-// Best read rate (bytes/s) of the CPU kernel's thread pool streaming over `bytes` of memory.
-double measure_read_bandwidth(size_t bytes, int repeats);
 
 }  // namespace attn_kernels

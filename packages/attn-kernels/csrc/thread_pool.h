@@ -3,14 +3,41 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <mutex>
 #include <thread>
 #include <vector>
 
+#if defined(__linux__)
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <climits>
+#endif
+
 namespace attn_kernels {
+
+// Sleeps while `word` holds `value`; wakes every sleeper on `word`. Linux: the futex system calls
+// themselves. libstdc++ 12's std::atomic::wait/notify_all (tried first) let a sleeping worker
+// wait 0.8-10 ms for its wake-up on this project's VM, against 6-14 µs for a condition variable.
+inline void sleep_while(const std::atomic<uint32_t>& word, uint32_t value) {
+#if defined(__linux__)
+  while (word.load(std::memory_order_acquire) == value) {
+    syscall(SYS_futex, &word, FUTEX_WAIT_PRIVATE, value, nullptr, nullptr, 0);
+  }
+#else
+  word.wait(value, std::memory_order_acquire);
+#endif
+}
+inline void wake_all(std::atomic<uint32_t>& word) {
+#if defined(__linux__)
+  syscall(SYS_futex, &word, FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
+#else
+  word.notify_all();
+#endif
+}
 
 class ThreadPool {
  public:
@@ -22,11 +49,9 @@ class ThreadPool {
   }
 
   ~ThreadPool() {
-    {
-      std::lock_guard lock(mutex_);
-      stop_ = true;
-    }
-    wake_.notify_all();
+    stop_.store(true, std::memory_order_relaxed);
+    generation_.fetch_add(1, std::memory_order_release);
+    wake_all(generation_);
     for (auto& w : workers_) {
       w.join();
     }
@@ -37,43 +62,51 @@ class ThreadPool {
 
   int size() const { return static_cast<int>(workers_.size()) + 1; }
 
-  // Runs fn(i) for every i in [0, n) and returns once all calls have finished.
+  // Runs fn(i) for every i in [0, n) and returns once all calls have finished: when the tasks
+  // are done, not when every worker has woken up. A worker that wakes late (descheduled, or one
+  // of many woken at once) finds nothing left and goes back to sleep; the caller does not wait
+  // for it.
   void parallel_for(int n, const std::function<void(int)>& fn) {
     if (n <= 0) {
       return;
     }
-    if (n == 1 || workers_.empty()) {
+    if (n == 1 || workers_.empty() || n >= kMaxTasks) {
       for (int i = 0; i < n; ++i) {
         fn(i);
       }
       return;
     }
     std::lock_guard call(call_mutex_);  // several MLX CPU streams may call at once
-    {
-      std::lock_guard lock(mutex_);
-      job_ = &fn;
-      job_size_ = n;
-      next_.store(0, std::memory_order_relaxed);
-      busy_.store(static_cast<int>(workers_.size()), std::memory_order_relaxed);
-      ++generation_;
-    }
-    wake_.notify_all();
+    job_ = &fn;
+    done_.store(0, std::memory_order_relaxed);
+    tasks_.store(static_cast<uint64_t>(n) << kIndexBits, std::memory_order_release);
+    // One futex wake for every sleeping worker: with a condition variable each woken worker took
+    // the mutex in turn before it could start.
+    generation_.fetch_add(1, std::memory_order_release);
+    wake_all(generation_);
     run_tasks();
-    // The workers finish at most one task after this thread: spin for them rather than sleep.
-    // A sleeping caller took 50-90 µs to be woken on this project's VM, a third of a call at
-    // S = 1024 (Qwen3-4B shapes); the spin is bounded in case a worker was descheduled.
-    for (int spin = 0; busy_.load(std::memory_order_acquire) != 0 && spin < kMaxSpins; ++spin) {
+    // Spin for the tasks still running rather than sleep: a sleeping caller took 50-90 µs to be
+    // woken on this project's VM, a third of a call at S = 1024 (Qwen3-4B shapes); the spin is
+    // bounded in case a worker was descheduled mid-task.
+    const uint32_t all = static_cast<uint32_t>(n);
+    for (int spin = 0; spin < kMaxSpins && done_.load(std::memory_order_acquire) != all; ++spin) {
       pause();
     }
-    std::unique_lock lock(mutex_);
-    finished_.wait(lock, [this] { return busy_.load(std::memory_order_acquire) == 0; });
-    job_ = nullptr;
+    for (uint32_t d; (d = done_.load(std::memory_order_acquire)) != all;) {
+      sleep_while(done_, d);
+    }
   }
 
  private:
   // Pause instructions before the caller falls back to sleeping: 0.1-2 ms, by the CPU's pause
   // latency (~10 to ~140 cycles).
   static constexpr int kMaxSpins = 1 << 15;
+  // tasks_ packs the task count (high bits) and the next index (low bits), so a claim reads both
+  // in one atomic step: an index below the count is a task of the job now published (which
+  // cannot end before that task is done), anything else is nothing to do. Late claims push the
+  // index past the count by at most one per worker.
+  static constexpr int kIndexBits = 32;
+  static constexpr int kMaxTasks = 1 << 30;
 
   static void pause() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -84,40 +117,40 @@ class ThreadPool {
   }
 
   void run_tasks() {
-    for (int i; (i = next_.fetch_add(1, std::memory_order_relaxed)) < job_size_;) {
-      (*job_)(i);
+    for (;;) {
+      const uint64_t claim = tasks_.fetch_add(1, std::memory_order_acq_rel);
+      const uint32_t index = static_cast<uint32_t>(claim);
+      const uint32_t count = static_cast<uint32_t>(claim >> kIndexBits);
+      if (index >= count) {
+        return;
+      }
+      (*job_)(static_cast<int>(index));
+      if (done_.fetch_add(1, std::memory_order_acq_rel) + 1 == count) {
+        wake_all(done_);
+      }
     }
   }
 
   void worker_loop() {
-    uint64_t seen = 0;
+    uint32_t seen = 0;
     for (;;) {
-      {
-        std::unique_lock lock(mutex_);
-        wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
-        if (stop_) {
-          return;
-        }
-        seen = generation_;
+      sleep_while(generation_, seen);
+      seen = generation_.load(std::memory_order_acquire);
+      if (stop_.load(std::memory_order_relaxed)) {
+        return;
       }
       run_tasks();
-      std::lock_guard lock(mutex_);
-      if (busy_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-        finished_.notify_one();
-      }
     }
   }
 
   std::vector<std::thread> workers_;
   std::mutex call_mutex_;
-  std::mutex mutex_;
-  std::condition_variable wake_, finished_;
+  // Written by the caller before it publishes tasks_ (release), read after a claim (acquire).
   const std::function<void(int)>* job_ = nullptr;
-  int job_size_ = 0;
-  std::atomic<int> next_{0};
-  std::atomic<int> busy_{0};  // workers still running the current job
-  uint64_t generation_ = 0;
-  bool stop_ = false;
+  std::atomic<uint64_t> tasks_{0};
+  std::atomic<uint32_t> done_{0};  // tasks of the current job finished
+  std::atomic<uint32_t> generation_{0};
+  std::atomic<bool> stop_{false};
 };
 
 }  // namespace attn_kernels

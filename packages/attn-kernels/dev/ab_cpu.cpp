@@ -3,16 +3,15 @@
 // K/V hot, and the medians and their ratio are printed. The old version is compiled with its
 // namespace renamed. From the repository root:
 //
-//   MLXI="$(uv run python -c 'import mlx, os; print(os.path.join(mlx.__path__[0], "include"))')"
-//   git show HEAD~1:packages/attn-kernels/csrc/decode_attention_cpu.cpp > /tmp/old.cpp
-//   g++ -O3 -DNDEBUG -std=c++20 -Dattn_kernels=attn_old -I packages/attn-kernels/csrc -I "$MLXI" \
-//       -c /tmp/old.cpp -o /tmp/old.o
-//   g++ -O3 -DNDEBUG -std=c++20 -I packages/attn-kernels/csrc -I "$MLXI" \
-//       -c packages/attn-kernels/csrc/decode_attention_cpu.cpp -o /tmp/new.o
-//   g++ -O3 -std=c++20 -I packages/attn-kernels/csrc packages/attn-kernels/dev/ab_cpu.cpp \
-//       /tmp/new.o /tmp/old.o -o /tmp/ab_cpu -lpthread && /tmp/ab_cpu
+//   mkdir -p /tmp/old && git archive HEAD~1 packages/attn-kernels/csrc | tar -x -C /tmp/old
+//   make build/cpu-kernel/host/decode_attention_cpu.o build/cpu-kernel/host/cpu_kernel_avx2.o ...
+//   (the new objects; the old ones: the same compiler lines with -Dattn_kernels=attn_old on the
+//   files under /tmp/old), then
+//   g++ -O3 -std=gnu++20 -I packages/attn-kernels/csrc packages/attn-kernels/dev/ab_cpu.cpp \
+//       NEW_OBJECTS OLD_OBJECTS -o /tmp/ab_cpu -lpthread && /tmp/ab_cpu
 //
-// (Each version has its own thread pool; only one works at a time.)
+// Both versions run the path ATTN_KERNELS_CPU_PATH names (or the best one); each has its own
+// thread pool, and only one works at a time.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -20,17 +19,18 @@
 
 #include "qwen3_case.h"
 
-namespace attn_kernels {
-void decode_attention_cpu(const DecodeProblem& p);
-}
+#include "cpu_kernel.h"
+
 namespace attn_old {
 struct DecodeProblem;  // attn_kernels::DecodeProblem under the renamed namespace: same layout
-void decode_attention_cpu(const DecodeProblem& p);
+enum class CpuPath { avx512, avx2, portable, neon };
+void decode_attention_cpu(const DecodeProblem& p, CpuPath path);
 }  // namespace attn_old
 
 using namespace attn_kernels;
 
 int main() {
+  const CpuPath path = cpu_path_from_env();
   for (const int S : {256, 1024, 4096}) {
     dev::Qwen3Case c(S, 1);
     std::vector<double> old_us, new_us;
@@ -39,9 +39,10 @@ int main() {
       const bool old = (i / 2 + i) % 2 == 0;  // ABBA order: neither always goes first
       const auto start = std::chrono::steady_clock::now();
       if (old) {
-        attn_old::decode_attention_cpu(*reinterpret_cast<const attn_old::DecodeProblem*>(&c.p));
+        attn_old::decode_attention_cpu(*reinterpret_cast<const attn_old::DecodeProblem*>(&c.p),
+                                       static_cast<attn_old::CpuPath>(path));
       } else {
-        decode_attention_cpu(c.p);
+        decode_attention_cpu(c.p, path);
       }
       const double us =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() * 1e6;

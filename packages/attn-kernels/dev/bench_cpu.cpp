@@ -1,68 +1,115 @@
-// Kernel-only timing of the CPU path (no MLX, no Python): decode_attention_cpu on Qwen3-4B
+// Kernel-only timing of the CPU paths (no MLX, no Python): decode_attention_cpu on Qwen3-4B
 // shapes (bf16, Hq=32, Hkv=8, D=128, L=1), K/V either hot (one set, reused) or cold (sets
-// rotated over ~600 MB so every call streams from DRAM). From the repository root:
+// rotated over ~600 MB so every call streams from DRAM), the paths interleaved call by call in
+// one process; one KV head on one thread (the kernel's own rate); and the thread pool's hand-off (an empty parallel_for over every thread, workers
+// asleep before each call as between decode steps, and back to back). From the repository root:
 //
-//   g++ -O3 -DNDEBUG -std=c++20 -I packages/attn-kernels/csrc \
-//       -I "$(uv run python -c 'import mlx, os; print(os.path.join(mlx.__path__[0], "include"))')" \
-//       packages/attn-kernels/csrc/decode_attention_cpu.cpp packages/attn-kernels/dev/bench_cpu.cpp \
-//       -o /tmp/bench_cpu -lpthread && /tmp/bench_cpu
+//   make bench-cpu-kernel ARGS="[PATH...]"
 //
-// ATTN_KERNELS_NUM_THREADS and ATTN_KERNELS_PORTABLE apply as in the extension (the one-head rows
-// use one thread by themselves: too little work to wake the pool). In-process A/B of
-// two versions of the kernel: ab_cpu.cpp.
+// PATH: avx512, avx2, portable, neon (default: every path this CPU runs). ATTN_KERNELS_NUM_THREADS
+// caps the threads as in the extension. Prints one line per (state, S, path): median and min µs,
+// GB/s of K+V, and the fraction of the read rate measured first.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <string>
+#include <thread>
 #include <vector>
 
+#include "cpu_kernel.h"
 #include "qwen3_case.h"
-
-namespace attn_kernels {
-void decode_attention_cpu(const DecodeProblem& p);
-double measure_read_bandwidth(size_t bytes, int repeats);
-}  // namespace attn_kernels
+#include "thread_pool.h"
 
 using namespace attn_kernels;
+using Clock = std::chrono::steady_clock;
 
-int main() {
-  std::printf("read rate %.1f GB/s (2^30 bytes, best of 5)\n",
-              measure_read_bandwidth(size_t{1} << 30, 5) / 1e9);
+namespace {
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// The pool's hand-off: one task per thread, each spinning for 50 µs; the call's time beyond 50 µs
+// is what it costs to get every thread going (and to learn they are done), from sleeping workers
+// (2 ms between calls, as between decode steps) and back to back.
+void handoff(int threads) {
+  ThreadPool pool(threads);
+  auto task = [](int) {
+    const auto end = Clock::now() + std::chrono::microseconds(50);
+    while (Clock::now() < end) {
+    }
+  };
+  std::vector<double> asleep, back_to_back;
+  for (int i = 0; i < 400; ++i) {
+    const bool sleep = i % 2 == 0;
+    if (sleep) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    const auto start = Clock::now();
+    pool.parallel_for(threads, task);
+    const double us = std::chrono::duration<double>(Clock::now() - start).count() * 1e6 - 50;
+    (sleep ? asleep : back_to_back).push_back(us);
+  }
+  std::printf("pool hand-off, %d threads x 50 us tasks: +%.1f us from sleep, +%.1f us back to back "
+              "(medians of 200)\n", threads, median(asleep), median(back_to_back));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<CpuPath> paths;
+  for (int a = 1; a < argc; ++a) {
+    for (CpuPath path : cpu_paths_supported()) {
+      if (argv[a] == std::string(cpu_path_name(path))) paths.push_back(path);
+    }
+  }
+  if (paths.empty()) paths = cpu_paths_supported();
+  const double read_gbs = measure_read_bandwidth(size_t{1} << 30, 5) / 1e9;
+  std::printf("threads %d, read rate %.1f GB/s (2^30 bytes, best of 5)\n", cpu_threads(), read_gbs);
+  handoff(cpu_threads());
   for (const bool cold : {false, true}) {
-    for (const int S : {1024, 4096, 16384}) {
+    for (const int S : {1024, 4096, 16384, 65536}) {
       const double set_bytes = 4.0 * dev::kHkv * S * dev::kD;
       const int sets = cold ? std::max(2, static_cast<int>(600e6 / set_bytes)) : 1;
       dev::Qwen3Case c(S, sets);
-      const int calls = std::max(3 * sets, 21);
-      std::vector<double> us;
-      for (int i = 0; i < calls; ++i) {
-        c.use_set(i % sets);
-        const auto start = std::chrono::steady_clock::now();
-        decode_attention_cpu(c.p);
-        const auto stop = std::chrono::steady_clock::now();
-        if (i >= sets) us.push_back(std::chrono::duration<double>(stop - start).count() * 1e6);
+      const int calls = std::max(3 * sets, S >= 65536 ? 15 : 31);
+      std::vector<std::vector<double>> us(paths.size());
+      for (int i = 0, call = 0; i < calls; ++i) {
+        for (size_t k = 0; k < paths.size(); ++k, ++call) {
+          const size_t n = (k + i) % paths.size();  // rotate which path goes first
+          c.use_set(call % sets);  // cold: a set no call has read for sets - 1 calls
+          const auto start = Clock::now();
+          decode_attention_cpu(c.p, paths[n]);
+          const auto stop = Clock::now();
+          if (i >= sets) us[n].push_back(std::chrono::duration<double>(stop - start).count() * 1e6);
+        }
       }
-      std::sort(us.begin(), us.end());
-      const double median = us[us.size() / 2];
-      std::printf("%s S=%-6d median %8.1f us (min %8.1f)  %5.1f GB/s\n", cold ? "cold" : "hot ", S,
-                  median, us.front(), c.kv_bytes() / median / 1e3);
+      for (size_t n = 0; n < paths.size(); ++n) {
+        const double m = median(us[n]), floor_us = c.kv_bytes() / read_gbs / 1e3;
+        std::printf("%s S=%-6d %-8s median %8.1f us (min %8.1f)  %5.1f GB/s  %3.0f%% of floor\n",
+                    cold ? "cold" : "hot ", S, cpu_path_name(paths[n]), m,
+                    *std::min_element(us[n].begin(), us[n].end()), c.kv_bytes() / m / 1e3,
+                    100 * floor_us / m);
+      }
     }
   }
-  // The kernel's own rate: one KV head (4 query heads), one thread, K/V from L1 (S = 64) to L3,
-  // many calls in a row; ns per position (= per position and KV head).
-  for (const int S : {64, 256, 1024, 4096, 8192}) {
+  // The kernel's own rate: one KV head (4 query heads), K/V hot, below the pool's threshold so
+  // one thread; ns per position (K+V of a position: 512 bytes).
+  for (const int S : {1024, 4096}) {
     dev::Qwen3Case c(S, 1);
     c.p.rows = c.p.q_heads = c.p.group;
     c.p.kv_rows = c.p.kv_heads = 1;
-    const int calls = std::max(200, 400000 / S);
-    std::vector<double> ns;
-    for (int round = 0; round < 7; ++round) {
-      const auto start = std::chrono::steady_clock::now();
-      for (int i = 0; i < calls; ++i) decode_attention_cpu(c.p);
-      const auto stop = std::chrono::steady_clock::now();
-      ns.push_back(std::chrono::duration<double>(stop - start).count() * 1e9 / calls / S);
+    std::vector<std::vector<double>> ns(paths.size());
+    for (int i = 0; i < 200000 / S; ++i) {
+      for (size_t k = 0; k < paths.size(); ++k) {
+        const size_t n = (k + i) % paths.size();
+        const auto start = Clock::now();
+        decode_attention_cpu(c.p, paths[n]);
+        ns[n].push_back(std::chrono::duration<double>(Clock::now() - start).count() * 1e9 / S);
+      }
     }
-    std::sort(ns.begin(), ns.end());
-    std::printf("one head, one thread, S=%-5d (K+V %5.0f KB): %5.1f ns per position (min %5.1f)\n", S,
-                4.0 * S * dev::kD / 1024, ns[ns.size() / 2], ns.front());
+    for (size_t n = 0; n < paths.size(); ++n) {
+      std::printf("one head, one thread, S=%-5d %-8s %5.1f ns per position\n", S,
+                  cpu_path_name(paths[n]), median(ns[n]));
+    }
   }
 }

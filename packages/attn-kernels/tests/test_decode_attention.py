@@ -1,6 +1,7 @@
 """decode_attention_custom and the oracle against a float64 reference, on every backend here."""
 
 import itertools
+import os
 import platform
 import shutil
 import subprocess
@@ -9,7 +10,7 @@ import sys
 import mlx.core as mx
 import numpy as np
 import pytest
-from attn_kernels import SCHEDULES, decode_attention_custom, scaled_dot_product_attention
+from attn_kernels import SCHEDULES, _ext, decode_attention_custom, scaled_dot_product_attention
 from conftest import TOLERANCE
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -25,6 +26,29 @@ def _gpu_available() -> bool:
 def schedules(device):
     """Every GPU schedule on the GPU; the CPU kernel has one."""
     return SCHEDULES if device == mx.gpu else ("auto",)
+
+
+# The CPU kernel's instruction-set paths this CPU runs (x86-64: avx512, avx2, portable; arm64:
+# neon), best first; ATTN_KERNELS_CPU_PATH picks one, read when the op is evaluated.
+CPU_PATHS = tuple(_ext.cpu_paths())
+
+
+def kernel_paths(device):
+    """On the CPU, every path this CPU runs, ATTN_KERNELS_CPU_PATH set to each in turn (evaluate
+    inside the loop: the op reads it when evaluated); on a GPU, once."""
+    if device != mx.cpu:
+        yield "gpu"
+        return
+    saved = os.environ.get("ATTN_KERNELS_CPU_PATH")
+    try:
+        for path in CPU_PATHS:
+            os.environ["ATTN_KERNELS_CPU_PATH"] = path
+            yield path
+    finally:
+        if saved is None:
+            os.environ.pop("ATTN_KERNELS_CPU_PATH", None)
+        else:
+            os.environ["ATTN_KERNELS_CPU_PATH"] = saved
 
 
 DEVICES = [
@@ -90,10 +114,11 @@ def test_reference_grid(device, length, heads, s, mask_kind):
             with mx.stream(device):
                 oracle = scaled_dot_product_attention(q, k, v, mask=mask)
                 check(oracle, expected, dtype, label="oracle", oracle_on=device)
-                for schedule in schedules(device):
+                for path, schedule in itertools.product(kernel_paths(device), schedules(device)):
                     out = decode_attention_custom(q, k, v, mask=mask, schedule=schedule)
-                    check(out, expected, dtype, label=f"{dtype} schedule={schedule}")
-                    check(out, to_numpy(oracle), dtype, factor=2.0, oracle_on=device)
+                    label = f"{dtype} {path} schedule={schedule}"
+                    check(out, expected, dtype, label=label)
+                    check(out, to_numpy(oracle), dtype, factor=2.0, oracle_on=device, label=label)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -121,10 +146,10 @@ def test_partial_vector_tiles(device, length, group, s, d):
     for mask_kind, dtype in [("causal", mx.bfloat16), ("explicit", mx.float16)]:
         q, k, v, mask = make_inputs(s + d + length, 1, 2 * group, 2, length, s, d, dtype, mask_kind)
         expected = attention_f64(q, k, v, mask=mask)
-        for schedule in schedules(device):
+        for path, schedule in itertools.product(kernel_paths(device), schedules(device)):
             with mx.stream(device):
                 out = decode_attention_custom(q, k, v, mask=mask, schedule=schedule)
-            check(out, expected, dtype, label=f"{mask_kind} schedule={schedule}")
+            check(out, expected, dtype, label=f"{mask_kind} {path} schedule={schedule}")
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -149,9 +174,11 @@ def test_many_calls_in_one_eval(device):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_head_dims(device, d, dtype):
     q, k, v, mask = make_inputs(d, 1, 6, 3, 3, 77, d, dtype, "causal")
-    with mx.stream(device):
-        out = decode_attention_custom(q, k, v, scale=0.3, mask=mask)
-    check(out, attention_f64(q, k, v, scale=0.3, mask=mask), dtype)
+    expected = attention_f64(q, k, v, scale=0.3, mask=mask)
+    for path in kernel_paths(device):
+        with mx.stream(device):
+            out = decode_attention_custom(q, k, v, scale=0.3, mask=mask)
+        check(out, expected, dtype, label=path)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -171,11 +198,12 @@ def test_strided_views_are_read_in_place(device):
     v_dim_major = v_dim_major.astype(mx.bfloat16).swapaxes(-1, -2)
     expected = attention_f64(q, k, v, mask="causal")
     with mx.stream(device):
-        for kk, vv in [
-            (k_cache[:, :, :s, :], v_cache[:, :, :s, :]),
-            (k_seq_major, v_dim_major),
-        ]:
-            check(decode_attention_custom(q, kk, vv, mask="causal"), expected, mx.bfloat16)
+        for path, (kk, vv) in itertools.product(
+            kernel_paths(device),
+            [(k_cache[:, :, :s, :], v_cache[:, :, :s, :]), (k_seq_major, v_dim_major)],
+        ):
+            out = decode_attention_custom(q, kk, vv, mask="causal")
+            check(out, expected, mx.bfloat16, label=path)
 
 
 def data_address(a: mx.array) -> int:
@@ -196,7 +224,10 @@ def test_output_fully_written(device, dtype):
     mx.eval(q, k, v)
     reused = 0
     with mx.stream(device):
-        for _ in range(10):  # the CPU allocator is malloc: reuse is likely, not certain
+        for _ in range(10):
+            # MLX's buffer cache hands out the oldest cached buffer of a size first: empty it so
+            # that the poisoned blocks are the only ones of the output's size.
+            mx.clear_cache()
             poison = [mx.full(q.shape, mx.nan, dtype=dtype) for _ in range(4)]
             poisoned_at = {data_address(p) for p in poison}
             del poison
@@ -284,46 +315,57 @@ def test_no_score_sized_intermediates():
             assert extra <= bound, f"custom kernel allocated {extra} bytes"
 
 
-def _cpu_has_avx512_path() -> bool:
-    """The kernel's own test (cpu_has_avx512_bf16_path): AVX-512 F and BW, x86-64 Linux."""
-    if platform.machine() != "x86_64" or sys.platform != "linux":
-        return False
-    with open("/proc/cpuinfo") as f:
-        flags = f.read().split()
-    return "avx512f" in flags and "avx512bw" in flags
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("s", [100, 2100])
+def test_non_finite_inputs_match_readable_path(device, dtype, s):
+    """NaN or inf in q, k, v, scale or mask: what the readable path gives (a NaN score makes its
+    row NaN; +inf in q makes scores of both signs, so NaN), on every CPU path; a row whose mask
+    removes every key stays zeros. s = 2100: the context is split over threads."""
+    length, hq, hkv, d = 2, 8, 2, 64
+    q, k, v, _ = make_inputs(s + 5, 1, hq, hkv, length, s, d, dtype, "none")
+    mask = mx.random.normal((1, hq, length, s), key=mx.random.key(s))
+    cases = {
+        "q nan": dict(q=q.at[0, 1, 1, 3].add(mx.nan)),
+        "k nan": dict(k=k.at[0, 0, s // 2, 0].add(mx.nan)),
+        "v nan": dict(v=v.at[0, 1, s // 3, d - 1].add(mx.nan)),
+        "q inf": dict(q=q.at[0, 0, 0, 0].add(mx.inf)),
+        "scale nan": dict(scale=float("nan")),
+        "mask nan": dict(mask=mask.at[0, 2, 0, s // 4].add(mx.nan)),
+        "mask -inf row": dict(mask=mask.at[0, 3, 1, :].add(-mx.inf)),
+    }
+    for name, change in cases.items():
+        args = dict(q=q, k=k, v=v, scale=None, mask=None) | change
+        q_, k_, v_ = args.pop("q"), args.pop("k"), args.pop("v")
+        with mx.stream(device):
+            readable = to_numpy(scaled_dot_product_attention(q_, k_, v_, **args))
+            for path in kernel_paths(device):
+                out = to_numpy(decode_attention_custom(q_, k_, v_, **args))
+                label = f"{name} {path}"
+                assert np.isnan(readable).any() or name == "mask -inf row", label
+                np.testing.assert_array_equal(np.isnan(out), np.isnan(readable), err_msg=label)
+                finite = ~np.isnan(readable)
+                tol = {key: 2 * value for key, value in TOLERANCE[dtype].items()}
+                np.testing.assert_allclose(out[finite], readable[finite], **tol, err_msg=label)
 
 
-@pytest.mark.skipif(
-    not _cpu_has_avx512_path(),
-    reason="no AVX-512 F/BW: this CPU runs the portable path only, it would be compared with "
-    "itself",
-)
-def test_cpu_portable_path_matches(tmp_path):
-    """Where the CPU has AVX-512 (F, BW), bf16 K/V are widened in registers and prefetched; the
-    portable path (forced by ATTN_KERNELS_PORTABLE) must give the same answers within tolerance."""
-    import os
-
-    script = (
-        "import mlx.core as mx, numpy as np\n"
-        "from attn_kernels import decode_attention_custom\n"
-        "mx.set_default_device(mx.cpu)\n"
-        "k = mx.random.split(mx.random.key(3), 3)\n"
-        "q = mx.random.normal((1, 8, 2, 128), key=k[0]).astype(mx.bfloat16)\n"
-        "kk = mx.random.normal((1, 2, 300, 128), key=k[1]).astype(mx.bfloat16)\n"
-        "v = mx.random.normal((1, 2, 300, 128), key=k[2]).astype(mx.bfloat16)\n"
-        "out = decode_attention_custom(q, kk, v, mask='causal').astype(mx.float32)\n"
-        "np.save(__import__('sys').argv[1], np.array(out))\n"
-    )
-    results = []
-    for disable in ("", "1"):
-        env = dict(os.environ)
-        env.pop("ATTN_KERNELS_PORTABLE", None)
-        if disable:
-            env["ATTN_KERNELS_PORTABLE"] = "1"
-        path = tmp_path / f"out{disable}.npy"
-        subprocess.run([sys.executable, "-c", script, str(path)], check=True, env=env)
-        results.append(np.load(path))
-    np.testing.assert_allclose(results[0], results[1], **TOLERANCE[mx.bfloat16])
+def test_cpu_path_choice():
+    """ATTN_KERNELS_CPU_PATH: each supported name is taken; a path the CPU lacks or an unknown
+    name is refused with a ValueError that names the variable, at evaluation."""
+    q = mx.zeros((1, 2, 1, 32))
+    k = mx.zeros((1, 1, 8, 32))
+    for path in kernel_paths(mx.cpu):
+        assert _ext.cpu_path() == path
+    lacking = {"x86_64": "neon", "aarch64": "avx512", "arm64": "avx512"}.get(platform.machine())
+    for bad in ["sse9"] + ([lacking] if lacking else []):
+        os.environ["ATTN_KERNELS_CPU_PATH"] = bad
+        try:
+            with pytest.raises(ValueError, match=f"ATTN_KERNELS_CPU_PATH={bad}"):
+                _ext.cpu_path()
+            with pytest.raises(ValueError, match=f"ATTN_KERNELS_CPU_PATH={bad}"):
+                mx.eval(decode_attention_custom(q, k, k, stream=mx.cpu))
+        finally:
+            os.environ.pop("ATTN_KERNELS_CPU_PATH")
 
 
 @pytest.mark.skipif(

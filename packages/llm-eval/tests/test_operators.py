@@ -1,7 +1,9 @@
 import collections
 import json
+import sys
 
 import mlx.core as mx
+import numpy as np
 import pytest
 from llm_eval import operators, plot
 from llm_eval.record import collect_metadata, validate, write_record
@@ -199,3 +201,23 @@ def test_fresh_inputs_time_first_and_repeat_use(tmp_path, monkeypatch):
 def test_fresh_inputs_refuse_chain(tmp_path):
     with pytest.raises(SystemExit):
         small_run(tmp_path, "--fresh-inputs", "--chain")
+
+
+def test_torch_peer_matches_the_readable_path():
+    torch = pytest.importorskip("torch")
+    q, k, v, mask = operators.make_shape(40, 2, 4, 2, 16, "causal", mx.bfloat16, 0)
+    readable = operators.implementation("readable", 0.25, mask)(q, k, v).astype(mx.float32)
+    for name in ("torch", "torch-float32"):
+        out = operators.implementation(name, 0.25, mask, (q, k, v), "bfloat16")(q, k, v)
+        assert isinstance(out, torch.Tensor)
+        assert (
+            operators.peak_bytes(operators.implementation(name, 0.25, mask, (q, k, v)), ()) is None
+        )
+        np.testing.assert_allclose(out.float().numpy(), np.array(readable), atol=3e-2, rtol=2e-2)
+
+
+def test_torch_peer_without_torch_is_a_clear_error(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch raises ImportError
+    with pytest.raises(SystemExit):
+        operators.parse_args(["--device", "cpu", "--implementations", "custom,torch"])
+    assert "llm-eval[torch]" in capsys.readouterr().err

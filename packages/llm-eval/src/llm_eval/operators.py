@@ -24,6 +24,12 @@ the implementations custom-quantized (attn_kernels.decode_attention_quantized) a
 mlx-lm-quantized (mlx_lm's quantized_scaled_dot_product_attention) and readable-quantized
 (mx.dequantize, then the readable path: qwen3-model's fallback); their GB/s and floor count
 the quantized bytes (codes, scales and biases), the others' the K+V bytes in --dtype.
+
+PyTorch's CPU attention is an optional peer (`pip install 'llm-eval[torch]'`, or any torch >= 2.5
+in the same environment): `--implementations ...,torch,torch-float32` times
+`torch.nn.functional.scaled_dot_product_attention(..., enable_gqa=True)` in this process, on
+copies of the inputs in --dtype (torch) and in float32 (torch-float32: twice the bytes, but
+PyTorch's fastest CPU path), with torch's default intra-op threads.
 """
 
 from __future__ import annotations
@@ -42,13 +48,53 @@ from attn_kernels import SCHEDULES, _ext, decode_attention_custom, scaled_dot_pr
 from llm_eval.progress import Progress
 from llm_eval.record import SCHEMA_VERSION, collect_metadata, refuse_overwrite, write_record
 
-IMPLEMENTATIONS = ("readable", "custom", "mlx")
+IMPLEMENTATIONS = ("readable", "custom", "mlx", "torch", "torch-float32")
+DEFAULT_IMPLEMENTATIONS = ("readable", "custom", "mlx")
 QUANTIZED_IMPLEMENTATIONS = ("custom-quantized", "mlx-lm-quantized", "readable-quantized")
 # H200 HBM3e copy rate measured with MLX (shared/gpu-kit/README.md); CPUs are measured in-run.
 DEFAULT_GPU_BANDWIDTH_GBS = 4300.0
 
 
-def implementation(name: str, scale: float, mask):
+class TorchAttention:
+    """PyTorch's scaled_dot_product_attention on torch copies of one shape's inputs (made once,
+    outside the timing). Called with mx arrays it reads its copies; with a torch query (--chain:
+    the previous call's output) it uses that."""
+
+    def __init__(self, dtype_name: str, scale: float, mask, inputs):
+        import numpy as np
+        import torch
+        from attn_kernels.attention import causal_mask
+
+        self.torch, self.scale = torch, scale
+        self.dtype = getattr(torch, dtype_name)
+        q, k, v = inputs
+
+        def copy(a):
+            return torch.from_numpy(np.array(a.astype(mx.float32))).to(self.dtype)
+
+        self.q, self.k, self.v = copy(q), copy(k), copy(v)
+        if isinstance(
+            mask, str
+        ):  # "causal", bottom-right aligned as ours (torch's is_causal is not)
+            self.mask = torch.from_numpy(np.array(causal_mask(q.shape[2], k.shape[2])))
+        elif mask is not None:
+            self.mask = copy(mask)
+        else:
+            self.mask = None
+
+    def __call__(self, q, k, v):
+        query = q if isinstance(q, self.torch.Tensor) else self.q
+        with self.torch.inference_mode():
+            return self.torch.nn.functional.scaled_dot_product_attention(
+                query, self.k, self.v, attn_mask=self.mask, scale=self.scale, enable_gqa=True
+            )
+
+
+def implementation(name: str, scale: float, mask, inputs=None, dtype_name: str = "bfloat16"):
+    if name == "torch":
+        return TorchAttention(dtype_name, scale, mask, inputs)
+    if name == "torch-float32":
+        return TorchAttention("float32", scale, mask, inputs)
     if name == "readable":
         return lambda q, k, v: scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
     if name == "custom" or name.startswith("custom:"):
@@ -113,15 +159,20 @@ def make_shape(context, query_length, heads, gqa_ratio, head_dim, mask_kind, dty
     return q, k, v, mask
 
 
+def _evaluate(results) -> None:
+    """mx.eval on MLX results; PyTorch's have been computed by the call itself."""
+    mx.eval([r for r in results if isinstance(r, mx.array)])
+
+
 def time_sample(fn, args, calls: int, chain: bool = False) -> float:
     start = time.perf_counter()
     if chain:
         q, k, v = args
         for _ in range(calls):
             q = fn(q, k, v)
-        mx.eval(q)
+        _evaluate([q])
     else:
-        mx.eval([fn(*args) for _ in range(calls)])
+        _evaluate([fn(*args) for _ in range(calls)])
     return (time.perf_counter() - start) / calls
 
 
@@ -135,7 +186,7 @@ def fresh_copies(q, k, v, count: int) -> list[tuple]:
 def time_one_call(fn, args) -> float:
     mx.synchronize()
     start = time.perf_counter()
-    mx.eval(fn(*args))
+    _evaluate([fn(*args)])
     return time.perf_counter() - start
 
 
@@ -156,8 +207,10 @@ def time_fresh(fns: dict, q, k, v, iterations: int, orders: list) -> tuple[dict,
     return first, repeat, ran
 
 
-def peak_bytes(fn, args) -> int:
-    """Memory an implementation allocates beyond its inputs, for one call."""
+def peak_bytes(fn, args) -> int | None:
+    """Memory an implementation allocates beyond its inputs, for one call (None: not MLX's)."""
+    if isinstance(fn, TorchAttention):
+        return None
     mx.synchronize()
     mx.reset_peak_memory()
     before = mx.get_active_memory()
@@ -193,10 +246,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--attention-mask", choices=["none", "causal", "explicit"], default="none")
     p.add_argument(
         "--implementations",
-        default=",".join(IMPLEMENTATIONS),
+        default=",".join(DEFAULT_IMPLEMENTATIONS),
         help="comma-separated subset of "
         + ",".join(IMPLEMENTATIONS + QUANTIZED_IMPLEMENTATIONS)
-        + " (the quantized ones need --kv-bits)",
+        + " (the quantized ones need --kv-bits; torch, torch-float32: PyTorch's CPU attention in "
+        "--dtype and in float32, needs llm-eval[torch])",
     )
     p.add_argument(
         "--kv-bits",
@@ -285,6 +339,19 @@ def parse_args(argv=None) -> argparse.Namespace:
             )
     if "mlx-lm-quantized" in args.implementations and args.attention_mask == "explicit":
         p.error("mlx-lm-quantized takes --attention-mask none or causal")
+    if any(name.startswith("torch") for name in args.implementations):
+        try:
+            import torch
+        except ImportError:
+            p.error(
+                "--implementations torch/torch-float32 need PyTorch: pip install 'llm-eval[torch]'"
+            )
+        if args.device != "cpu":
+            p.error("--implementations torch/torch-float32: PyTorch's peer runs on --device cpu")
+        args.torch_version = torch.__version__
+        args.torch_threads = torch.get_num_threads()
+        if args.fresh_inputs:
+            p.error("--fresh-inputs: the torch peers read their own copies of one input set")
     if args.schedule:
         for name in args.schedule:
             if name not in SCHEDULES:
@@ -328,6 +395,9 @@ def run(args) -> dict:
         else:
             print("measuring CPU read bandwidth ...", file=sys.stderr)
             read_rates.append(_ext.measure_read_bandwidth(1 << 30, 5) / 1e9)
+    if args.device == "cpu":  # which compiled path of the CPU kernel ran, and on how many threads
+        args.cpu_kernel_path = _ext.cpu_path()
+        args.cpu_threads = _ext.cpu_threads()
     scale = 1.0 / math.sqrt(args.head_dim)
     orders = implementation_orders(args.implementations)
     shapes = [(s, q) for q in args.query_length for s in args.context]
@@ -359,7 +429,7 @@ def run(args) -> dict:
                     name, scale, mask, *quantized, args.kv_group_size, args.kv_bits
                 )
                 if name in QUANTIZED_IMPLEMENTATIONS
-                else implementation(name, scale, mask)
+                else implementation(name, scale, mask, (q, k, v), args.dtype)
                 for name in args.implementations
             }
             entry = results.setdefault(

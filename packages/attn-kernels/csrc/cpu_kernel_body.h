@@ -1,0 +1,484 @@
+// The CPU kernel body, written once in GCC/Clang vector extensions and compiled once per
+// instruction set: cpu_kernel_<path>.cpp defines ATTN_CPU_PATH (the namespace and kernel_<path>
+// function), ATTN_CPU_WIDTH (floats per vector register) and ATTN_CPU_SCORE_POSITIONS (key
+// positions scored at once), then includes this file; CMake gives each its target flags.
+//
+// Per key/value row, all of its query vectors walk the cache once, kBlock positions at a time,
+// with a running max, denominator and float32 accumulator (online softmax). K and V rows are
+// read straight from the cache and widened in registers (bf16: a shift and a mask, no shuffles;
+// f16: the hardware conversion), so every byte is read once and nothing is copied. Rows that are
+// strided or of a length that is not a multiple of a vector pair are converted into scratch
+// first (tests, odd head dims).
+//
+// Everything here is internal (anonymous namespace) or a builtin, never a standard-library
+// template: a template instantiated in files compiled for different instruction sets is one weak
+// symbol after linking, and the linker may keep the AVX-512 copy for the portable path.
+#include <utility>
+
+#if defined(__aarch64__)
+#include <arm_neon.h>
+#endif
+
+#include "cpu_kernel.h"
+#include "cpu_scalar.h"
+
+#if !defined(ATTN_CPU_PATH) || !defined(ATTN_CPU_WIDTH) || !defined(ATTN_CPU_SCORE_POSITIONS)
+#error "define ATTN_CPU_PATH, ATTN_CPU_WIDTH and ATTN_CPU_SCORE_POSITIONS before including"
+#endif
+
+#define ATTN_CONCAT2(a, b) a##b
+#define ATTN_CONCAT(a, b) ATTN_CONCAT2(a, b)
+
+namespace attn_kernels::cpu {
+namespace ATTN_CPU_PATH {
+namespace {
+
+constexpr int W = ATTN_CPU_WIDTH;
+constexpr int kPair = 2 * W;  // head-dimension values per step: one pair of vectors
+// Positions per online-softmax step: one block max, one rescale of the accumulators.
+constexpr int kBlock = 16;
+// Query vectors that share each widened slice of K or V.
+constexpr int kTile = 4;
+// Key positions scored at once: kTile * J accumulators plus J widened keys stay in registers.
+constexpr int J = ATTN_CPU_SCORE_POSITIONS;
+static_assert(kBlock % J == 0 && kBlock % W == 0 && (kTile * J) % W == 0);
+
+using Vec = float __attribute__((vector_size(W * sizeof(float))));
+using Bits = uint32_t __attribute__((vector_size(W * sizeof(float))));
+
+struct Pair {
+  Vec a, b;
+};
+
+template <typename V>
+ATTN_ALWAYS_INLINE V load(const void* p) {
+  V v;
+  __builtin_memcpy(&v, p, sizeof v);  // an unaligned vector load
+  return v;
+}
+ATTN_ALWAYS_INLINE void store_vec(float* p, Vec v) {
+  __builtin_memcpy(p, &v, sizeof v);
+}
+ATTN_ALWAYS_INLINE void fill(float* begin, float* end, float value) {
+  for (float* x = begin; x < end; ++x) *x = value;
+}
+
+// kPair consecutive values as floats in accumulator_index order.
+ATTN_ALWAYS_INLINE Pair widen(const float* p) {
+  return {load<Vec>(p), load<Vec>(p + W)};
+}
+ATTN_ALWAYS_INLINE Pair widen(const BFloat16* p) {
+  const Bits bits = load<Bits>(p);  // lane i: value 2i in the low half, 2i + 1 in the high half
+  return {(Vec)(bits << 16), (Vec)(bits & 0xffff0000u)};
+}
+ATTN_ALWAYS_INLINE Pair widen(const Float16* p) {
+#if defined(__aarch64__) && ATTN_CPU_WIDTH == 4
+  // GCC converts __fp16 vectors lane by lane; fcvtl does four at once.
+  return {vcvt_f32_f16(vld1_f16(reinterpret_cast<const float16_t*>(p))),
+          vcvt_f32_f16(vld1_f16(reinterpret_cast<const float16_t*>(p + W)))};
+#elif defined(ATTN_HALF)
+  using Halves = ATTN_HALF __attribute__((vector_size(W * 2)));
+  return {__builtin_convertvector(load<Halves>(p), Vec),
+          __builtin_convertvector(load<Halves>(p + W), Vec)};
+#else
+  Pair out;
+  for (int l = 0; l < W; ++l) {
+    out.a[l] = to_float(p[l]);
+    out.b[l] = to_float(p[W + l]);
+  }
+  return out;
+#endif
+}
+
+// Prefetch into L2 (the rows two blocks ahead). An asm statement: GCC 12 deleted loops of
+// _mm_prefetch as dead code, and the kernel once shipped without a single prefetch.
+ATTN_ALWAYS_INLINE void prefetch_to_l2(const void* p) {
+#if defined(__x86_64__)
+  asm volatile("prefetcht1 %0" : : "m"(*static_cast<const char*>(p)));
+#elif defined(__aarch64__)
+  asm volatile("prfm pldl2keep, %0" : : "Q"(*static_cast<const char*>(p)));
+#else
+  __builtin_prefetch(p, 0, 2);
+#endif
+}
+constexpr int kPrefetchRows = 2 * kBlock;
+
+// Rows as the score and accumulate loops see them: pair c of row j.
+template <typename T>
+struct CacheRows {  // contiguous rows in the cache, widened in registers
+  const T* data;
+  int64_t stride;
+  ATTN_ALWAYS_INLINE Pair at(int j, int c) const { return widen(data + j * stride + c * kPair); }
+};
+struct ScratchRows {  // rows converted to floats, already in accumulator_index order
+  const float* data;
+  int stride;
+  ATTN_ALWAYS_INLINE Pair at(int j, int c) const {
+    return widen(data + j * stride + c * kPair);
+  }
+};
+
+// A row of n elements with element stride `stride` as floats in accumulator_index order,
+// zero-padded to n_padded.
+template <typename T>
+void convert_row(float* dst, const T* src, int n, int n_padded, int64_t stride, ElementType dtype) {
+  fill(dst, dst + n_padded, 0.0f);
+  for (int d = 0; d < n; ++d) {
+    dst[accumulator_index(d, dtype, W)] = to_float(src[d * stride]);
+  }
+}
+
+// Transpose-sum: W vectors in, one out whose lane i is the sum of the lanes of vector i.
+// log2(W) levels of pairwise folds; a fold of group size G halves every group of G lanes of x
+// and of y and packs them, x's into the low half of the result, y's into the high half.
+constexpr int fold_source(int group, int lane) {
+  const int half = W / 2, n = lane % half;
+  return (lane < half ? 0 : W) + n / (group / 2) * group + n % (group / 2);
+}
+template <int G, size_t... L>
+ATTN_ALWAYS_INLINE Vec fold(Vec x, Vec y, std::index_sequence<L...>) {
+  return __builtin_shufflevector(x, y, fold_source(G, L)...) +
+      __builtin_shufflevector(x, y, (fold_source(G, L) + G / 2)...);
+}
+template <int G>
+ATTN_ALWAYS_INLINE void fold_levels(Vec* v, int n) {
+  for (int i = 0; i < n / 2; ++i) {
+    v[i] = fold<G>(v[2 * i], v[2 * i + 1], std::make_index_sequence<W>());
+  }
+  if constexpr (G > 2) {
+    fold_levels<G / 2>(v, n / 2);
+  }
+}
+ATTN_ALWAYS_INLINE Vec transpose_sum(Vec* v) {  // clobbers v
+  fold_levels<W>(v, W);
+  return v[0];
+}
+
+// Scores of R query vectors (q: R rows of Dp floats) against J positions j0.. of `keys`, times
+// scale, into scores[r * kBlock + j0 + jj]. The R x J partial sums stay in registers over the
+// head dimension, then transpose-sums.
+template <int R, typename Rows>
+ATTN_ALWAYS_INLINE void score_tile(const float* q, int Dp, const Rows& keys, int j0, float* scores,
+                                   float scale) {
+  constexpr int N = R * J, Groups = (N + W - 1) / W;
+  Vec acc[Groups * W] = {};
+  for (int c = 0; c < Dp / kPair; ++c) {
+    Pair k[J];
+    for (int jj = 0; jj < J; ++jj) {
+      k[jj] = keys.at(j0 + jj, c);
+    }
+    for (int r = 0; r < R; ++r) {
+      const Pair qv = widen(q + r * Dp + c * kPair);
+      for (int jj = 0; jj < J; ++jj) {
+        acc[r * J + jj] += qv.a * k[jj].a;
+        acc[r * J + jj] += qv.b * k[jj].b;
+      }
+    }
+  }
+  for (int g = 0; g < Groups; ++g) {
+    const Vec total = transpose_sum(acc + g * W) * scale;
+    for (int l = 0; l < W && g * W + l < N; ++l) {
+      const int n = g * W + l;
+      scores[n / J * kBlock + j0 + n % J] = total[l];
+    }
+  }
+}
+
+// Lines of the rows j0..j0+J of `ahead` (null: none), into L2.
+template <typename T>
+ATTN_ALWAYS_INLINE void prefetch_rows(const T* ahead, int64_t stride, int j0, int D) {
+  if (ahead == nullptr) return;
+  for (int jj = 0; jj < J; ++jj) {
+    const char* row = reinterpret_cast<const char*>(ahead + (j0 + jj) * stride);
+    for (int b = 0; b < D * static_cast<int>(sizeof(T)); b += 64) {
+      prefetch_to_l2(row + b);
+    }
+  }
+}
+
+// scores[r][j] for every query vector and the n positions of a block (keys: the block's rows).
+template <typename T, typename Rows>
+ATTN_ALWAYS_INLINE void block_scores(const float* q, int vectors, int Dp, const Rows& keys, int n,
+                                     float scale, const T* ahead, int64_t stride, int D,
+                                     float* scores) {
+  int j0 = 0;
+  for (; j0 + J <= n; j0 += J) {
+    prefetch_rows(ahead, stride, j0, D);
+    int r = 0;
+    for (; r + kTile <= vectors; r += kTile) {
+      score_tile<kTile>(q + r * Dp, Dp, keys, j0, scores + r * kBlock, scale);
+    }
+    for (; r < vectors; ++r) {
+      score_tile<1>(q + r * Dp, Dp, keys, j0, scores + r * kBlock, scale);
+    }
+  }
+  for (; j0 < n; ++j0) {  // a partial block's last positions, one at a time
+    for (int r = 0; r < vectors; ++r) {
+      Vec acc[W] = {};
+      for (int c = 0; c < Dp / kPair; ++c) {
+        const Pair qv = widen(q + r * Dp + c * kPair), k = keys.at(j0, c);
+        acc[0] += qv.a * k.a;
+        acc[0] += qv.b * k.b;
+      }
+      scores[r * kBlock + j0] = transpose_sum(acc)[0] * scale;
+    }
+  }
+}
+
+// acc_t = acc_t * rescale_t + sum_j weight[t][j] * v_j for T query vectors, one pair of
+// vectors of the head dimension at a time; N positions (0: n at run time). `ahead`: the V rows
+// two blocks on, prefetched line by line as the same lines of this block are read.
+template <int T, int N, typename Elem, typename Rows>
+ATTN_ALWAYS_INLINE void accumulate_tile(const float* weights, const float* rescale,
+                                        const Rows& values, int n, const Elem* ahead,
+                                        int64_t stride, float* state, int state_size, int Dp) {
+  const int positions = N > 0 ? N : n;
+  for (int c = 0; c < Dp / kPair; ++c) {
+    Vec a[T], b[T];
+    for (int t = 0; t < T; ++t) {
+      const float* acc = state + t * state_size + kStateHeader + c * kPair;
+      a[t] = load<Vec>(acc) * rescale[t];
+      b[t] = load<Vec>(acc + W) * rescale[t];
+    }
+    constexpr int kPairBytes = kPair * sizeof(Elem);
+    const bool prefetch = ahead != nullptr && (c * kPairBytes) % 64 == 0;
+#pragma GCC unroll 16
+    for (int j = 0; j < positions; ++j) {
+      if (prefetch) {
+        for (int byte = 0; byte < kPairBytes; byte += 64) {
+          prefetch_to_l2(reinterpret_cast<const char*>(ahead + j * stride + c * kPair) + byte);
+        }
+      }
+      const Pair v = values.at(j, c);
+      for (int t = 0; t < T; ++t) {
+        const float w = weights[t * kBlock + j];
+        a[t] += w * v.a;
+        b[t] += w * v.b;
+      }
+    }
+    for (int t = 0; t < T; ++t) {
+      float* acc = state + t * state_size + kStateHeader + c * kPair;
+      store_vec(acc, a[t]);
+      store_vec(acc + W, b[t]);
+    }
+  }
+}
+
+template <int N, typename Elem, typename Rows>
+ATTN_ALWAYS_INLINE void block_accumulate(const float* weights, const float* rescale,
+                                         const Rows& values, int n, const Elem* ahead,
+                                         int64_t stride, float* state, int vectors, int state_size,
+                                         int Dp) {
+  int r = 0;
+  for (; r + kTile <= vectors; r += kTile) {  // the first tile prefetches
+    accumulate_tile<kTile, N>(weights + r * kBlock, rescale + r, values, n,
+                              r == 0 ? ahead : nullptr, stride, state + r * state_size,
+                              state_size, Dp);
+  }
+  for (; r < vectors; ++r) {
+    accumulate_tile<1, N>(weights + r * kBlock, rescale + r, values, n, r == 0 ? ahead : nullptr,
+                          stride, state + r * state_size, state_size, Dp);
+  }
+}
+
+// A block's kBlock scores as kBlock / W native vectors (wider generic vectors were lowered to
+// scalar code on the narrower targets).
+constexpr int kBlockVecs = kBlock / W;
+
+// Lane l of x swapped with lane l ^ H, for the horizontal reductions.
+template <int H, size_t... L>
+ATTN_ALWAYS_INLINE Vec swap_lanes(Vec x, std::index_sequence<L...>) {
+  return __builtin_shufflevector(x, x, (static_cast<int>(L) ^ H)...);
+}
+ATTN_ALWAYS_INLINE Vec nan_max_vec(Vec x, Vec y) {
+  return (x > y || x != x) ? x : y;
+}
+template <int H = W / 2>
+ATTN_ALWAYS_INLINE float horizontal_max(Vec x) {
+  x = nan_max_vec(x, swap_lanes<H>(x, std::make_index_sequence<W>()));
+  if constexpr (H > 1) {
+    return horizontal_max<H / 2>(x);
+  } else {
+    return x[0];
+  }
+}
+template <int H = W / 2>
+ATTN_ALWAYS_INLINE float horizontal_sum(Vec x) {
+  x += swap_lanes<H>(x, std::make_index_sequence<W>());
+  if constexpr (H > 1) {
+    return horizontal_sum<H / 2>(x);
+  } else {
+    return x[0];
+  }
+}
+// The largest of a block's scores; NaN if any is NaN.
+ATTN_ALWAYS_INLINE float block_max(const Vec* s) {
+  Vec m = s[0];
+  for (int i = 1; i < kBlockVecs; ++i) m = nan_max_vec(m, s[i]);
+  return horizontal_max(m);
+}
+// exp_nonpositive (cpu_scalar.h) on a vector.
+ATTN_ALWAYS_INLINE Vec vec_exp(Vec x) {
+  using Ints = int32_t __attribute__((vector_size(W * sizeof(float))));
+  const Vec clamped = x < -87.0f ? Vec{} - 87.0f : x;
+  constexpr float kRound = 12582912.0f;
+  const Vec n = (clamped * 1.44269504f + kRound) - kRound;
+  const Vec r = (clamped - n * 0.693145752f) - n * 1.42860677e-6f;
+  Vec poly = Vec{} + 1.0f / 720.0f;
+  poly = poly * r + 1.0f / 120.0f;
+  poly = poly * r + 1.0f / 24.0f;
+  poly = poly * r + 1.0f / 6.0f;
+  poly = poly * r + 0.5f;
+  poly = poly * r + 1.0f;
+  poly = poly * r + 1.0f;
+  const Ints power = n == n ? __builtin_convertvector(n, Ints) : Ints{};
+  const Vec scale = (Vec)((power + 127) << 23);
+  return x < -87.0f ? Vec{} : poly * scale;
+}
+
+// Element `at` of the explicit mask as an additive float.
+ATTN_ALWAYS_INLINE float mask_value(const DecodeProblem& p, int64_t at) {
+  switch (p.mask_dtype) {
+    case ElementType::float32: return static_cast<const float*>(p.mask)[at];
+    case ElementType::float16: return to_float(static_cast<const Float16*>(p.mask)[at]);
+    case ElementType::bfloat16: return to_float(static_cast<const BFloat16*>(p.mask)[at]);
+    case ElementType::boolean: return to_float(static_cast<const bool*>(p.mask)[at]);
+  }
+  return 0.0f;
+}
+
+size_t scratch_floats(const DecodeProblem& p) {
+  const size_t vectors = static_cast<size_t>(p.group) * p.query_len, Dp = padded_dim(p.head_dim, W);
+  return vectors * Dp + 2 * kBlock * Dp + vectors * kBlock + vectors;
+}
+
+template <typename T>
+ATTN_ALWAYS_INLINE void attend_chunk(const DecodeProblem& p, int kv_row, int begin, int end,
+                                     float* state, float* scratch) {
+  const int D = p.head_dim, Dp = padded_dim(D, W), L = p.query_len, S = p.context;
+  const int vectors = p.group * L, state_size = Dp + kStateHeader;
+  const float neg_inf = -__builtin_inff();
+  float* queries = scratch;                    // vectors x Dp, accumulator_index order
+  float* keys_block = queries + vectors * Dp;  // kBlock x Dp (strided or odd-length rows only)
+  float* values_block = keys_block + kBlock * Dp;
+  float* scores = values_block + kBlock * Dp;  // vectors x kBlock, then weights in place
+  float* rescale = scores + vectors * kBlock;  // vectors
+
+  for (int r = 0; r < vectors; ++r) {
+    const int row = kv_row * p.group + r / L, i = r % L;
+    const T* q = static_cast<const T*>(p.queries) + p.q_offset(row, i);
+    convert_row(queries + r * Dp, q, D, Dp, p.q_strides[3], p.dtype);
+    float* st = state + r * state_size;
+    st[0] = neg_inf;
+    st[1] = 0.0f;
+    fill(st + kStateHeader, st + state_size, 0.0f);
+  }
+
+  const T* keys = static_cast<const T*>(p.keys) + p.kv_offset(p.k_strides, kv_row);
+  const T* values = static_cast<const T*>(p.values) + p.kv_offset(p.v_strides, kv_row);
+  const int64_t k_row = p.k_strides[2], v_row = p.v_strides[2];
+  const bool keys_direct = p.k_strides[3] == 1 && D == Dp;
+  const bool values_direct = p.v_strides[3] == 1 && D == Dp;
+  for (int j0 = begin; j0 < end; j0 += kBlock) {
+    const int n = end - j0 < kBlock ? end - j0 : kBlock;
+    const bool full = n == kBlock;
+    // Full blocks prefetch the rows two blocks on, while those are still in this chunk.
+    const bool ahead = full && j0 + kPrefetchRows + kBlock <= end;
+    const T* keys_ahead = ahead ? keys + (j0 + kPrefetchRows) * k_row : nullptr;
+    if (keys_direct) {
+      block_scores(queries, vectors, Dp, CacheRows<T>{keys + j0 * k_row, k_row}, n, p.scale,
+                   keys_ahead, k_row, D, scores);
+    } else {
+      for (int j = 0; j < n; ++j) {
+        convert_row(keys_block + j * Dp, keys + (j0 + j) * k_row, D, Dp, p.k_strides[3], p.dtype);
+      }
+      block_scores(queries, vectors, Dp, ScratchRows{keys_block, Dp}, n, p.scale, keys_ahead,
+                   k_row, D, scores);
+    }
+
+    bool any = false;
+    // Vector r is query row i = r % L of head row = kv_row * group + r / L, stepped without
+    // dividing.
+    for (int r = 0, row = kv_row * p.group, i = 0; r < vectors;
+         ++r, i = i + 1 == L ? 0 : i + 1, row += i == 0) {
+      float* s = scores + r * kBlock;
+      const int seen = S - L + i + 1 - j0;  // causal: keys j0 .. S - L + i
+      const int visible = !p.causal ? n : seen < 0 ? 0 : seen > n ? n : seen;
+      for (int j = visible; j < kBlock; ++j) {
+        s[j] = neg_inf;
+      }
+      if (p.mask) {
+        const int64_t base = p.mask_offset(row, i);
+        for (int j = 0; j < visible; ++j) {
+          const int64_t at = base + (j0 + j) * p.m_strides[3];
+          // False removes the key whatever its score (a NaN key included), as the contract says.
+          if (p.mask_dtype == ElementType::boolean) {
+            if (!static_cast<const bool*>(p.mask)[at]) s[j] = neg_inf;
+          } else {
+            s[j] += mask_value(p, at);
+          }
+        }
+      }
+      float* st = state + r * state_size;
+      Vec block[kBlockVecs];
+      for (int v = 0; v < kBlockVecs; ++v) block[v] = load<Vec>(s + v * W);
+      const float top = block_max(block);  // NaN if any score is NaN
+      if (top == neg_inf) {
+        rescale[r] = 1.0f;
+        fill(s, s + kBlock, 0.0f);  // every key of this block is hidden from this vector
+        continue;
+      }
+      const float new_max = nan_max(top, st[0]);
+      rescale[r] = exp_nonpositive(st[0] - new_max);
+      Vec sum = {};
+      for (int v = 0; v < kBlockVecs; ++v) {
+        const Vec weights = vec_exp(block[v] - new_max);
+        store_vec(s + v * W, weights);
+        sum += weights;
+      }
+      st[0] = new_max;
+      st[1] = st[1] * rescale[r] + horizontal_sum(sum);
+      any = true;
+    }
+    if (!any) {
+      continue;
+    }
+    const T* values_ahead = ahead ? values + (j0 + kPrefetchRows) * v_row : nullptr;
+    if (values_direct) {
+      const CacheRows<T> rows{values + j0 * v_row, v_row};
+      if (full) {
+        block_accumulate<kBlock>(scores, rescale, rows, n, values_ahead, v_row, state, vectors,
+                                 state_size, Dp);
+      } else {
+        block_accumulate<0>(scores, rescale, rows, n, values_ahead, v_row, state, vectors,
+                            state_size, Dp);
+      }
+    } else {
+      for (int j = 0; j < n; ++j) {
+        convert_row(values_block + j * Dp, values + (j0 + j) * v_row, D, Dp, p.v_strides[3],
+                    p.dtype);
+      }
+      block_accumulate<0>(scores, rescale, ScratchRows{values_block, Dp}, n, values_ahead, v_row,
+                          state, vectors, state_size, Dp);
+    }
+  }
+}
+
+void attend(const DecodeProblem& p, int kv_row, int begin, int end, float* state, float* scratch) {
+  switch (p.dtype) {
+    case ElementType::float32: return attend_chunk<float>(p, kv_row, begin, end, state, scratch);
+    case ElementType::float16: return attend_chunk<Float16>(p, kv_row, begin, end, state, scratch);
+    case ElementType::bfloat16:
+      return attend_chunk<BFloat16>(p, kv_row, begin, end, state, scratch);
+    case ElementType::boolean: return;  // rejected by the op
+  }
+}
+
+}  // namespace
+}  // namespace ATTN_CPU_PATH
+
+Kernel ATTN_CONCAT(kernel_, ATTN_CPU_PATH)() {
+  return {ATTN_CPU_PATH::W, ATTN_CPU_PATH::scratch_floats, ATTN_CPU_PATH::attend};
+}
+
+}  // namespace attn_kernels::cpu

@@ -1,0 +1,116 @@
+// Element types of the CPU kernel and their scalar conversions to and from float. Builtins, not
+// standard-library templates: see the note at the top of cpu_kernel_body.h.
+#pragma once
+
+#include <cstdint>
+
+#define ATTN_ALWAYS_INLINE inline __attribute__((always_inline))
+
+// A native half type: __fp16 on arm64 (GCC 12 has no _Float16 in C++ there), else _Float16 where
+// the compiler has it (x86-64 GCC 12+, Clang); otherwise conversions by hand.
+#if defined(__aarch64__)
+#define ATTN_HALF __fp16
+#elif defined(__FLT16_MANT_DIG__)
+#define ATTN_HALF _Float16
+#endif
+
+namespace attn_kernels::cpu {
+
+struct BFloat16 {
+  uint16_t bits;
+};
+struct Float16 {
+  uint16_t bits;
+};
+
+ATTN_ALWAYS_INLINE float to_float(float x) {
+  return x;
+}
+ATTN_ALWAYS_INLINE float to_float(BFloat16 x) {
+  return __builtin_bit_cast(float, static_cast<uint32_t>(x.bits) << 16);
+}
+ATTN_ALWAYS_INLINE float to_float(Float16 x) {
+#if defined(ATTN_HALF)
+  return static_cast<float>(__builtin_bit_cast(ATTN_HALF, x.bits));
+#else
+  // IEEE half -> float by hand (no native _Float16 on this compiler).
+  const uint32_t sign = (x.bits & 0x8000u) << 16, exp = (x.bits >> 10) & 0x1f, man = x.bits & 0x3ff;
+  if (exp == 0x1f) {
+    return __builtin_bit_cast(float, sign | 0x7f800000u | (man << 13));
+  }
+  if (exp == 0) {
+    const float v = __builtin_ldexpf(static_cast<float>(man), -24);
+    return sign ? -v : v;
+  }
+  return __builtin_bit_cast(float, sign | ((exp + 112) << 23) | (man << 13));
+#endif
+}
+// Boolean masks: true keeps a key.
+ATTN_ALWAYS_INLINE float to_float(bool x) {
+  return x ? 0.0f : -__builtin_inff();
+}
+
+ATTN_ALWAYS_INLINE void store(float* dst, float x) {
+  *dst = x;
+}
+ATTN_ALWAYS_INLINE void store(BFloat16* dst, float x) {
+  uint32_t u = __builtin_bit_cast(uint32_t, x);
+  if (x != x) {
+    dst->bits = 0x7fc0;
+    return;
+  }
+  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
+  dst->bits = static_cast<uint16_t>(u >> 16);
+}
+ATTN_ALWAYS_INLINE void store(Float16* dst, float x) {
+#if defined(ATTN_HALF)
+  dst->bits = __builtin_bit_cast(uint16_t, static_cast<ATTN_HALF>(x));
+#else
+  // Round-to-nearest-even float -> half by hand.
+  const uint32_t u = __builtin_bit_cast(uint32_t, x), sign = (u >> 16) & 0x8000u;
+  const uint32_t abs = u & 0x7fffffffu;
+  if (abs >= 0x7f800000u) {
+    dst->bits = static_cast<uint16_t>(sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0u));
+    return;
+  }
+  if (abs >= 0x477ff000u) {
+    dst->bits = static_cast<uint16_t>(sign | 0x7c00u);
+    return;
+  }
+  if (abs < 0x38800000u) {
+    const float v = __builtin_bit_cast(float, abs) * 16777216.0f;  // 2^24: subnormal units
+    dst->bits = static_cast<uint16_t>(sign | static_cast<uint32_t>(__builtin_nearbyintf(v)));
+    return;
+  }
+  uint32_t h = abs - 0x38000000u;
+  h += 0xfffu + ((h >> 13) & 1u);
+  dst->bits = static_cast<uint16_t>(sign | (h >> 13));
+#endif
+}
+
+// exp(x) for x <= 0 without a libm call: 2^(x log2 e) split into an integer power (exponent
+// bits) and a degree-6 polynomial on [-ln2/2, ln2/2] (relative error ~2e-7). Exactly 0 below
+// -87 and for -inf; NaN stays NaN.
+ATTN_ALWAYS_INLINE float exp_nonpositive(float x) {
+  const float clamped = x < -87.0f ? -87.0f : x;
+  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  const float n = (clamped * 1.44269504f + kRound) - kRound;
+  const float r = (clamped - n * 0.693145752f) - n * 1.42860677e-6f;
+  float poly = 1.0f / 720.0f;
+  poly = poly * r + 1.0f / 120.0f;
+  poly = poly * r + 1.0f / 24.0f;
+  poly = poly * r + 1.0f / 6.0f;
+  poly = poly * r + 0.5f;
+  poly = poly * r + 1.0f;
+  poly = poly * r + 1.0f;
+  const int32_t power = n == n ? static_cast<int32_t>(n) : 0;
+  const float scale = __builtin_bit_cast(float, (power + 127) << 23);
+  return x < -87.0f ? 0.0f : poly * scale;
+}
+
+// max that keeps a NaN from either side (std::max drops one from its second argument).
+ATTN_ALWAYS_INLINE float nan_max(float a, float b) {
+  return (a != a || a > b) ? a : b;
+}
+
+}  // namespace attn_kernels::cpu

@@ -1,0 +1,338 @@
+// The CPU kernel without MLX or Python, against a float64 reference: every path this CPU runs
+// (or those named on the command line), the CPU test grid (dtypes, L, GQA, contexts around the
+// block and vector sizes, no/causal/explicit/boolean masks), odd head dims, strided K/V, a
+// context long enough to be split over threads, and the non-finite cases (NaN or inf in q, k,
+// v, scale or mask). Exit status 0 when every case passes. This is how arm64 (NEON) is checked
+// in CI: `make test-arm64` cross-compiles it and runs it under qemu-user (one seed: emulated, the
+// float64 reference dominates). Usage: cpu_kernel_check [--seeds N] [PATH...]. Natively:
+//
+//   make test-cpu-kernel (this machine) or make test-arm64 (NEON under qemu); the Makefile has the
+//   compiler commands, each cpu_kernel_<path>.cpp with its target flags as in CMakeLists.txt.
+//
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <algorithm>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "cpu_kernel.h"
+#include "cpu_scalar.h"
+
+using namespace attn_kernels;
+using cpu::BFloat16;
+using cpu::Float16;
+
+namespace {
+
+const double kInf = std::numeric_limits<double>::infinity();
+const double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+// Rounds a double to the element type (what the kernel will read) and stores its bits.
+struct Tensor {
+  ElementType dtype;
+  std::vector<uint8_t> bytes;
+  std::vector<double> values;  // the rounded values, for the reference
+  Tensor(ElementType t, size_t n) : dtype(t), bytes(n * size(t)), values(n) {}
+  static size_t size(ElementType t) { return t == ElementType::float32 ? 4 : 2; }
+  void set(size_t i, double x) {
+    const float f = static_cast<float>(x);
+    switch (dtype) {
+      case ElementType::float32: std::memcpy(&bytes[4 * i], &f, 4); values[i] = f; break;
+      case ElementType::float16: {
+        Float16 h;
+        cpu::store(&h, f);
+        std::memcpy(&bytes[2 * i], &h, 2);
+        values[i] = cpu::to_float(h);
+        break;
+      }
+      case ElementType::bfloat16: {
+        BFloat16 b;
+        cpu::store(&b, f);
+        std::memcpy(&bytes[2 * i], &b, 2);
+        values[i] = cpu::to_float(b);
+        break;
+      }
+      default: break;
+    }
+  }
+  double get_output(size_t i) const {
+    switch (dtype) {
+      case ElementType::float32: { float f; std::memcpy(&f, &bytes[4 * i], 4); return f; }
+      case ElementType::float16: {
+        Float16 h;
+        std::memcpy(&h, &bytes[2 * i], 2);
+        return cpu::to_float(h);
+      }
+      case ElementType::bfloat16: {
+        BFloat16 b;
+        std::memcpy(&b, &bytes[2 * i], 2);
+        return cpu::to_float(b);
+      }
+      default: return 0;
+    }
+  }
+};
+
+enum class Mask { none, causal, additive, boolean };
+enum class Poison { none, q_nan, k_nan, v_nan, q_inf, mask_nan, scale_nan, all_masked };
+
+struct Case {
+  ElementType dtype;
+  int batch, hq, hkv, L, S, D;
+  Mask mask;
+  bool kv_seq_major = false;  // K/V stored (B, S, H, D): rows strided by H * D
+  Poison poison = Poison::none;
+  float scale = 0.0f;  // 0: 1/sqrt(D)
+};
+
+const char* dtype_name(ElementType t) {
+  return t == ElementType::float32 ? "f32" : t == ElementType::float16 ? "f16" : "bf16";
+}
+const char* mask_name(Mask m) {
+  const char* names[] = {"none", "causal", "additive", "bool"};
+  return names[static_cast<int>(m)];
+}
+const char* poison_name(Poison p) {
+  const char* names[] = {"",         "q-nan",     "k-nan",     "v-nan",
+                         "q-inf",    "mask-nan",  "scale-nan", "all-masked"};
+  return names[static_cast<int>(p)];
+}
+
+// Cheap random numbers (std::normal_distribution dominated the run time under qemu): splitmix64,
+// and a sum of four uniforms as a near-normal value of mean 0 and variance 1.
+struct Random {
+  uint64_t state;
+  explicit Random(uint64_t seed) : state(seed) {}
+  uint64_t operator()() {
+    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  double uniform() { return static_cast<double>((*this)() >> 11) * 0x1.0p-53; }
+  double normal() {
+    return (uniform() + uniform() + uniform() + uniform() - 2.0) * 1.7320508075688772;
+  }
+};
+
+// Runs one case on every path; adds 1 to failed[n] when path n mismatches (printing the first).
+void run_case(const Case& c, const std::vector<CpuPath>& paths, uint32_t seed,
+              std::vector<int>& failed) {
+  Random rng(seed);
+  const int B = c.batch, Hq = c.hq, Hkv = c.hkv, L = c.L, S = c.S, D = c.D, group = Hq / Hkv;
+  const size_t nq = size_t(B) * Hq * L * D, nkv = size_t(B) * Hkv * S * D;
+  const size_t nm = size_t(B) * Hq * L * S;
+  Tensor q(c.dtype, nq), k(c.dtype, nkv), v(c.dtype, nkv), out(c.dtype, nq);
+  for (size_t i = 0; i < nq; ++i) q.set(i, rng.normal());
+  for (size_t i = 0; i < nkv; ++i) k.set(i, rng.normal());
+  for (size_t i = 0; i < nkv; ++i) v.set(i, rng.normal());
+  std::vector<float> additive;
+  std::vector<uint8_t> keep;  // bool mask bytes
+  std::vector<double> mask_values(nm, 0.0);
+  if (c.mask == Mask::additive) {
+    additive.resize(nm);
+    for (size_t i = 0; i < nm; ++i) {
+      additive[i] = rng() % 5 == 0 ? -INFINITY : float(rng.normal());
+      mask_values[i] = additive[i];
+    }
+  } else if (c.mask == Mask::boolean) {
+    keep.resize(nm);
+    for (size_t i = 0; i < nm; ++i) {
+      keep[i] = rng() % 4 != 0;
+      mask_values[i] = keep[i] ? 0.0 : -kInf;
+    }
+  }
+  // K/V element (b, h, s, d) at offset kv_at: (B, H, S, D) or (B, S, H, D).
+  auto kv_at = [&](int b, int h, int s, int d) -> size_t {
+    return c.kv_seq_major ? ((size_t(b) * S + s) * Hkv + h) * D + d
+                          : ((size_t(b) * Hkv + h) * S + s) * D + d;
+  };
+  auto q_at = [&](int b, int h, int i, int d) { return ((size_t(b) * Hq + h) * L + i) * D + d; };
+  auto m_at = [&](int b, int h, int i, int s) { return ((size_t(b) * Hq + h) * L + i) * S + s; };
+  float scale = c.scale != 0.0f ? c.scale : 1.0f / std::sqrt(float(D));
+  switch (c.poison) {
+    case Poison::q_nan: q.set(q_at(0, 1 % Hq, L - 1, D / 2), kNaN); break;
+    case Poison::q_inf: q.set(q_at(0, 0, 0, 0), kInf); break;
+    case Poison::k_nan: k.set(kv_at(0, 0, S / 2, 0), kNaN); break;
+    case Poison::v_nan: v.set(kv_at(0, 0, S / 2, D - 1), kNaN); break;  // visible to every row
+    case Poison::mask_nan:
+      additive[m_at(0, 0, 0, S / 3)] = NAN;
+      mask_values[m_at(0, 0, 0, S / 3)] = kNaN;
+      break;
+    case Poison::scale_nan: scale = NAN; break;
+    case Poison::all_masked:
+      for (int s = 0; s < S; ++s) {
+        additive[m_at(0, Hq - 1, L - 1, s)] = -INFINITY;
+        mask_values[m_at(0, Hq - 1, L - 1, s)] = -kInf;
+      }
+      break;
+    case Poison::none: break;
+  }
+
+  DecodeProblem p{};
+  p.queries = q.bytes.data();
+  p.keys = k.bytes.data();
+  p.values = v.bytes.data();
+  p.out = out.bytes.data();
+  p.dtype = c.dtype;
+  p.rows = B * Hq;
+  p.kv_rows = B * Hkv;
+  p.group = group;
+  p.query_len = L;
+  p.context = S;
+  p.head_dim = D;
+  p.q_heads = Hq;
+  p.kv_heads = Hkv;
+  p.scale = scale;
+  p.causal = c.mask == Mask::causal;
+  const int64_t qs[4] = {int64_t(Hq) * L * D, int64_t(L) * D, D, 1};
+  std::memcpy(p.q_strides, qs, sizeof qs);
+  if (c.kv_seq_major) {
+    const int64_t s[4] = {int64_t(S) * Hkv * D, D, int64_t(Hkv) * D, 1};
+    std::memcpy(p.k_strides, s, sizeof s);
+  } else {
+    const int64_t s[4] = {int64_t(Hkv) * S * D, int64_t(S) * D, D, 1};
+    std::memcpy(p.k_strides, s, sizeof s);
+  }
+  std::memcpy(p.v_strides, p.k_strides, sizeof p.k_strides);
+  if (c.mask == Mask::additive || c.mask == Mask::boolean) {
+    p.mask = c.mask == Mask::additive ? static_cast<const void*>(additive.data()) : keep.data();
+    p.mask_dtype = c.mask == Mask::additive ? ElementType::float32 : ElementType::boolean;
+    const int64_t ms[4] = {int64_t(Hq) * L * S, int64_t(L) * S, S, 1};
+    std::memcpy(p.m_strides, ms, sizeof ms);
+  }
+  // float64 reference: scores, softmax (max-subtracted, NaN-propagating), weighted values; a row
+  // whose every key is masked is zeros.
+  double atol = 2e-5, rtol = 2e-5;  // as tests/conftest.py TOLERANCE
+  if (c.dtype == ElementType::float16) atol = 4e-3, rtol = 2e-3;
+  if (c.dtype == ElementType::bfloat16) atol = 3e-2, rtol = 1.6e-2;
+  std::vector<double> want(nq), scores(S), acc(D);
+  for (int b = 0; b < B; ++b) {
+    for (int h = 0; h < Hq; ++h) {
+      const int kh = h / group;
+      for (int i = 0; i < L; ++i) {
+        double top = -kInf;
+        bool nan = false;
+        for (int s = 0; s < S; ++s) {
+          double dot = 0;
+          for (int d = 0; d < D; ++d) {
+            dot += q.values[q_at(b, h, i, d)] * k.values[kv_at(b, kh, s, d)];
+          }
+          double x = dot * double(scale) + mask_values[m_at(b, h, i, s)];
+          if (c.mask == Mask::causal && s > S - L + i) x = -kInf;
+          scores[s] = x;
+          nan |= std::isnan(x);
+          top = std::max(top, x);
+        }
+        for (double& a : acc) a = 0;
+        if (nan) {
+          for (double& a : acc) a = kNaN;
+        } else if (top != -kInf) {
+          double sum = 0;
+          for (int s = 0; s < S; ++s) {
+            const double w = std::exp(scores[s] - top);  // inf - inf: NaN, as the readable path
+            if (w == 0.0) continue;  // a masked key: its value is never read
+            sum += w;
+            for (int d = 0; d < D; ++d) acc[d] += w * v.values[kv_at(b, kh, s, d)];
+          }
+          for (double& a : acc) a /= sum;
+        }
+        for (int d = 0; d < D; ++d) want[q_at(b, h, i, d)] = acc[d];
+      }
+    }
+  }
+  for (size_t n = 0; n < paths.size(); ++n) {
+    std::fill(out.bytes.begin(), out.bytes.end(), 0xff);  // NaN: every output must be written
+    decode_attention_cpu(p, paths[n]);
+    for (size_t at = 0; at < nq; ++at) {
+      const double got = out.get_output(at), w = want[at];
+      const bool ok = std::isnan(w) ? std::isnan(got)
+                      : std::isinf(w) ? got == w
+                                      : std::fabs(got - w) <= atol + rtol * std::fabs(w);
+      if (!ok) {
+        std::printf("  FAIL %s %s B=%d Hq=%d Hkv=%d L=%d S=%d D=%d mask=%s%s %s seed %u: "
+                    "out[%zu] = %g, want %g\n",
+                    cpu_path_name(paths[n]), dtype_name(c.dtype), B, Hq, Hkv, L, S, D,
+                    mask_name(c.mask),
+                    c.kv_seq_major ? " seq-major" : "", poison_name(c.poison), seed, at, got, w);
+        ++failed[n];
+        break;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  std::vector<CpuPath> paths;
+  uint32_t seeds = 2;
+  for (int a = 1; a < argc; ++a) {
+    if (argv[a] == std::string("--seeds") && a + 1 < argc) {
+      seeds = static_cast<uint32_t>(std::atoi(argv[++a]));
+      continue;
+    }
+    bool found = false;
+    for (CpuPath path : cpu_paths_supported()) {
+      if (argv[a] == std::string(cpu_path_name(path))) paths.push_back(path), found = true;
+    }
+    if (!found) {
+      std::fprintf(stderr, "error: path %s is unknown or not supported by this CPU\n", argv[a]);
+      return 2;
+    }
+  }
+  if (paths.empty()) paths = cpu_paths_supported();
+
+  std::vector<Case> cases;
+  const ElementType dtypes[] = {ElementType::float32, ElementType::float16, ElementType::bfloat16};
+  const int heads[][2] = {{4, 4}, {8, 2}, {32, 8}};
+  // The Python test grid (tests/test_decode_attention.py GRID), D = 128.
+  for (ElementType t : dtypes) {
+    for (int L : {1, 8}) {
+      for (const auto& hh : heads) {
+        for (int S : {1, 31, 32, 127, 128, 129, 255, 256}) {
+          for (Mask m : {Mask::none, Mask::causal, Mask::additive}) {
+            if (S >= L) cases.push_back({t, hh[0] == 4 ? 2 : 1, hh[0], hh[1], L, S, 128, m});
+          }
+        }
+      }
+    }
+    // Odd head dims (scratch path), boolean masks, strided rows, contexts split over threads.
+    for (int D : {1, 40, 72, 200, 256}) cases.push_back({t, 1, 6, 3, 3, 77, D, Mask::causal});
+    cases.push_back({t, 1, 8, 2, 2, 300, 64, Mask::boolean});
+    cases.push_back({t, 2, 8, 2, 2, 45, 48, Mask::causal, true});
+    cases.push_back({t, 1, 8, 2, 2, 300, 128, Mask::additive, true});
+    cases.push_back({t, 1, 32, 8, 1, 2100, 128, Mask::none});  // split in context chunks
+    cases.push_back({t, 1, 32, 8, 8, 600, 128, Mask::causal});
+    cases.push_back({t, 1, 10, 2, 3, 1500, 64, Mask::additive});  // 15 vectors: partial tiles
+  }
+  // Non-finite inputs, on a split context and a short one.
+  for (ElementType t : dtypes) {
+    for (Poison poison : {Poison::q_nan, Poison::k_nan, Poison::v_nan, Poison::q_inf,
+                          Poison::mask_nan, Poison::scale_nan, Poison::all_masked}) {
+      const bool masked = poison == Poison::mask_nan || poison == Poison::all_masked;
+      const Mask m = masked ? Mask::additive : Mask::causal;
+      cases.push_back({t, 1, 8, 2, 2, 100, 64, m, false, poison});
+      cases.push_back({t, 1, 32, 8, 1, 2100, 128, masked ? m : Mask::none, false, poison});
+    }
+  }
+
+  std::vector<int> failed(paths.size());
+  for (size_t n = 0; n < cases.size(); ++n) {
+    for (uint32_t seed = 1; seed <= seeds; ++seed) {
+      run_case(cases[n], paths, seed + 7 * uint32_t(n), failed);
+    }
+  }
+  int total = 0;
+  for (size_t n = 0; n < paths.size(); ++n) {
+    std::printf("%s: %zu cases x %u seeds, %d failed\n", cpu_path_name(paths[n]), cases.size(),
+                seeds, failed[n]);
+    total += failed[n];
+  }
+  return total == 0 ? 0 : 1;
+}
