@@ -2,6 +2,8 @@
 
 - `scaled_dot_product_attention`: the readable mlx.core oracle and fallback.
 - `decode_attention_custom`: the fused `DecodeAttention` primitive (CPU, CUDA, Metal).
+- `attention_step`: q/k RMSNorm, RoPE, the K/V cache write and decode attention in one
+  `AttentionStep` primitive (docs/fused-step.md).
 """
 
 import mlx.core  # noqa: F401  (loads libmlx before the extension)
@@ -13,10 +15,13 @@ from attn_kernels.attention import (
     decode_attention_custom,
     scaled_dot_product_attention,
 )
+from attn_kernels.attention_step import attention_step, attention_step_cache_copies
 
 __all__ = [
     "MAX_HEAD_DIM",
     "SCHEDULES",
+    "attention_step",
+    "attention_step_cache_copies",
     "causal_mask",
     "decode_attention_custom",
     "scaled_dot_product_attention",
