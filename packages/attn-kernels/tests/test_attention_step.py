@@ -50,7 +50,7 @@ def capacity_for(end):
 
 
 def check_step(inputs, offset, device, label, scale=None):
-    q, k, v, q_w, k_w, k_cache, v_cache = inputs
+    q, k_cache, v_cache = inputs[0], inputs[5], inputs[6]
     dtype, length = q.dtype, q.shape[1]
     before_k, before_v = to_numpy(k_cache), to_numpy(v_cache)
     out, new_k, new_v = attention_step(
