@@ -32,12 +32,13 @@ struct StepProblem {
   int64_t kc_strides[4], vc_strides[4];
 };
 
-// The angle of RoPE pair j (of D/2) at position `position`, computed as MLX's RoPE does (float32
-// inverse frequency 2^(-j/(D/2) · log2 base), times the position in float32), so that the fused
-// step rotates by the same angles as mx.fast.rope.
+// The angle of RoPE pair j (of D/2) at position `position`, formed as MLX's RoPE forms it
+// (float32 inverse frequency 2^(-j/(D/2) · log2 base), times the position in float32), so that
+// the fused step rotates by mx.fast.rope's angles. The power is taken in double and rounded
+// once: at position p an ulp of the frequency moves the angle by p ulps.
 ATTN_HOST_DEVICE inline float rope_angle(int position, int j, int half, float log2_base) {
   const float d = static_cast<float>(j) / static_cast<float>(half);
-  return static_cast<float>(position) * exp2f(-d * log2_base);
+  return static_cast<float>(position) * static_cast<float>(exp2(static_cast<double>(-d * log2_base)));
 }
 
 }  // namespace attn_kernels
