@@ -27,6 +27,13 @@ def calls(monkeypatch):
 
     monkeypatch.setattr(model_module, "decode_attention_custom", spy("custom", custom))
     monkeypatch.setattr(model_module, "scaled_dot_product_attention", spy("readable", readable))
+    step = model_module.attention_step
+
+    def step_spy(q, k, v, q_w, k_w, keys, values, offset, **kw):
+        seen.append(("step", offset + q.shape[1]))
+        return step(q, k, v, q_w, k_w, keys, values, offset, **kw)
+
+    monkeypatch.setattr(model_module, "attention_step", step_spy)
     return seen
 
 
@@ -46,12 +53,12 @@ def run_layer(prefix, length, mask=None, checkpoint="decode-attention"):
 
 
 # (prefix, L) -> (path, S): the cases, written against the named limits (chapter: 2, 256;
-# here: 8, 16384).
+# here: 8, 16384). Inside the guard a layer with a cache runs the fused step (AttentionStep).
 CASES = [
-    ((0, 1), ("custom", 1)),
-    ((29, 2), ("custom", 31)),
-    ((126, 2), ("custom", 128)),
-    ((S_MAX - L_MAX, L_MAX), ("custom", S_MAX)),
+    ((0, 1), ("step", 1)),
+    ((29, 2), ("step", 31)),
+    ((126, 2), ("step", 128)),
+    ((S_MAX - L_MAX, L_MAX), ("step", S_MAX)),
     ((S_MAX, 1), ("readable", S_MAX + 1)),
     ((S_MAX - L_MAX - 1, L_MAX + 1), ("readable", S_MAX)),
     ((0, 2 * L_MAX), ("readable", 2 * L_MAX)),  # a prompt longer than the limit: prefill
@@ -63,6 +70,13 @@ def test_guard(calls, step, expected):
     prefix, length = step
     mx.eval(run_layer(prefix, length))
     assert calls[-1] == expected
+
+
+def test_without_a_cache_the_kernel_alone(calls):
+    args = CONFIGS["qwen3-tiny"]
+    layer = Attention(args, "decode-attention")
+    mx.eval(layer(mx.random.normal((1, 3, args.hidden_size)), "causal", None))
+    assert calls[-1] == ("custom", 3)
 
 
 def test_explicit_mask_is_always_readable(calls):

@@ -9,6 +9,8 @@ import qwen3_model
 from mlx.utils import tree_flatten
 from mlx_lm.models import qwen3 as mlx_lm_qwen3
 from mlx_lm.models.cache import make_prompt_cache
+import qwen3_model.model as model_module
+from attn_kernels import attention_step_cache_copies
 from qwen3_model import CHECKPOINTS, CONFIGS, KVCache, load, make_cache, save
 
 # Logits are O(4) here. float32 agrees to rounding; in bf16 the two attention paths round scores
@@ -40,13 +42,37 @@ def greedy(model, prompt, steps, cache, call):
 
 @pytest.mark.parametrize("variant", ["float32", "bfloat16", "4bit"])
 @pytest.mark.parametrize("checkpoint", CHECKPOINTS)
-def test_parity_with_mlx_lm(variant, checkpoint):
+@pytest.mark.parametrize("prompt_len", [32, 250])
+def test_parity_with_mlx_lm(variant, checkpoint, prompt_len, monkeypatch):
+    """16 greedy steps; from a 250-token prompt they cross the cache's 256-position boundary.
+    decode-attention runs every decode step through the fused projections and AttentionStep."""
     dtype = mx.float32 if variant == "float32" else mx.bfloat16
     quantize = "4bit" if variant == "4bit" else None
     model = load("qwen3-tiny", dtype=dtype, quantize=quantize, checkpoint=checkpoint, seed=3)
     ref = mlx_lm_twin(model)
-    prompt = mx.random.randint(10, 990, (1, 32), key=mx.random.key(7))
+    steps = []
+    step = model_module.attention_step
+    monkeypatch.setattr(
+        model_module, "attention_step", lambda *a, **k: steps.append(a[7]) or step(*a, **k)
+    )
+    fused_calls = []
+    fused_call = model_module.FusedLinear.__call__
+    monkeypatch.setattr(
+        model_module.FusedLinear,
+        "__call__",
+        lambda self, x: fused_calls.append(1) or fused_call(self, x),
+    )
+    prompt = mx.random.randint(10, 990, (1, prompt_len), key=mx.random.key(7))
     ours, our_logits = greedy(model, prompt, 16, make_cache(model), lambda m, t, c: m(t, c))
+    layers = model.args.num_hidden_layers
+    if checkpoint == "decode-attention":
+        # Every decode step in every layer (and the prefill's matmuls) fused.
+        assert steps[-16 * layers :] == [
+            o for o in range(prompt_len, prompt_len + 16) for _ in range(layers)
+        ]
+        assert len(fused_calls) == 2 * 17 * layers
+    else:
+        assert steps == [] and fused_calls == []
     theirs, their_logits = greedy(
         ref, prompt, 16, make_prompt_cache(ref), lambda m, t, c: m(t, cache=c)
     )
@@ -126,10 +152,39 @@ def test_cache_memory_and_no_per_token_copy():
     mx.clear_cache()
     mx.reset_peak_memory()
     before = mx.get_active_memory()
+    copies = attention_step_cache_copies()
     for _ in range(8):
         mx.eval(model(token, cache))
     assert mx.get_peak_memory() - before < expected // 4
     assert sum(c.nbytes for c in cache) == expected
+    assert attention_step_cache_copies() == copies  # every step updated the caches in place
+
+
+@pytest.mark.parametrize("quantize", [None, "4bit"])
+def test_fused_projections(quantize):
+    """The fused matmuls give the separate layers' outputs; parameters() keep the checkpoint's
+    names (views of the fused weights, no second copy); weights loaded afterwards are used."""
+    model = load("qwen3-tiny", quantize=quantize, seed=6)
+    plain = qwen3_model.Model(model.args)
+    if quantize:
+        nn.quantize(plain, **model.quantization)
+    assert [k for k, _ in tree_flatten(model.parameters())] == [
+        k for k, _ in tree_flatten(plain.parameters())
+    ]
+    attn, mlp = model.layers[0].self_attn, model.layers[0].mlp
+    x = mx.random.normal((1, 3, model.args.hidden_size)).astype(mx.bfloat16)
+    fused = attn.project(x, fused=True)
+    separate = attn.project(x, fused=False)
+    for a, b in zip(fused, separate, strict=True):
+        assert mx.array_equal(a, b).item()
+    assert mx.array_equal(mlp(x, fused=True), mlp(x, fused=False)).item()
+    # Other weights loaded into the model: the fused copy is stale and is not used.
+    plain.load_weights(list(tree_flatten(model.parameters())))
+    model.load_weights(
+        list(tree_flatten(load("qwen3-tiny", quantize=quantize, seed=7).parameters()))
+    )
+    assert not attn.qkv.fuses([attn.q_proj, attn.k_proj, attn.v_proj])
+    assert mx.array_equal(attn.project(x, fused=True)[0], attn.q_proj(x)).item()
 
 
 def test_batch_with_per_request_padding_mask():

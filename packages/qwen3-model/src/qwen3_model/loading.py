@@ -43,6 +43,7 @@ def load(
         model = Model(CONFIGS[name], checkpoint)
         model.set_dtype(dtype)
         _quantize(model, quantize)
+        model.fuse_projections()
         mx.eval(model.parameters())
         return model
     path = Path(name_or_path)
@@ -80,6 +81,7 @@ def load(
         _quantize(model, quantize)
     elif quantize not in (None, "none"):
         raise ValueError(f"{path} is already quantized ({stored}); leave quantize unset")
+    model.fuse_projections()
     mx.eval(model.parameters())
     return model
 

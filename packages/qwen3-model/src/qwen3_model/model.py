@@ -1,12 +1,20 @@
 """Qwen3 on MLX. MLX's own blocks everywhere except attention, which is where the checkpoints
-differ: "composition" always runs the readable grouped attention; "decode-attention" runs the
-fused DecodeAttention kernel inside its measured region (the guard in Attention.__call__)."""
+differ: "composition" always runs the readable grouped attention with the checkpoint's separate
+projections (the chapter's baseline); "decode-attention" runs, inside the fused kernel's
+measured region (the guard in Attention.__call__), one AttentionStep per layer (q/k norm, RoPE,
+the cache write and attention in one op) on fused q/k/v and gate/up projections
+(Model.fuse_projections, done at load; docs/fused-step.md)."""
 
 from __future__ import annotations
 
 import mlx.core as mx
 import mlx.nn as nn
-from attn_kernels import SCHEDULES, decode_attention_custom, scaled_dot_product_attention
+from attn_kernels import (
+    SCHEDULES,
+    attention_step,
+    decode_attention_custom,
+    scaled_dot_product_attention,
+)
 
 from qwen3_model.configs import ModelArgs
 
@@ -29,6 +37,8 @@ CHECKPOINTS = ("composition", "decode-attention")
 #   metal: no record of ours yet (no Mac here): the chapter's M4 Pro evidence, L <= 2, S <= 256.
 MAX_QUERY = {"cpu": 8, "cuda": 8, "metal": 2}
 MAX_CONTEXT = {"cpu": 16384, "cuda": 131072, "metal": 256}
+# Backends with an AttentionStep kernel (inside the guard, a step with a KVCache goes through it).
+STEP_BACKENDS = ("cpu", "cuda")
 
 
 def backend() -> str:
@@ -37,12 +47,73 @@ def backend() -> str:
     return "cuda" if mx.cuda.is_available() else "metal"
 
 
+class FusedLinear:
+    """Bias-free linear layers of one input as one matmul: weights (and a quantized layer's scales
+    and biases) concatenated by rows. A plain object, not an nn.Module: parameters() keep the
+    checkpoint's separate names, which become row views of the fused arrays (no second copy)."""
+
+    def __init__(self, layers: list[nn.Module]):
+        first = layers[0]
+        self.quantized = isinstance(first, nn.QuantizedLinear)
+        if any("bias" in layer for layer in layers) or any(
+            isinstance(layer, nn.QuantizedLinear) != self.quantized for layer in layers
+        ):
+            raise ValueError("FusedLinear fuses bias-free layers of one kind")
+        self.sizes = [layer.weight.shape[0] for layer in layers]
+        names = ("weight", "scales", "biases") if self.quantized else ("weight",)
+        self.arrays = {}
+        for name in names:
+            if first.get(name) is None:
+                continue
+            fused = mx.concatenate([layer[name] for layer in layers], axis=0)
+            mx.eval(fused)
+            self.arrays[name] = fused
+            start = 0
+            for layer, size in zip(layers, self.sizes, strict=True):
+                layer[name] = fused[start : start + size]
+                start += size
+            mx.eval([layer[name] for layer in layers])
+        if self.quantized:
+            self.group_size, self.bits, self.mode = first.group_size, first.bits, first.mode
+        self.sources = [layer.weight for layer in layers]
+
+    def fuses(self, layers) -> bool:
+        """Whether the layers still hold the views made here (not weights loaded since)."""
+        return all(layer.weight is w for layer, w in zip(layers, self.sources, strict=True))
+
+    def __call__(self, x: mx.array) -> mx.array:
+        if self.quantized:
+            return mx.quantized_matmul(
+                x,
+                self.arrays["weight"],
+                scales=self.arrays["scales"],
+                biases=self.arrays.get("biases"),
+                transpose=True,
+                group_size=self.group_size,
+                bits=self.bits,
+                mode=self.mode,
+            )
+        return x @ self.arrays["weight"].T
+
+
+def use_fused(checkpoint: str, length: int, context: int, mask) -> bool:
+    """The dispatch guard: the fused kernels only where they were measured to win."""
+    where = backend()
+    return (
+        checkpoint == "decode-attention"
+        and length <= MAX_QUERY[where]
+        and context <= MAX_CONTEXT[where]
+        and (mask is None or (isinstance(mask, str) and mask == "causal"))
+    )
+
+
 class Attention(nn.Module):
     def __init__(self, args: ModelArgs, checkpoint: str):
         super().__init__()
         self.n_heads = args.num_attention_heads
         self.n_kv_heads = args.num_key_value_heads
         self.scale = args.head_dim**-0.5
+        self.head_dim = args.head_dim
         self.checkpoint = checkpoint
         self.schedule = "auto"  # the GPU kernel schedule (experiments; see Model.set_schedule)
         dim, head_dim = args.hidden_size, args.head_dim
@@ -53,27 +124,53 @@ class Attention(nn.Module):
         self.q_norm = nn.RMSNorm(head_dim, eps=args.rms_norm_eps)
         self.k_norm = nn.RMSNorm(head_dim, eps=args.rms_norm_eps)
         self.rope = nn.RoPE(head_dim, traditional=False, base=args.rope_theta)
+        self.rope_base = args.rope_theta
+        self.eps = args.rms_norm_eps
+        self.qkv = None  # FusedLinear of q/k/v (fuse_projections)
+
+    def fuse_projections(self) -> None:
+        self.qkv = FusedLinear([self.q_proj, self.k_proj, self.v_proj])
+
+    def project(self, x: mx.array, fused: bool) -> tuple[mx.array, mx.array, mx.array]:
+        """q, k, v as (B, L, heads·D): one matmul and three views when fused."""
+        projections = [self.q_proj, self.k_proj, self.v_proj]
+        if fused and self.qkv is not None and self.qkv.fuses(projections):
+            qkv = self.qkv(x)
+            nq, nk, _ = self.qkv.sizes
+            return qkv[..., :nq], qkv[..., nq : nq + nk], qkv[..., nq + nk :]
+        return self.q_proj(x), self.k_proj(x), self.v_proj(x)
 
     def __call__(self, x: mx.array, mask=None, cache=None) -> mx.array:
         b, length, _ = x.shape
-        q = self.q_norm(self.q_proj(x).reshape(b, length, self.n_heads, -1)).transpose(0, 2, 1, 3)
-        k = self.k_norm(self.k_proj(x).reshape(b, length, self.n_kv_heads, -1)).transpose(
-            0, 2, 1, 3
-        )
-        v = self.v_proj(x).reshape(b, length, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
         offset = cache.offset if cache is not None else 0
+        fused = use_fused(self.checkpoint, length, offset + length, mask)
+        q, k, v = self.project(x, self.checkpoint == "decode-attention")
+        if fused and cache is not None and backend() in STEP_BACKENDS:
+            # Norms, RoPE, the cache write and attention: one AttentionStep.
+            keys, values = cache.reserve(k.dtype, b, self.n_kv_heads, length, self.head_dim)
+            out, keys, values = attention_step(
+                q,
+                k,
+                v,
+                self.q_norm.weight,
+                self.k_norm.weight,
+                keys,
+                values,
+                offset,
+                eps=self.eps,
+                rope_base=self.rope_base,
+                scale=self.scale,
+                schedule=self.schedule,
+            )
+            cache.advance(keys, values, length)
+            return self.o_proj(out)
+        q = self.q_norm(q.reshape(b, length, self.n_heads, -1)).transpose(0, 2, 1, 3)
+        k = self.k_norm(k.reshape(b, length, self.n_kv_heads, -1)).transpose(0, 2, 1, 3)
+        v = v.reshape(b, length, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
         q, k = self.rope(q, offset=offset), self.rope(k, offset=offset)
         if cache is not None:
             k, v = cache.update_and_fetch(k, v)
-
-        # The dispatch guard: the fused kernel only where it was measured to win.
-        context, where = k.shape[2], backend()
-        if (
-            self.checkpoint == "decode-attention"
-            and length <= MAX_QUERY[where]
-            and context <= MAX_CONTEXT[where]
-            and (mask is None or (isinstance(mask, str) and mask == "causal"))
-        ):
+        if fused:
             out = decode_attention_custom(
                 q, k, v, scale=self.scale, mask=mask, schedule=self.schedule
             )
@@ -94,8 +191,20 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(dim, hidden_dim, bias=False)
         self.up_proj = nn.Linear(dim, hidden_dim, bias=False)
         self.down_proj = nn.Linear(hidden_dim, dim, bias=False)
+        self.gate_up = None  # FusedLinear of gate/up (fuse_projections)
 
-    def __call__(self, x: mx.array) -> mx.array:
+    def fuse_projections(self) -> None:
+        self.gate_up = FusedLinear([self.gate_proj, self.up_proj])
+
+    def __call__(self, x: mx.array, fused: bool = False) -> mx.array:
+        if (
+            fused
+            and self.gate_up is not None
+            and self.gate_up.fuses([self.gate_proj, self.up_proj])
+        ):
+            gate_up = self.gate_up(x)
+            hidden = self.gate_up.sizes[0]
+            return self.down_proj(swiglu(gate_up[..., :hidden], gate_up[..., hidden:]))
         return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
 
 
@@ -109,7 +218,8 @@ class TransformerBlock(nn.Module):
 
     def __call__(self, x: mx.array, mask=None, cache=None) -> mx.array:
         h = x + self.self_attn(self.input_layernorm(x), mask, cache)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        fused = self.self_attn.checkpoint == "decode-attention"
+        return h + self.mlp(self.post_attention_layernorm(h), fused)
 
 
 class Qwen3Model(nn.Module):
@@ -164,6 +274,14 @@ class Model(nn.Module):
             raise ValueError(f"unknown checkpoint {checkpoint!r}: use one of {CHECKPOINTS}")
         for layer in self.layers:
             layer.self_attn.checkpoint = checkpoint
+
+    def fuse_projections(self) -> None:
+        """q/k/v into one matmul and gate/up into one, for the decode-attention checkpoint (bf16
+        or quantized layers alike). parameters() keep the checkpoint's names, as views of the
+        fused weights; call again after loading other weights into the model."""
+        for layer in self.layers:
+            layer.self_attn.fuse_projections()
+            layer.mlp.fuse_projections()
 
     def set_schedule(self, schedule: str) -> None:
         """The fused kernel's GPU schedule inside the guard (for the scheduling experiment)."""
