@@ -6,11 +6,11 @@ import mlx.core as mx
 import mlx.nn as nn
 import pytest
 import qwen3_model
+import qwen3_model.model as model_module
+from attn_kernels import attention_step_cache_copies
 from mlx.utils import tree_flatten
 from mlx_lm.models import qwen3 as mlx_lm_qwen3
 from mlx_lm.models.cache import make_prompt_cache
-import qwen3_model.model as model_module
-from attn_kernels import attention_step_cache_copies
 from qwen3_model import CHECKPOINTS, CONFIGS, KVCache, load, make_cache, save
 
 # Logits are O(4) here. float32 agrees to rounding; in bf16 the two attention paths round scores
