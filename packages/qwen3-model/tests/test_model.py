@@ -46,6 +46,20 @@ def greedy(model, prompt, steps, cache, call):
 def test_parity_with_mlx_lm(variant, checkpoint, prompt_len, monkeypatch):
     """16 greedy steps; from a 250-token prompt they cross the cache's 256-position boundary.
     decode-attention runs every decode step through the fused projections and AttentionStep."""
+    check_parity(variant, checkpoint, prompt_len, monkeypatch)
+
+
+@pytest.mark.skipif(not mx.cuda.is_available(), reason="needs MLX's CUDA backend")
+@pytest.mark.parametrize("variant", ["bfloat16", "4bit"])
+@pytest.mark.parametrize("checkpoint", CHECKPOINTS)
+@pytest.mark.parametrize("prompt_len", [32, 250])
+def test_parity_with_mlx_lm_on_cuda(variant, checkpoint, prompt_len, monkeypatch):
+    """The same on the GPU (float32 left out: MLX's CUDA matmuls take it through TF32)."""
+    mx.set_default_device(mx.gpu)
+    check_parity(variant, checkpoint, prompt_len, monkeypatch)
+
+
+def check_parity(variant, checkpoint, prompt_len, monkeypatch):
     dtype = mx.float32 if variant == "float32" else mx.bfloat16
     quantize = "4bit" if variant == "4bit" else None
     model = load("qwen3-tiny", dtype=dtype, quantize=quantize, checkpoint=checkpoint, seed=3)

@@ -55,6 +55,11 @@ class KVCache:
         return self.keys[:, :, :end, :], self.values[:, :, :end, :]
 
     @property
+    def state(self) -> tuple[mx.array | None, mx.array | None]:
+        """What mlx-lm's generate_step evaluates after each prefill chunk."""
+        return self.keys, self.values
+
+    @property
     def nbytes(self) -> int:
         return 0 if self.keys is None else self.keys.nbytes + self.values.nbytes
 
