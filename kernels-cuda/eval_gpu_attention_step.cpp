@@ -79,11 +79,14 @@ void AttentionStep::eval_gpu(
     }
   }
 
+  // Dependencies by buffer: a node follows the last writer of every buffer it names. The
+  // caches are named as outputs by both nodes (also the attend node, which only reads them), so
+  // the next writer of a cache waits for this step's reads, and no cache is counted as bytes
+  // read into the graph (MLX's commit heuristic).
   for (int i = 0; i < 5; ++i) {
     encoder.set_input_array(inputs[i]);
   }
   for (auto& o : outputs) {
-    encoder.set_input_array(o);  // after the copies and earlier writers of the cache buffers
     encoder.set_output_array(o);
   }
   void* preprocess_args[] = {&step};
@@ -93,9 +96,8 @@ void AttentionStep::eval_gpu(
       dim3(cuda::kStepWarps * 32), dim3(1, 1, 1), 0, preprocess_args);
 
   for (auto& o : outputs) {
-    encoder.set_input_array(o);
+    encoder.set_output_array(o);
   }
-  encoder.set_output_array(out);
   int chunk = plan.chunk;
   unsigned slot = plan.arrival_slot;
   void* attend_args[] = {&attention, &partials, &chunk, &slot};
@@ -108,7 +110,6 @@ void AttentionStep::eval_gpu(
     cuda::StridedCopy reorder{
         base + heads_at, base, {step.batch, L, H, D},
         {int64_t{H} * L * D, D, int64_t{L} * D, 1}, int64_t{step.batch} * L * H * D};
-    encoder.set_input_array(out);
     encoder.set_output_array(out);
     add_copy(encoder, reorder, step.dtype);
   }
