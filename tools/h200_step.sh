@@ -27,8 +27,8 @@ if [ "$what" = count ] || [ "$what" = all ]; then
       --workloads 1024+9 --count-steps 2 --json-output "$OUT/kernels-$q.json" \
       2>&1 | tee "$OUT/kernels-$q.txt"
   done
-  f=$(ls /tmp/graphs-none/graph_*.dot | tail -1)
+  f=$(ls /tmp/graphs-none/steps/*/graph_*.dot | head -1)
   head -c 3000 "$f" > "$OUT/sample-graph.txt"
-  tar czf "$OUT/graphs.tgz" -C /tmp graphs-none graphs-4bit 2>/dev/null
+  tar czf "$OUT/graphs.tgz" -C /tmp graphs-none/steps graphs-4bit/steps 2>/dev/null
 fi
 echo "done $tag"

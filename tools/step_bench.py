@@ -154,7 +154,7 @@ def count_nodes(files) -> dict:
     return counts
 
 
-def count_kernels(model, make_cache, prompt, steps, folder) -> dict:
+def count_kernels(model, make_cache, prompt, steps, folder, label) -> dict:
     cache, token = prefilled(model, make_cache, prompt)
     token = step_graph(model, cache, token)  # one step outside the count
     mx.eval(token)
@@ -164,6 +164,10 @@ def count_kernels(model, make_cache, prompt, steps, folder) -> dict:
         mx.eval(token)
     files = sorted(set(glob.glob(os.path.join(folder, "graph_*.dot"))) - before)
     counts = count_nodes(files)
+    kept = os.path.join(folder, "steps", label)  # the counted graphs, apart from the rest
+    os.makedirs(kept, exist_ok=True)
+    for f in files:
+        os.replace(f, os.path.join(kept, os.path.basename(f)))
     return {
         "graphs_per_step": len(files) / steps,
         "nodes_per_step": {k: v / steps for k, v in counts.items()},
@@ -192,7 +196,12 @@ def main(argv=None):
                 for v in args.variants:
                     model, make = pick(v, ours, make_ours, twin, make_twin)
                     entry["kernels"][v] = count_kernels(
-                        model, make, prompt, args.count_steps, args.count_kernels
+                        model,
+                        make,
+                        prompt,
+                        args.count_steps,
+                        args.count_kernels,
+                        f"{quantize}-{input_len}-{v}",
                     )
                     print(quantize, input_len, v, entry["kernels"][v]["nodes_per_step"], flush=True)
                 results.append(entry)
