@@ -14,13 +14,6 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
   python3 -m pytest -q -p no:cacheprovider packages/qwen3-model/tests/test_model.py -k cuda \
     2>&1 | tail -8 | tee "$OUT/parity-cuda.txt"
 fi
-if [ "$what" = bench ] || [ "$what" = all ]; then
-  for q in none 4bit; do
-    python3 tools/step_bench.py --quantize "$q" --workloads 32+97 1024+65 8192+65 \
-      --rounds "${ROUNDS:-2}" --anatomy-steps 8 --json-output "$OUT/step-bench-$q.json" \
-      2>&1 | grep -v Warning | tee "$OUT/step-bench-$q.txt"
-  done
-fi
 if [ "$what" = count ] || [ "$what" = all ]; then
   for q in none 4bit; do
     python3 tools/step_bench.py --count-kernels "/tmp/graphs-$q" --quantize "$q" \
@@ -30,5 +23,12 @@ if [ "$what" = count ] || [ "$what" = all ]; then
   f=$(ls /tmp/graphs-none/steps/*/graph_*.dot | head -1)
   head -c 3000 "$f" > "$OUT/sample-graph.txt"
   tar czf "$OUT/graphs.tgz" -C /tmp graphs-none/steps graphs-4bit/steps 2>/dev/null
+fi
+if [ "$what" = bench ] || [ "$what" = all ]; then
+  for q in none 4bit; do
+    python3 tools/step_bench.py --quantize "$q" --workloads 32+97 1024+65 8192+65 \
+      --rounds "${ROUNDS:-2}" --anatomy-steps 8 --json-output "$OUT/step-bench-$q.json" \
+      2>&1 | grep -v Warning | tee "$OUT/step-bench-$q.txt"
+  done
 fi
 echo "done $tag"
