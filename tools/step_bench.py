@@ -40,7 +40,9 @@ from llm_eval import bench
 from llm_eval.record import SCHEMA_VERSION, collect_metadata, write_record
 from mlx_lm.generate import generate_step
 
-VARIANTS = ["decode-attention", "mlx-lm", "composition"]
+# decode-attention-unfused: the decode-attention checkpoint before the fused step (separate
+# projections, norm/RoPE/slice-update ops, DecodeAttention): Model.set_fused_step(False).
+VARIANTS = ["decode-attention", "mlx-lm", "composition", "decode-attention-unfused"]
 
 
 def parse_args(argv=None):
@@ -51,7 +53,7 @@ def parse_args(argv=None):
     p.add_argument("--quantize", nargs="+", choices=["none", "4bit"], default=["none"])
     p.add_argument("--workloads", nargs="+", default=["32+97"], help="INPUT+OUTPUT tokens")
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--variants", nargs="+", choices=VARIANTS, default=VARIANTS)
+    p.add_argument("--variants", nargs="+", choices=VARIANTS, default=VARIANTS[:3])
     p.add_argument("--anatomy-steps", type=int, default=16)
     p.add_argument("--count-kernels", metavar="DIR", help="count kernels per step (graphs to DIR)")
     p.add_argument("--count-steps", type=int, default=4)
@@ -74,7 +76,8 @@ def build(args, quantize):
 def pick(variant, ours, make_ours, twin, make_twin):
     if variant == "mlx-lm":
         return twin, make_twin
-    ours.set_checkpoint(variant)
+    ours.set_checkpoint(variant.removesuffix("-unfused"))
+    ours.set_fused_step(not variant.endswith("-unfused"))
     return ours, make_ours
 
 

@@ -242,3 +242,24 @@ def test_generate_streams_with_the_checkpoint_tokenizer(tmp_path, capsys):
     main(["--weights", str(folder), "--prompt", "w5 w6 w7", "--max-tokens", "4"])
     printed = capsys.readouterr().out.split()
     assert len(printed) == 4 and all(word in vocab for word in printed)
+
+
+def test_fused_step_switch(monkeypatch):
+    """set_fused_step(False) runs the chain before the fused step (no AttentionStep, separate
+    projections) and gives the same logits."""
+    model = load("qwen3-tiny", dtype=mx.float32, seed=8)
+    calls = []
+    step = model_module.attention_step
+    monkeypatch.setattr(
+        model_module, "attention_step", lambda *a, **k: calls.append(1) or step(*a, **k)
+    )
+    prompt = mx.array([list(range(20, 40))])
+    logits = []
+    for enabled in (True, False):
+        model.set_fused_step(enabled)
+        cache = make_cache(model)
+        model(prompt, cache)
+        before = len(calls)
+        logits.append(model(mx.array([[7]]), cache))
+        assert (len(calls) > before) == enabled
+    assert mx.allclose(logits[0], logits[1], atol=1e-4).item()

@@ -127,6 +127,7 @@ class Attention(nn.Module):
         self.rope_base = args.rope_theta
         self.eps = args.rms_norm_eps
         self.qkv = None  # FusedLinear of q/k/v (fuse_projections)
+        self.fused_step = True  # decode-attention: fused projections and AttentionStep
 
     def fuse_projections(self) -> None:
         self.qkv = FusedLinear([self.q_proj, self.k_proj, self.v_proj])
@@ -144,8 +145,9 @@ class Attention(nn.Module):
         b, length, _ = x.shape
         offset = cache.offset if cache is not None else 0
         fused = use_fused(self.checkpoint, length, offset + length, mask)
-        q, k, v = self.project(x, self.checkpoint == "decode-attention")
-        if fused and cache is not None and backend() in STEP_BACKENDS:
+        step = self.fused_step and self.checkpoint == "decode-attention"
+        q, k, v = self.project(x, step)
+        if fused and step and cache is not None and backend() in STEP_BACKENDS:
             # Norms, RoPE, the cache write and attention: one AttentionStep.
             keys, values = cache.reserve(k.dtype, b, self.n_kv_heads, length, self.head_dim)
             out, keys, values = attention_step(
@@ -218,7 +220,8 @@ class TransformerBlock(nn.Module):
 
     def __call__(self, x: mx.array, mask=None, cache=None) -> mx.array:
         h = x + self.self_attn(self.input_layernorm(x), mask, cache)
-        fused = self.self_attn.checkpoint == "decode-attention"
+        attn = self.self_attn
+        fused = attn.fused_step and attn.checkpoint == "decode-attention"
         return h + self.mlp(self.post_attention_layernorm(h), fused)
 
 
@@ -282,6 +285,13 @@ class Model(nn.Module):
         for layer in self.layers:
             layer.self_attn.fuse_projections()
             layer.mlp.fuse_projections()
+
+    def set_fused_step(self, enabled: bool) -> None:
+        """decode-attention with (True, the default) or without the fused projections and
+        AttentionStep: without, it runs the op chain before them (separate projections, norms,
+        RoPE, slice updates, then DecodeAttention), for A/B measurements."""
+        for layer in self.layers:
+            layer.self_attn.fused_step = enabled
 
     def set_schedule(self, schedule: str) -> None:
         """The fused kernel's GPU schedule inside the guard (for the scheduling experiment)."""
