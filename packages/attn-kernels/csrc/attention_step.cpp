@@ -18,7 +18,7 @@ std::atomic<uint64_t> cache_copies{0};
 std::string shape_str(const mx::array& a) {
   std::ostringstream os;
   os << "(";
-  for (int i = 0; i < a.ndim(); ++i) {
+  for (int i = 0; i < static_cast<int>(a.ndim()); ++i) {
     os << (i ? ", " : "") << a.shape(i);
   }
   os << (a.ndim() == 1 ? ",)" : ")");
