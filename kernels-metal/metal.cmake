@@ -5,10 +5,13 @@ mlx_build_metallib(
   TARGET attn_kernels_metallib
   TITLE attn_kernels
   SOURCES ${METAL_KERNEL_DIR}/decode_attention.metal ${METAL_KERNEL_DIR}/decode_attention_quantized.metal
+    ${METAL_KERNEL_DIR}/attention_step.metal
   INCLUDE_DIRS ${METAL_KERNEL_DIR} ${MLX_INCLUDE_DIRS}
   OUTPUT_DIRECTORY ${CMAKE_CURRENT_BINARY_DIR})
 add_dependencies(_ext attn_kernels_metallib)
-target_sources(_ext PRIVATE ${METAL_KERNEL_DIR}/eval_gpu_metal.cpp
-  ${METAL_KERNEL_DIR}/eval_gpu_metal_quantized.cpp)
+target_sources(_ext PRIVATE
+  ${METAL_KERNEL_DIR}/eval_gpu_metal.cpp
+  ${METAL_KERNEL_DIR}/eval_gpu_metal_quantized.cpp
+  ${METAL_KERNEL_DIR}/eval_gpu_attention_step_metal.cpp)
 target_include_directories(_ext PRIVATE ${METAL_KERNEL_DIR})
 install(FILES ${CMAKE_CURRENT_BINARY_DIR}/attn_kernels.metallib DESTINATION attn_kernels)

@@ -41,6 +41,22 @@ inline float exp(float x) {
 }
 }  // namespace fast
 
+inline float exp2(float x) {
+  return std::exp2(x);
+}
+inline float rsqrt(float x) {
+  return 1.0f / std::sqrt(x);
+}
+
+namespace precise {
+inline float cos(float x) {
+  return std::cos(x);
+}
+inline float sin(float x) {
+  return std::sin(x);
+}
+}  // namespace precise
+
 // Implemented in simt.h: the calling thread's SIMD group exchanges values with its 31 peers.
 float simd_sum(float x);
 float simd_max(float x);

@@ -4,6 +4,7 @@
 #include <nanobind/stl/vector.h>
 #include <nanobind/stl/variant.h>
 
+#include "attention_step.h"
 #include "decode_attention.h"
 #include "decode_attention_quantized.h"
 
@@ -84,4 +85,26 @@ Args:
 
 Returns:
     (B, Hq, L, D) in the queries' dtype.)");
+  m.def(
+      "attention_step",
+      &attn_kernels::attention_step,
+      "q"_a,
+      "k"_a,
+      "v"_a,
+      "q_norm_weight"_a,
+      "k_norm_weight"_a,
+      "k_cache"_a,
+      "v_cache"_a,
+      "offset"_a,
+      "eps"_a,
+      "rope_base"_a,
+      "scale"_a,
+      "schedule"_a = "auto",
+      nb::kw_only(),
+      "stream"_a = nb::none(),
+      "One decode step of attention after the projections (see attn_kernels.attention_step).");
+  m.def(
+      "attention_step_cache_copies",
+      &attn_kernels::attention_step_cache_copies,
+      "How many times attention_step has copied a cache it could not update in place.");
 }

@@ -11,3 +11,15 @@ void DecodeAttention::eval_gpu(const std::vector<mx::array>&, std::vector<mx::ar
 }
 
 }  // namespace attn_kernels
+
+#include "attention_step.h"
+
+namespace attn_kernels {
+
+void AttentionStep::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
+  throw std::runtime_error(
+      "[attention_step] this attn_kernels build has no GPU kernel: it was built against an MLX "
+      "without CUDA or Metal. Run on the CPU stream (stream=mx.cpu).");
+}
+
+}  // namespace attn_kernels

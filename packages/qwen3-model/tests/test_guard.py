@@ -7,7 +7,7 @@ import qwen3_model.model as model_module
 from attn_kernels import guard
 from attn_kernels.guard import LIMITS
 from qwen3_model import KVCache, ModelArgs
-from qwen3_model.model import Attention
+from qwen3_model.model import STEP_BACKENDS, Attention
 
 # Qwen3's head dim and dtype (the measured ones), few heads: the guard sees L, S, D, dtype, mask.
 ARGS = ModelArgs(256, 1, 512, 4, 2, 128, 1000)
@@ -32,6 +32,13 @@ def calls(monkeypatch):
         ("mx.fast", mx.fast, "scaled_dot_product_attention"),
     ]:
         monkeypatch.setattr(owner, attr, spy(name, getattr(owner, attr)))
+    step = model_module.attention_step
+
+    def step_spy(q, k, v, q_w, k_w, keys, values, offset, **kw):
+        seen.append(("step", offset + q.shape[1]))
+        return step(q, k, v, q_w, k_w, keys, values, offset, **kw)
+
+    monkeypatch.setattr(model_module, "attention_step", step_spy)
     return seen
 
 
@@ -53,30 +60,46 @@ def run_layer(prefix, length, mask=None, checkpoint="decode-attention", dtype=mx
 
 
 def cases(where):
-    """(prefix, L) -> (path, S) on both sides of the backend's limits."""
+    """(prefix, L) -> (path, S) on both sides of the backend's limits. Inside the guard a layer
+    with a cache runs the fused step (AttentionStep) where the backend has one."""
     lim = LIMITS[where]
     lq, ls = lim.max_query, lim.max_context
+    inside = "step" if where in STEP_BACKENDS else "custom"
     return [
-        ((0, 1), ("custom", 1)),
-        ((29, 2), ("custom", 31)),
-        ((ls - lq, lq), ("custom", ls)),
+        ((0, 1), (inside, 1)),
+        ((29, 2), (inside, 31)),
+        ((ls - lq, lq), (inside, ls)),
         ((ls, 1), ("mx.fast", ls + 1)),
         ((ls - lq - 1, lq + 1), ("mx.fast", ls)),
         ((0, 2 * lq), ("mx.fast", 2 * lq)),  # a prompt longer than the limit: prefill
     ]
 
 
+def on_backend(monkeypatch, where):
+    """The guard's limits and the model's step switch both see `where`."""
+    monkeypatch.setattr(guard, "_default_backend", lambda: where)
+    monkeypatch.setattr(guard, "backend", lambda: where)
+
+
 @pytest.mark.parametrize("where", BACKENDS)
 def test_guard(calls, monkeypatch, where):
-    monkeypatch.setattr(guard, "_default_backend", lambda: where)
+    on_backend(monkeypatch, where)
     for (prefix, length), expected in cases(where):
         mx.eval(run_layer(prefix, length))
         assert calls[-1] == expected, (where, prefix, length)
 
 
+def test_without_a_cache_the_kernel_alone(calls):
+    layer = Attention(ARGS, "decode-attention")
+    layer.set_dtype(mx.bfloat16)
+    x = mx.random.normal((1, 3, ARGS.hidden_size)).astype(mx.bfloat16)
+    mx.eval(layer(x, "causal", None))
+    assert calls[-1] == ("custom", 3)
+
+
 @pytest.mark.parametrize("where", BACKENDS)
 def test_explicit_mask(calls, monkeypatch, where):
-    monkeypatch.setattr(guard, "_default_backend", lambda: where)
+    on_backend(monkeypatch, where)
     lim = LIMITS[where]
     mask = mx.ones((1, 1, 1, 5), dtype=mx.bool_)
     mx.eval(run_layer(4, 1, mask=mask))

@@ -1,11 +1,14 @@
 """Parity with mlx-lm's Qwen3, checkpoint round trips, the KV cache, loading errors."""
 
+import dataclasses
 import json
 
 import mlx.core as mx
 import mlx.nn as nn
 import pytest
 import qwen3_model
+import qwen3_model.model as model_module
+from attn_kernels import attention_step_cache_copies, guard
 from mlx.utils import tree_flatten
 from mlx_lm.models import qwen3 as mlx_lm_qwen3
 from mlx_lm.models.cache import make_prompt_cache
@@ -40,21 +43,86 @@ def greedy(model, prompt, steps, cache, call):
 
 @pytest.mark.parametrize("variant", ["float32", "bfloat16", "4bit"])
 @pytest.mark.parametrize("checkpoint", CHECKPOINTS)
-def test_parity_with_mlx_lm(variant, checkpoint):
+@pytest.mark.parametrize("prompt_len", [32, 250])
+def test_parity_with_mlx_lm(variant, checkpoint, prompt_len, monkeypatch):
+    """16 greedy steps; from a 250-token prompt they cross the cache's 256-position boundary.
+    decode-attention runs every decode step through the fused projections and AttentionStep."""
+    check_parity(variant, checkpoint, prompt_len, monkeypatch)
+
+
+@pytest.mark.skipif(not mx.cuda.is_available(), reason="needs MLX's CUDA backend")
+@pytest.mark.parametrize("variant", ["bfloat16"])
+@pytest.mark.parametrize("checkpoint", CHECKPOINTS)
+@pytest.mark.parametrize("prompt_len", [32, 250])
+def test_parity_with_mlx_lm_on_cuda(variant, checkpoint, prompt_len, monkeypatch):
+    """The same on the GPU in bf16 (float32 left out: MLX's CUDA matmuls take it through TF32).
+    4-bit is left out here: on the H200 (7257bce) its greedy tokens differed from mlx-lm's for
+    both checkpoints, the unfused composition included (docs/fused-step.md, open items)."""
+    mx.set_default_device(mx.gpu)
+    check_parity(variant, checkpoint, prompt_len, monkeypatch)
+
+
+def widen_guard(monkeypatch, head_dim=CONFIGS["qwen3-tiny"].head_dim):
+    """The guard's limits with the tiny config's head dim and every float dtype: the records
+    measured D=128 bf16 only, so the tiny models would otherwise never reach the fused paths
+    these tests are about (the limits' values are test_guard's subject)."""
+    floats = (mx.float32, mx.float16, mx.bfloat16)
+    wide = {
+        where: dataclasses.replace(lim, head_dims=(*lim.head_dims, head_dim), dtypes=floats)
+        for where, lim in guard.LIMITS.items()
+    }
+    monkeypatch.setattr(guard, "LIMITS", wide)
+
+
+def check_parity(variant, checkpoint, prompt_len, monkeypatch):
+    widen_guard(monkeypatch)
     dtype = mx.float32 if variant == "float32" else mx.bfloat16
     quantize = "4bit" if variant == "4bit" else None
     model = load("qwen3-tiny", dtype=dtype, quantize=quantize, checkpoint=checkpoint, seed=3)
     ref = mlx_lm_twin(model)
-    prompt = mx.random.randint(10, 990, (1, 32), key=mx.random.key(7))
+    steps = []
+    step = model_module.attention_step
+    monkeypatch.setattr(
+        model_module, "attention_step", lambda *a, **k: steps.append(a[7]) or step(*a, **k)
+    )
+    fused_calls = []
+    fused_call = model_module.FusedLinear.__call__
+    monkeypatch.setattr(
+        model_module.FusedLinear,
+        "__call__",
+        lambda self, x: fused_calls.append(1) or fused_call(self, x),
+    )
+    prompt = mx.random.randint(10, 990, (1, prompt_len), key=mx.random.key(7))
     ours, our_logits = greedy(model, prompt, 16, make_cache(model), lambda m, t, c: m(t, c))
+    layers = model.args.num_hidden_layers
+    if checkpoint == "decode-attention":
+        # Every decode step in every layer (and the prefill's matmuls) fused.
+        assert steps[-16 * layers :] == [
+            o for o in range(prompt_len, prompt_len + 16) for _ in range(layers)
+        ]
+        assert len(fused_calls) == 2 * 17 * layers
+    else:
+        assert steps == [] and fused_calls == []
     theirs, their_logits = greedy(
         ref, prompt, 16, make_prompt_cache(ref), lambda m, t, c: m(t, cache=c)
     )
-    assert ours == theirs
-    for a, b in zip(our_logits, their_logits, strict=True):
-        assert (
-            mx.abs(a.astype(mx.float32) - b.astype(mx.float32)).max().item() <= LOGIT_ATOL[variant]
-        )
+    assert_same_greedy(ours, theirs, our_logits, their_logits, LOGIT_ATOL[variant])
+
+
+def assert_same_greedy(ours, theirs, our_logits, their_logits, atol):
+    """Identical greedy tokens and logits within atol, up to a near-tie: where mlx-lm's top two
+    logits lie within atol of each other, rounding may pick either, and the sequences may part
+    there (seen in 4-bit: an exact tie). A parting at a clear margin fails."""
+    steps = len(ours)
+    for i, (a, b) in enumerate(zip(ours, theirs, strict=True)):
+        if a != b:
+            top2 = mx.sort(their_logits[i][0].astype(mx.float32))[-2:]
+            margin = (top2[1] - top2[0]).item()
+            assert margin <= atol, f"step {i}: tokens {a} != {b} at a margin of {margin}"
+            steps = i
+            break
+    for a, b in zip(our_logits[: steps + 1], their_logits[: steps + 1], strict=True):
+        assert mx.abs(a.astype(mx.float32) - b.astype(mx.float32)).max().item() <= atol
 
 
 @pytest.mark.parametrize("quantize", [None, "4bit"])
@@ -132,10 +200,39 @@ def test_cache_memory_and_no_per_token_copy():
     mx.clear_cache()
     mx.reset_peak_memory()
     before = mx.get_active_memory()
+    copies = attention_step_cache_copies()
     for _ in range(8):
         mx.eval(model(token, cache))
     assert mx.get_peak_memory() - before < expected // 4
     assert sum(c.nbytes for c in cache) == expected
+    assert attention_step_cache_copies() == copies  # every step updated the caches in place
+
+
+@pytest.mark.parametrize("quantize", [None, "4bit"])
+def test_fused_projections(quantize):
+    """The fused matmuls give the separate layers' outputs; parameters() keep the checkpoint's
+    names (views of the fused weights, no second copy); weights loaded afterwards are used."""
+    model = load("qwen3-tiny", quantize=quantize, seed=6)
+    plain = qwen3_model.Model(model.args)
+    if quantize:
+        nn.quantize(plain, **model.quantization)
+    assert [k for k, _ in tree_flatten(model.parameters())] == [
+        k for k, _ in tree_flatten(plain.parameters())
+    ]
+    attn, mlp = model.layers[0].self_attn, model.layers[0].mlp
+    x = mx.random.normal((1, 3, model.args.hidden_size)).astype(mx.bfloat16)
+    fused = attn.project(x, fused=True)
+    separate = attn.project(x, fused=False)
+    for a, b in zip(fused, separate, strict=True):
+        assert mx.array_equal(a, b).item()
+    assert mx.array_equal(mlp(x, fused=True), mlp(x, fused=False)).item()
+    # Other weights loaded into the model: the fused copy is stale and is not used.
+    plain.load_weights(list(tree_flatten(model.parameters())))
+    model.load_weights(
+        list(tree_flatten(load("qwen3-tiny", quantize=quantize, seed=7).parameters()))
+    )
+    assert not attn.qkv.fuses([attn.q_proj, attn.k_proj, attn.v_proj])
+    assert mx.array_equal(attn.project(x, fused=True)[0], attn.q_proj(x)).item()
 
 
 def test_batch_with_per_request_padding_mask():
@@ -151,3 +248,25 @@ def test_batch_with_per_request_padding_mask():
     solo = model(mx.array([short]), make_cache(model))
     assert mx.allclose(logits[1, :14], solo[0], atol=1e-4).item()
     assert mx.allclose(logits[0], model(mx.array([long]), make_cache(model))[0], atol=1e-4).item()
+
+
+def test_fused_step_switch(monkeypatch):
+    """set_fused_step(False) runs the chain before the fused step (no AttentionStep, separate
+    projections) and gives the same logits."""
+    widen_guard(monkeypatch)
+    model = load("qwen3-tiny", dtype=mx.float32, seed=8)
+    calls = []
+    step = model_module.attention_step
+    monkeypatch.setattr(
+        model_module, "attention_step", lambda *a, **k: calls.append(1) or step(*a, **k)
+    )
+    prompt = mx.array([list(range(20, 40))])
+    logits = []
+    for enabled in (True, False):
+        model.set_fused_step(enabled)
+        cache = make_cache(model)
+        model(prompt, cache)
+        before = len(calls)
+        logits.append(model(mx.array([[7]]), cache))
+        assert (len(calls) > before) == enabled
+    assert mx.allclose(logits[0], logits[1], atol=1e-4).item()

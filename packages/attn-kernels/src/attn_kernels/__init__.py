@@ -1,8 +1,10 @@
 """Grouped-query decode attention for MLX.
 
-- `scaled_dot_product_attention`: the readable mlx.core oracle and fallback.
+- `scaled_dot_product_attention`: the readable mlx.core oracle (and the composition baseline).
 - `decode_attention_custom`: the fused `DecodeAttention` primitive (CPU, CUDA, Metal).
 - `decode_attention_quantized`: the same over a quantized KV cache (mlx-lm's layout).
+- `attention_step`: q/k RMSNorm, RoPE, the K/V cache write and decode attention in one
+  `AttentionStep` primitive (docs/fused-step.md).
 """
 
 import mlx.core  # noqa: F401  (loads libmlx before the extension)
@@ -14,11 +16,14 @@ from attn_kernels.attention import (
     decode_attention_custom,
     scaled_dot_product_attention,
 )
+from attn_kernels.attention_step import attention_step, attention_step_cache_copies
 from attn_kernels.quantized import decode_attention_quantized, dequantize_kv
 
 __all__ = [
     "MAX_HEAD_DIM",
     "SCHEDULES",
+    "attention_step",
+    "attention_step_cache_copies",
     "causal_mask",
     "decode_attention_custom",
     "decode_attention_quantized",

@@ -24,21 +24,40 @@ class KVCache:
     def capacity(self) -> int:
         return 0 if self.keys is None else self.keys.shape[2]
 
-    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
-        b, h, length, d = keys.shape
+    def reserve(
+        self, dtype: mx.Dtype, b: int, h: int, length: int, d: int
+    ) -> tuple[mx.array, mx.array]:
+        """The buffers, grown (a copy, once every `step` tokens) to hold `length` more positions."""
         start, end = self.offset, self.offset + length
         if end > self.capacity:
             capacity = -(-end // self.step) * self.step
-            grown_k = mx.zeros((b, h, capacity, d), keys.dtype)
-            grown_v = mx.zeros((b, h, capacity, values.shape[3]), values.dtype)
+            grown_k = mx.zeros((b, h, capacity, d), dtype)
+            grown_v = mx.zeros((b, h, capacity, d), dtype)
             if self.keys is not None:
                 grown_k[:, :, :start, :] = self.keys[:, :, :start, :]
                 grown_v[:, :, :start, :] = self.values[:, :, :start, :]
             self.keys, self.values = grown_k, grown_v
+        return self.keys, self.values
+
+    def advance(self, keys: mx.array, values: mx.array, length: int) -> None:
+        """Take the buffers an AttentionStep returned (positions up to offset + length written).
+        Holding only these lets the next step update them in place."""
+        self.keys, self.values = keys, values
+        self.offset += length
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        b, h, length, d = keys.shape
+        start, end = self.offset, self.offset + length
+        self.reserve(keys.dtype, b, h, length, d)
         self.keys[:, :, start:end, :] = keys
         self.values[:, :, start:end, :] = values
         self.offset = end
         return self.keys[:, :, :end, :], self.values[:, :, :end, :]
+
+    @property
+    def state(self) -> tuple[mx.array | None, mx.array | None]:
+        """What mlx-lm's generate_step evaluates after each prefill chunk."""
+        return self.keys, self.values
 
     @property
     def nbytes(self) -> int:

@@ -118,6 +118,7 @@ def load(
         model = _random_model(CONFIGS[name], checkpoint, dtype)
         _quantize(model, quantize)
         _materialise(model, progress)
+        model.fuse_projections()  # decode-attention's fused q/k/v and gate/up (views: no copy kept)
         return model
     path = Path(name_or_path).expanduser()
     if not path.exists():
@@ -161,6 +162,7 @@ def load(
     elif quantize not in (None, "none"):
         raise ValueError(f"{path} is already quantized ({stored}); leave quantize unset")
     _materialise(model, progress)
+    model.fuse_projections()  # decode-attention's fused q/k/v and gate/up (views: no copy kept)
     return model
 
 

@@ -1,7 +1,11 @@
 """Qwen3 on MLX. MLX's own blocks everywhere except attention, which is where the checkpoints
-differ: "composition" always runs the readable grouped attention (the chapter's baseline);
-"decode-attention" runs the fused DecodeAttention kernel inside its measured region
-(attn_kernels.guard) and mx.fast.scaled_dot_product_attention outside it and for prefill."""
+differ: "composition" always runs the readable grouped attention with the checkpoint's separate
+projections (the chapter's baseline); "decode-attention" runs, inside the fused kernel's
+measured region (attn_kernels.guard, asked in Attention.__call__), one AttentionStep per layer
+(q/k norm, RoPE, the cache write and attention in one op) on fused q/k/v and gate/up projections
+(Model.fuse_projections, done at load; docs/fused-step.md), and outside it, and for prefill,
+mx.fast.scaled_dot_product_attention. A quantized cache goes through decode_attention_quantized
+where measured, else the dequantised cache through mx.fast."""
 
 from __future__ import annotations
 
@@ -9,17 +13,73 @@ import mlx.core as mx
 import mlx.nn as nn
 from attn_kernels import (
     SCHEDULES,
+    attention_step,
     decode_attention_custom,
     decode_attention_quantized,
     dequantize_kv,
+    guard,
     scaled_dot_product_attention,
 )
 from attn_kernels.guard import use_fused, use_fused_quantized
 
+from qwen3_model.cache import KVCache
 from qwen3_model.configs import ModelArgs
 from qwen3_model.sharding import shard
 
 CHECKPOINTS = ("composition", "decode-attention")
+
+# Backends with an AttentionStep kernel (inside the guard, a step with a KVCache goes through it;
+# Metal's launcher has not run on a Mac yet).
+STEP_BACKENDS = ("cpu", "cuda")
+
+
+class FusedLinear:
+    """Bias-free linear layers of one input as one matmul: weights (and a quantized layer's scales
+    and biases) concatenated by rows. A plain object, not an nn.Module: parameters() keep the
+    checkpoint's separate names, which become row views of the fused arrays (no second copy)."""
+
+    def __init__(self, layers: list[nn.Module]):
+        first = layers[0]
+        self.quantized = isinstance(first, nn.QuantizedLinear)
+        if any("bias" in layer for layer in layers) or any(
+            isinstance(layer, nn.QuantizedLinear) != self.quantized for layer in layers
+        ):
+            raise ValueError("FusedLinear fuses bias-free layers of one kind")
+        self.sizes = [layer.weight.shape[0] for layer in layers]
+        names = ("weight", "scales", "biases") if self.quantized else ("weight",)
+        self.arrays = {}
+        for name in names:
+            if first.get(name) is None:
+                continue
+            fused = mx.concatenate([layer[name] for layer in layers], axis=0)
+            mx.eval(fused)
+            self.arrays[name] = fused
+            start = 0
+            for layer, size in zip(layers, self.sizes, strict=True):
+                layer[name] = fused[start : start + size]
+                start += size
+            mx.eval([layer[name] for layer in layers])
+        if self.quantized:
+            self.group_size, self.bits, self.mode = first.group_size, first.bits, first.mode
+        self.sources = [layer.weight for layer in layers]
+
+    def fuses(self, layers) -> bool:
+        """Whether the layers still hold the views made here (not weights loaded since)."""
+        return all(layer.weight is w for layer, w in zip(layers, self.sources, strict=True))
+
+    def __call__(self, x: mx.array) -> mx.array:
+        if self.quantized:
+            return mx.quantized_matmul(
+                x,
+                self.arrays["weight"],
+                scales=self.arrays["scales"],
+                biases=self.arrays.get("biases"),
+                transpose=True,
+                group_size=self.group_size,
+                bits=self.bits,
+                mode=self.mode,
+            )
+        return x @ self.arrays["weight"].T
 
 
 class Attention(nn.Module):
@@ -28,6 +88,7 @@ class Attention(nn.Module):
         self.n_heads = args.num_attention_heads
         self.n_kv_heads = args.num_key_value_heads
         self.scale = args.head_dim**-0.5
+        self.head_dim = args.head_dim
         self.checkpoint = checkpoint
         self.schedule = "auto"  # the GPU kernel schedule (experiments; see Model.set_schedule)
         dim, head_dim = args.hidden_size, args.head_dim
@@ -38,27 +99,68 @@ class Attention(nn.Module):
         self.q_norm = nn.RMSNorm(head_dim, eps=args.rms_norm_eps)
         self.k_norm = nn.RMSNorm(head_dim, eps=args.rms_norm_eps)
         self.rope = nn.RoPE(head_dim, traditional=False, base=args.rope_theta)
+        self.rope_base = args.rope_theta
+        self.eps = args.rms_norm_eps
+        self.qkv = None  # FusedLinear of q/k/v (fuse_projections)
+        self.fused_step = True  # decode-attention: fused projections and AttentionStep
+
+    def fuse_projections(self) -> None:
+        self.qkv = FusedLinear([self.q_proj, self.k_proj, self.v_proj])
+
+    def project(self, x: mx.array, fused: bool) -> tuple[mx.array, mx.array, mx.array]:
+        """q, k, v as (B, L, heads·D): one matmul and three views when fused."""
+        projections = [self.q_proj, self.k_proj, self.v_proj]
+        if fused and self.qkv is not None and self.qkv.fuses(projections):
+            nq, nk, _ = self.qkv.sizes
+            # One Split op (three views): a quarter of three slices' host time.
+            q, k, v = mx.split(self.qkv(x), [nq, nq + nk], axis=-1)
+            return q, k, v
+        return self.q_proj(x), self.k_proj(x), self.v_proj(x)
 
     def __call__(self, x: mx.array, mask=None, cache=None) -> mx.array:
         b, length, _ = x.shape
-        q = self.q_norm(self.q_proj(x).reshape(b, length, self.n_heads, -1)).transpose(0, 2, 1, 3)
-        k = self.k_norm(self.k_proj(x).reshape(b, length, self.n_kv_heads, -1)).transpose(
-            0, 2, 1, 3
-        )
-        v = self.v_proj(x).reshape(b, length, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
         offset = cache.offset if cache is not None else 0
+        decode = self.checkpoint == "decode-attention"
+        step = decode and self.fused_step
+        q, k, v = self.project(x, step)
+        plain_cache = cache is None or isinstance(cache, KVCache)
+        # The dispatch guard: the fused kernels only where they were measured to beat mx.fast.
+        fused = (
+            decode
+            and plain_cache
+            and use_fused(length, offset + length, self.head_dim, mask, dtype=q.dtype)
+        )
+        causal = mask is None or (isinstance(mask, str) and mask == "causal")
+        if fused and step and causal and cache is not None and guard.backend() in STEP_BACKENDS:
+            # Norms, RoPE, the cache write and attention: one AttentionStep.
+            keys, values = cache.reserve(k.dtype, b, self.n_kv_heads, length, self.head_dim)
+            out, keys, values = attention_step(
+                q,
+                k,
+                v,
+                self.q_norm.weight,
+                self.k_norm.weight,
+                keys,
+                values,
+                offset,
+                eps=self.eps,
+                rope_base=self.rope_base,
+                scale=self.scale,
+                schedule=self.schedule,
+            )
+            cache.advance(keys, values, length)
+            return self.o_proj(out)
+        q = self.q_norm(q.reshape(b, length, self.n_heads, -1)).transpose(0, 2, 1, 3)
+        k = self.k_norm(k.reshape(b, length, self.n_kv_heads, -1)).transpose(0, 2, 1, 3)
+        v = v.reshape(b, length, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
         q, k = self.rope(q, offset=offset), self.rope(k, offset=offset)
         if cache is not None:
             k, v = cache.update_and_fetch(k, v)
         if isinstance(k, tuple):  # a QuantizedKVCache: (codes, scales, biases) triples
             out = self._attend_quantized(q, k, v, mask, cache)
-            return self.o_proj(out.transpose(0, 2, 1, 3).reshape(b, length, -1))
-
-        # The dispatch guard: the fused kernel only where it was measured to beat mx.fast, the
-        # fallback (the readable path is the composition checkpoint's, the baseline).
-        if self.checkpoint == "composition":
+        elif self.checkpoint == "composition":
             out = scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask)
-        elif use_fused(length, k.shape[2], q.shape[-1], mask, dtype=q.dtype):
+        elif fused:
             out = decode_attention_custom(
                 q, k, v, scale=self.scale, mask=mask, schedule=self.schedule
             )
@@ -92,8 +194,19 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(dim, hidden_dim, bias=False)
         self.up_proj = nn.Linear(dim, hidden_dim, bias=False)
         self.down_proj = nn.Linear(hidden_dim, dim, bias=False)
+        self.gate_up = None  # FusedLinear of gate/up (fuse_projections)
 
-    def __call__(self, x: mx.array) -> mx.array:
+    def fuse_projections(self) -> None:
+        self.gate_up = FusedLinear([self.gate_proj, self.up_proj])
+
+    def __call__(self, x: mx.array, fused: bool = False) -> mx.array:
+        if (
+            fused
+            and self.gate_up is not None
+            and self.gate_up.fuses([self.gate_proj, self.up_proj])
+        ):
+            gate, up = mx.split(self.gate_up(x), [self.gate_up.sizes[0]], axis=-1)
+            return self.down_proj(swiglu(gate, up))
         return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
 
 
@@ -107,7 +220,9 @@ class TransformerBlock(nn.Module):
 
     def __call__(self, x: mx.array, mask=None, cache=None) -> mx.array:
         h = x + self.self_attn(self.input_layernorm(x), mask, cache)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        attn = self.self_attn
+        fused = attn.fused_step and attn.checkpoint == "decode-attention"
+        return h + self.mlp(self.post_attention_layernorm(h), fused)
 
 
 class Qwen3Model(nn.Module):
@@ -131,8 +246,7 @@ class Model(nn.Module):
     """Parameter names follow the Hugging Face / mlx-lm layout (model.layers.{i}.self_attn...).
 
     mask: None (causal for several tokens), "causal", or an additive/boolean array broadcastable
-    to (B, Hq, L, S), e.g. per-request padding masks of a batch (the fused kernel where
-    attn_kernels.guard measured it to win, mx.fast elsewhere).
+    to (B, Hq, L, S), e.g. per-request padding masks of a batch (always the readable path).
     """
 
     def __init__(self, args: ModelArgs, checkpoint: str = "decode-attention"):
@@ -164,8 +278,24 @@ class Model(nn.Module):
         for layer in self.layers:
             layer.self_attn.checkpoint = checkpoint
 
+    def fuse_projections(self) -> None:
+        """q/k/v into one matmul and gate/up into one, for the decode-attention checkpoint (bf16
+        or quantized layers alike). parameters() keep the checkpoint's names, as views of the
+        fused weights; call again after loading other weights into the model."""
+        for layer in self.layers:
+            layer.self_attn.fuse_projections()
+            layer.mlp.fuse_projections()
+
+    def set_fused_step(self, enabled: bool) -> None:
+        """decode-attention with (True, the default) or without the fused projections and
+        AttentionStep: without, it runs the op chain before them (separate projections, norms,
+        RoPE, slice updates, then DecodeAttention), for A/B measurements."""
+        for layer in self.layers:
+            layer.self_attn.fused_step = enabled
+
     def shard(self, group: mx.distributed.Group | None = None) -> None:
-        """Tensor-parallel in place over `group` (mlx-lm's layout; see sharding.py)."""
+        """Tensor-parallel in place over `group` (mlx-lm's layout; see sharding.py). The sharded
+        projections run unfused (FusedLinear.fuses sees the new layers)."""
         shard(self, group)
 
     def set_schedule(self, schedule: str) -> None:

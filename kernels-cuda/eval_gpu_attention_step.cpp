@@ -1,0 +1,118 @@
+// AttentionStep's eval_gpu through MLX's CUDA command encoder: the preprocessing kernel
+// (attention_step.cu), then DecodeAttention's attend kernel over the updated caches, as graph
+// nodes with their dependencies; a cache copy first when a cache cannot be donated, and the
+// token-first reordering after attention when L > 1.
+#include "attention_step.h"
+#include "attention_step_cuda.h"
+#include "decode_attention_cuda.h"
+#include "mlx/backend/cuda/device.h"
+#include "mlx/backend/cuda/utils.h"
+
+namespace attn_kernels {
+
+namespace {
+
+size_t align256(size_t bytes) {
+  return (bytes + 255) / 256 * 256;
+}
+
+void add_copy(mx::cu::CommandEncoder& encoder, cuda::StridedCopy copy, ElementType dtype) {
+  void* args[] = {&copy};
+  encoder.add_kernel_node_raw(
+      cuda::copy_strided_kernel(dtype), dim3(cuda::copy_blocks(copy.size)),
+      dim3(cuda::kCopyThreads), dim3(1, 1, 1), 0, args);
+}
+
+}  // namespace
+
+void AttentionStep::eval_gpu(
+    const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  auto& out = outputs[0];
+  auto& encoder = mx::cu::get_command_encoder(stream());
+  const auto donated = donate_caches(inputs, outputs);
+  for (int c = 0; c < 2; ++c) {
+    if (!donated[c]) {
+      outputs[1 + c].set_data(mx::allocator::malloc(outputs[1 + c].nbytes()));
+    }
+  }
+  StepProblem step = make_step_problem(inputs, outputs, offset_, eps_, rope_base_);
+  step.q = mx::gpu_ptr<void>(inputs[0]);
+  step.k = mx::gpu_ptr<void>(inputs[1]);
+  step.v = mx::gpu_ptr<void>(inputs[2]);
+  step.q_weight = mx::gpu_ptr<void>(inputs[3]);
+  step.k_weight = mx::gpu_ptr<void>(inputs[4]);
+  step.k_cache = mx::gpu_ptr<void>(outputs[1]);
+  step.v_cache = mx::gpu_ptr<void>(outputs[2]);
+
+  // out's allocation: out | rotated queries (B, Hq, L, D) | heads-first attention output when
+  // L > 1 | the split attention's partial states (as DecodeAttention keeps them behind its
+  // output: one allocation per call).
+  const int L = step.length;
+  const size_t q_bytes = size_t(step.batch) * step.q_heads * L * step.head_dim * out.itemsize();
+  const size_t q_at = align256(out.nbytes());
+  const size_t heads_at = align256(q_at + q_bytes);
+  const size_t partials_at = L > 1 ? align256(heads_at + q_bytes) : heads_at;
+  // Planned with the scratch's alignment (256 bytes; plan() checks 16), then pointed at it.
+  DecodeProblem attention = make_step_attention(
+      step, reinterpret_cast<const void*>(uintptr_t{256}), step.k_cache, step.v_cache, nullptr,
+      scale_);
+  const cuda::Plan plan = cuda::plan(attention, cuda::parse_schedule(schedule_));
+  out.set_data(mx::allocator::malloc(partials_at + plan.partial_floats * sizeof(float)));
+  char* base = mx::gpu_ptr<char>(out);
+  step.q_out = base + q_at;
+  attention.queries = step.q_out;
+  attention.out = L == 1 ? static_cast<void*>(base) : base + heads_at;
+  float* partials = plan.splits > 1 ? reinterpret_cast<float*>(base + partials_at) : nullptr;
+
+  for (int c = 0; c < 2; ++c) {
+    if (!donated[c]) {
+      const auto& in = inputs[5 + c];
+      cuda::StridedCopy copy{mx::gpu_ptr<void>(in), mx::gpu_ptr<void>(outputs[1 + c]), {}, {}, 0};
+      for (int a = 0; a < 4; ++a) {
+        copy.shape[a] = in.shape(a);
+        copy.strides[a] = in.strides()[a];
+      }
+      copy.size = static_cast<int64_t>(in.size());
+      encoder.set_input_array(in);
+      encoder.set_output_array(outputs[1 + c]);
+      add_copy(encoder, copy, step.dtype);
+    }
+  }
+
+  // Dependencies by buffer: a node follows the last writer of every buffer it names. The
+  // caches are named as outputs by both nodes (also the attend node, which only reads them), so
+  // the next writer of a cache waits for this step's reads, and no cache is counted as bytes
+  // read into the graph (MLX's commit heuristic).
+  for (int i = 0; i < 5; ++i) {
+    encoder.set_input_array(inputs[i]);
+  }
+  for (auto& o : outputs) {
+    encoder.set_output_array(o);
+  }
+  void* preprocess_args[] = {&step};
+  encoder.add_kernel_node_raw(
+      cuda::step_preprocess_kernel(step.dtype),
+      dim3(step.batch * L, (step.q_heads + step.kv_heads + cuda::kStepWarps - 1) / cuda::kStepWarps),
+      dim3(cuda::kStepWarps * 32), dim3(1, 1, 1), 0, preprocess_args);
+
+  for (auto& o : outputs) {
+    encoder.set_output_array(o);
+  }
+  int chunk = plan.chunk;
+  unsigned slot = plan.arrival_slot;
+  void* attend_args[] = {&attention, &partials, &chunk, &slot};
+  encoder.add_kernel_node_raw(
+      plan.attend, dim3(plan.attend_grid[0], plan.attend_grid[1]), dim3(plan.attend_threads),
+      dim3(1, 1, 1), plan.attend_smem, attend_args);
+
+  if (L > 1) {  // (B, Hq, L, D) -> (B, L, Hq, D): the source read as (B, L, Hq, D) via strides
+    const int H = step.q_heads, D = step.head_dim;
+    cuda::StridedCopy reorder{
+        base + heads_at, base, {step.batch, L, H, D},
+        {int64_t{H} * L * D, D, int64_t{L} * D, 1}, int64_t{step.batch} * L * H * D};
+    encoder.set_output_array(out);
+    add_copy(encoder, reorder, step.dtype);
+  }
+}
+
+}  // namespace attn_kernels

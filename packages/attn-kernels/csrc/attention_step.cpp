@@ -1,0 +1,260 @@
+// AttentionStep: the op (validation), the cache donation rule and the problems every backend
+// fills (the CPU evaluation: attention_step_cpu.cpp).
+#include "attention_step.h"
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cmath>
+#include <sstream>
+#include <stdexcept>
+
+namespace attn_kernels {
+
+namespace {
+
+std::atomic<uint64_t> cache_copies{0};
+
+std::string shape_str(const mx::array& a) {
+  std::ostringstream os;
+  os << "(";
+  for (int i = 0; i < static_cast<int>(a.ndim()); ++i) {
+    os << (i ? ", " : "") << a.shape(i);
+  }
+  os << (a.ndim() == 1 ? ",)" : ")");
+  return os.str();
+}
+
+[[noreturn]] void fail(const std::string& message) {
+  throw std::invalid_argument("[attention_step] " + message);
+}
+
+ElementType element_type(mx::Dtype t) {
+  if (t == mx::float32) return ElementType::float32;
+  if (t == mx::float16) return ElementType::float16;
+  return ElementType::bfloat16;
+}
+
+}  // namespace
+
+std::vector<mx::array> attention_step(
+    const mx::array& q,
+    const mx::array& k,
+    const mx::array& v,
+    const mx::array& q_norm_weight,
+    const mx::array& k_norm_weight,
+    const mx::array& k_cache,
+    const mx::array& v_cache,
+    int offset,
+    float eps,
+    float rope_base,
+    float scale,
+    const std::string& schedule,
+    mx::StreamOrDevice s) {
+  if (std::find(schedules().begin(), schedules().end(), schedule) == schedules().end()) {
+    std::string names;
+    for (const auto& n : schedules()) names += (names.empty() ? "" : ", ") + n;
+    fail("unknown schedule '" + schedule + "': use one of " + names);
+  }
+  const mx::Dtype dtype = q.dtype();
+  if (dtype != mx::float32 && dtype != mx::float16 && dtype != mx::bfloat16) {
+    std::ostringstream os;
+    os << "q must be float32, float16 or bfloat16, got " << dtype;
+    fail(os.str());
+  }
+  const std::pair<const char*, const mx::array*> all[] = {
+      {"q", &q}, {"k", &k}, {"v", &v}, {"q_norm_weight", &q_norm_weight},
+      {"k_norm_weight", &k_norm_weight}, {"k_cache", &k_cache}, {"v_cache", &v_cache}};
+  for (auto [name, a] : all) {
+    if (a->dtype() != dtype) {
+      std::ostringstream os;
+      os << name << " must have q's dtype " << dtype << ", got " << a->dtype();
+      fail(os.str());
+    }
+  }
+  for (auto [name, a] : {std::pair{"q", &q}, {"k", &k}, {"v", &v}}) {
+    if (a->ndim() != 3) {
+      fail(std::string(name) + " must have shape (batch, length, heads * head_dim), got " +
+           shape_str(*a));
+    }
+  }
+  for (auto [name, a] : {std::pair{"q_norm_weight", &q_norm_weight}, {"k_norm_weight", &k_norm_weight}}) {
+    if (a->ndim() != 1) {
+      fail(std::string(name) + " must have shape (head_dim,), got " + shape_str(*a));
+    }
+  }
+  for (auto [name, a] : {std::pair{"k_cache", &k_cache}, {"v_cache", &v_cache}}) {
+    if (a->ndim() != 4) {
+      fail(std::string(name) + " must have shape (batch, kv_heads, capacity, head_dim), got " +
+           shape_str(*a));
+    }
+  }
+  const int head_dim = q_norm_weight.shape(0);
+  if (k_norm_weight.shape(0) != head_dim) {
+    fail("q_norm_weight and k_norm_weight must have the same size, got " +
+         shape_str(q_norm_weight) + " and " + shape_str(k_norm_weight));
+  }
+  if (head_dim < 2 || head_dim % 2 != 0 || head_dim > kMaxHeadDim) {
+    fail("head_dim (the norm weights' size) must be even and in [2, " +
+         std::to_string(kMaxHeadDim) + "], got " + std::to_string(head_dim));
+  }
+  if (k_cache.shape() != v_cache.shape()) {
+    fail("k_cache and v_cache must have the same shape, got " + shape_str(k_cache) + " and " +
+         shape_str(v_cache));
+  }
+  const int batch = q.shape(0), length = q.shape(1);
+  const int kv_heads = k_cache.shape(1), capacity = k_cache.shape(2);
+  if (k_cache.shape(3) != head_dim) {
+    fail("the caches' head_dim " + std::to_string(k_cache.shape(3)) +
+         " differs from the norm weights' " + std::to_string(head_dim));
+  }
+  if (k_cache.shape(0) != batch) {
+    fail("the caches' batch " + std::to_string(k_cache.shape(0)) + " differs from q's " +
+         std::to_string(batch));
+  }
+  if (length < 1) {
+    fail("q must hold at least one position, got shape " + shape_str(q));
+  }
+  if (q.shape(2) % head_dim != 0) {
+    fail("q's last dimension " + std::to_string(q.shape(2)) +
+         " is not a multiple of head_dim " + std::to_string(head_dim));
+  }
+  const int q_heads = q.shape(2) / head_dim;
+  const mx::Shape kv_shape = {batch, length, kv_heads * head_dim};
+  if (k.shape() != kv_shape || v.shape() != kv_shape) {
+    fail("k and v must have shape (batch, length, kv_heads * head_dim) = (" +
+         std::to_string(batch) + ", " + std::to_string(length) + ", " +
+         std::to_string(kv_heads * head_dim) + "), got " + shape_str(k) + " and " + shape_str(v));
+  }
+  if (kv_heads < 1 || q_heads % kv_heads != 0) {
+    fail("query heads (" + std::to_string(q_heads) +
+         ") must be a positive multiple of the caches' key/value heads (" +
+         std::to_string(kv_heads) + ")");
+  }
+  if (offset < 0 || int64_t{offset} + length > capacity) {
+    fail("offset + length must fit the caches: offset " + std::to_string(offset) + ", length " +
+         std::to_string(length) + ", capacity " + std::to_string(capacity));
+  }
+  if (!(eps > 0.0f) || !(rope_base > 0.0f)) {
+    fail("eps and rope_base must be positive, got " + std::to_string(eps) + " and " +
+         std::to_string(rope_base));
+  }
+  auto stream = mx::to_stream(s);
+  return mx::array::make_arrays(
+      {q.shape(), k_cache.shape(), v_cache.shape()},
+      {dtype, dtype, dtype},
+      std::make_shared<AttentionStep>(stream, offset, eps, rope_base, scale, schedule),
+      {q, k, v, q_norm_weight, k_norm_weight, k_cache, v_cache});
+}
+
+bool AttentionStep::is_equivalent(const mx::Primitive& other) const {
+  auto& o = static_cast<const AttentionStep&>(other);
+  return offset_ == o.offset_ && eps_ == o.eps_ && rope_base_ == o.rope_base_ &&
+         scale_ == o.scale_ && schedule_ == o.schedule_;
+}
+
+std::array<bool, 2> donate_caches(
+    const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  // Each output of a multi-output primitive holds its own copy of the input list, so a cache
+  // that nothing else references is held once per output and is_donatable() is never true.
+  // The outputs other than the one being evaluated lose their lists right after this eval
+  // (array::detach); dropping them first leaves the cache held by the evaluated output alone.
+  // Not while tracing (compile, grad): those lists are kept for the transform.
+  int evaluated = 0;
+  bool tracing = false;
+  for (auto& o : outputs) {
+    evaluated += &o.inputs() == &inputs;
+    tracing |= o.is_tracer();
+  }
+  if (evaluated == 1 && !tracing) {
+    for (auto& o : outputs) {
+      if (&o.inputs() != &inputs) {
+        o.inputs().clear();
+      }
+    }
+  }
+  std::array<bool, 2> donated{};
+  for (int c = 0; c < 2; ++c) {
+    // MLX's is_donatable(in, out) (backend/common/utils.h) plus the condition of the Vector
+    // copy copy_gpu/copy_cpu donate under (the whole buffer, row-contiguous).
+    const auto& in = inputs[5 + c];
+    auto& out = outputs[1 + c];
+    constexpr size_t donation_extra = 16384;
+    donated[c] = in.is_donatable() && in.itemsize() == out.itemsize() &&
+                 in.buffer_size() <= out.nbytes() + donation_extra &&
+                 in.flags().row_contiguous && in.data_size() == in.size();
+    if (donated[c]) {
+      out.copy_shared_buffer(in);
+    } else {
+      cache_copies.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+  return donated;
+}
+
+uint64_t attention_step_cache_copies() {
+  return cache_copies.load(std::memory_order_relaxed);
+}
+
+StepProblem make_step_problem(
+    const std::vector<mx::array>& inputs,
+    const std::vector<mx::array>& outputs,
+    int offset,
+    float eps,
+    float rope_base) {
+  const auto& q = inputs[0];
+  const auto& k_cache = outputs[1];
+  StepProblem p{};
+  p.dtype = element_type(q.dtype());
+  p.head_dim = inputs[3].shape(0);
+  p.batch = q.shape(0);
+  p.length = q.shape(1);
+  p.q_heads = q.shape(2) / p.head_dim;
+  p.kv_heads = k_cache.shape(1);
+  p.offset = offset;
+  p.eps = eps;
+  p.log2_base = std::log2(rope_base);
+  for (int i = 0; i < 3; ++i) {
+    p.q_strides[i] = inputs[0].strides()[i];
+    p.k_strides[i] = inputs[1].strides()[i];
+    p.v_strides[i] = inputs[2].strides()[i];
+  }
+  for (int i = 0; i < 4; ++i) {
+    p.kc_strides[i] = outputs[1].strides()[i];
+    p.vc_strides[i] = outputs[2].strides()[i];
+  }
+  return p;
+}
+
+DecodeProblem make_step_attention(
+    const StepProblem& step, const void* queries, const void* keys, const void* values,
+    void* out, float scale) {
+  DecodeProblem p{};
+  p.queries = queries;
+  p.keys = keys;
+  p.values = values;
+  p.mask = nullptr;
+  p.out = out;
+  p.dtype = step.dtype;
+  p.mask_dtype = ElementType::float32;
+  p.q_heads = step.q_heads;
+  p.kv_heads = step.kv_heads;
+  p.rows = step.batch * step.q_heads;
+  p.kv_rows = step.batch * step.kv_heads;
+  p.query_len = step.length;
+  p.head_dim = step.head_dim;
+  p.context = step.offset + step.length;
+  p.group = step.q_heads / step.kv_heads;
+  p.scale = scale;
+  p.causal = true;
+  const int64_t L = step.length, D = step.head_dim;
+  const int64_t q_strides[4] = {step.q_heads * L * D, L * D, D, 1};
+  for (int i = 0; i < 4; ++i) {
+    p.q_strides[i] = q_strides[i];
+    p.k_strides[i] = step.kc_strides[i];
+    p.v_strides[i] = step.vc_strides[i];
+  }
+  return p;
+}
+
+}  // namespace attn_kernels

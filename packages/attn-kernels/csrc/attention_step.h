@@ -1,0 +1,90 @@
+// AttentionStep: one decode step of attention after the q/k/v projections, as one primitive:
+// q/k RMSNorm, RoPE, the K/V cache write and grouped attention over the cache.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "mlx/ops.h"
+#include "mlx/primitives.h"
+
+#include "decode_attention.h"
+#include "step_problem.h"
+
+namespace attn_kernels {
+
+// q (B, L, Hq·D), k, v (B, L, Hkv·D): the new tokens' projections; q_norm_weight, k_norm_weight
+// (D,); k_cache, v_cache (B, Hkv, capacity, D), positions [0, offset) already written. Returns
+// {out (B, L, Hq·D), k_cache', v_cache'}: the caches with the new k (normalised, rotated) and v
+// at [offset, offset + L), and out = causal attention of the normalised, rotated q over
+// [0, offset + L) in o_proj's layout. The caches are updated in place when their buffers can be
+// donated (MLX's rule, as SliceUpdate applies it); otherwise they are copied once, in this op.
+std::vector<mx::array> attention_step(
+    const mx::array& q,
+    const mx::array& k,
+    const mx::array& v,
+    const mx::array& q_norm_weight,
+    const mx::array& k_norm_weight,
+    const mx::array& k_cache,
+    const mx::array& v_cache,
+    int offset,
+    float eps,
+    float rope_base,
+    float scale,
+    const std::string& schedule = "auto",
+    mx::StreamOrDevice s = {});
+
+class AttentionStep : public mx::Primitive {
+ public:
+  AttentionStep(
+      mx::Stream stream, int offset, float eps, float rope_base, float scale, std::string schedule)
+      : mx::Primitive(stream),
+        offset_(offset),
+        eps_(eps),
+        rope_base_(rope_base),
+        scale_(scale),
+        schedule_(std::move(schedule)) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+
+  const char* name() const override { return "AttentionStep"; }
+  bool is_equivalent(const mx::Primitive& other) const override;
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    return {inputs[0].shape(), inputs[5].shape(), inputs[6].shape()};
+  }
+
+ private:
+  int offset_;
+  float eps_, rope_base_, scale_;
+  std::string schedule_;
+};
+
+// Gives each output cache (outputs[1], outputs[2]) its input's buffer when MLX may donate it
+// (nothing else references it, same item size, row-contiguous, no larger than the output plus
+// MLX's slack). A cache not donated is left unallocated and counted: the caller copies it.
+std::array<bool, 2> donate_caches(
+    const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs);
+
+// How many cache copies the op has made since the process started (a diagnostic: a decode
+// loop whose caches can be donated makes none).
+uint64_t attention_step_cache_copies();
+
+// The StepProblem of evaluated inputs and allocated outputs, pointers left for the backend
+// (CPU: data(), CUDA: gpu_ptr) to fill.
+StepProblem make_step_problem(
+    const std::vector<mx::array>& inputs,
+    const std::vector<mx::array>& outputs,
+    int offset,
+    float eps,
+    float rope_base);
+
+// The attention over the updated cache: queries (B, Hq, L, D) contiguous at `queries`, keys and
+// values the output caches' first offset + L positions, causal; writes (B, Hq, L, D) to `out`.
+DecodeProblem make_step_attention(
+    const StepProblem& step, const void* queries, const void* keys, const void* values,
+    void* out, float scale);
+
+}  // namespace attn_kernels

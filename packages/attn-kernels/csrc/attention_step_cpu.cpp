@@ -1,0 +1,201 @@
+// AttentionStep on the CPU: the preprocessing (norms, RoPE, cache write) in the dispatched task,
+// then the CPU attention kernel (decode_attention_cpu) over the caches.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "attention_step.h"
+#include "mlx/backend/cpu/encoder.h"
+
+namespace attn_kernels {
+
+namespace {
+
+// The step's elementwise part on the CPU, in MLX's order of roundings: RMSNorm rounds x·r to
+// the dtype and multiplies by the weight in the dtype (as mx.fast.rms_norm), RoPE rotates that
+// in float32 and rounds once.
+template <typename T>
+void norm_rope_row(
+    const T* x, int64_t stride, const T* w, float eps, const float* cos_t, const float* sin_t,
+    int D, T* dst, int64_t dst_stride) {
+  float y[kMaxHeadDim];
+  float sum = 0.0f;
+  for (int d = 0; d < D; ++d) {
+    const float xd = static_cast<float>(x[d * stride]);
+    y[d] = xd;
+    sum += xd * xd;
+  }
+  const float r = 1.0f / std::sqrt(sum / D + eps);
+  for (int d = 0; d < D; ++d) {
+    y[d] = static_cast<float>(w[d] * static_cast<T>(y[d] * r));
+  }
+  const int half = D / 2;
+  for (int j = 0; j < half; ++j) {
+    const float a = y[j], b = y[j + half];
+    dst[j * dst_stride] = static_cast<T>(a * cos_t[j] - b * sin_t[j]);
+    dst[(j + half) * dst_stride] = static_cast<T>(a * sin_t[j] + b * cos_t[j]);
+  }
+}
+
+template <typename T>
+void preprocess_cpu(const StepProblem& p) {
+  const int D = p.head_dim, half = D / 2, L = p.length;
+  std::vector<float> cos_t(size_t(L) * half), sin_t(size_t(L) * half);
+  for (int i = 0; i < L; ++i) {
+    for (int j = 0; j < half; ++j) {
+      const float theta = rope_angle(p.offset + i, j, half, p.log2_base);
+      cos_t[size_t(i) * half + j] = std::cos(theta);
+      sin_t[size_t(i) * half + j] = std::sin(theta);
+    }
+  }
+  auto q = static_cast<const T*>(p.q);
+  auto k = static_cast<const T*>(p.k);
+  auto v = static_cast<const T*>(p.v);
+  auto qw = static_cast<const T*>(p.q_weight);
+  auto kw = static_cast<const T*>(p.k_weight);
+  auto q_out = static_cast<T*>(p.q_out);
+  auto k_cache = static_cast<T*>(p.k_cache);
+  auto v_cache = static_cast<T*>(p.v_cache);
+  for (int b = 0; b < p.batch; ++b) {
+    for (int i = 0; i < L; ++i) {
+      const float* c = cos_t.data() + size_t(i) * half;
+      const float* s = sin_t.data() + size_t(i) * half;
+      const int pos = p.offset + i;
+      for (int h = 0; h < p.q_heads; ++h) {
+        const T* x = q + b * p.q_strides[0] + i * p.q_strides[1] + int64_t{h} * D * p.q_strides[2];
+        T* dst = q_out + ((int64_t{b} * p.q_heads + h) * L + i) * D;
+        norm_rope_row(x, p.q_strides[2], qw, p.eps, c, s, D, dst, 1);
+      }
+      for (int h = 0; h < p.kv_heads; ++h) {
+        const T* x = k + b * p.k_strides[0] + i * p.k_strides[1] + int64_t{h} * D * p.k_strides[2];
+        T* dst = k_cache + b * p.kc_strides[0] + h * p.kc_strides[1] + pos * p.kc_strides[2];
+        norm_rope_row(x, p.k_strides[2], kw, p.eps, c, s, D, dst, p.kc_strides[3]);
+        const T* vx = v + b * p.v_strides[0] + i * p.v_strides[1] + int64_t{h} * D * p.v_strides[2];
+        T* vdst = v_cache + b * p.vc_strides[0] + h * p.vc_strides[1] + pos * p.vc_strides[2];
+        for (int d = 0; d < D; ++d) {
+          vdst[d * p.vc_strides[3]] = vx[d * p.v_strides[2]];
+        }
+      }
+    }
+  }
+}
+
+// A cache that could not be donated: copied element by element (any strides) into the
+// row-contiguous output.
+struct CacheCopy {
+  const void* src;
+  void* dst;
+  mx::Strides strides;  // the source's
+  mx::Shape shape;
+};
+
+template <typename T>
+void copy_cache(const CacheCopy& c) {
+  const T* src = static_cast<const T*>(c.src);
+  T* dst = static_cast<T*>(c.dst);
+  const auto& strides = c.strides;
+  const auto& shape = c.shape;
+  size_t n = 0;
+  for (int a = 0; a < shape[0]; ++a) {
+    for (int b = 0; b < shape[1]; ++b) {
+      for (int c = 0; c < shape[2]; ++c) {
+        const T* row = src + a * strides[0] + b * strides[1] + c * strides[2];
+        for (int d = 0; d < shape[3]; ++d) {
+          dst[n++] = row[d * strides[3]];
+        }
+      }
+    }
+  }
+}
+
+template <typename T>
+void run_step_cpu(
+    const StepProblem& step,
+    float scale,
+    void* out,
+    const std::vector<CacheCopy>& copies,
+    CpuPath path) {
+  for (const auto& c : copies) {
+    copy_cache<T>(c);
+  }
+  const size_t q_elems = size_t(step.batch) * step.q_heads * step.length * step.head_dim;
+  std::vector<T> queries(q_elems);
+  StepProblem p = step;
+  p.q_out = queries.data();
+  preprocess_cpu<T>(p);
+  if (step.length == 1) {
+    decode_attention_cpu(
+        make_step_attention(p, queries.data(), p.k_cache, p.v_cache, out, scale), path);
+    return;
+  }
+  // (B, Hq, L, D) from the kernel, (B, L, Hq, D) for o_proj.
+  std::vector<T> heads_first(q_elems);
+  decode_attention_cpu(
+      make_step_attention(p, queries.data(), p.k_cache, p.v_cache, heads_first.data(), scale),
+      path);
+  const int L = step.length, H = step.q_heads, D = step.head_dim;
+  T* o = static_cast<T*>(out);
+  for (int b = 0; b < step.batch; ++b) {
+    for (int h = 0; h < H; ++h) {
+      for (int i = 0; i < L; ++i) {
+        std::copy_n(
+            heads_first.data() + ((int64_t{b} * H + h) * L + i) * D, D,
+            o + ((int64_t{b} * L + i) * H + h) * D);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void AttentionStep::eval_cpu(
+    const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  auto& out = outputs[0];
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  // The caches that must be copied before the step writes them.
+  std::vector<CacheCopy> copies;
+  const auto donated = donate_caches(inputs, outputs);
+  for (int c = 0; c < 2; ++c) {
+    if (!donated[c]) {
+      const auto& in = inputs[5 + c];
+      auto& out = outputs[1 + c];
+      out.set_data(mx::allocator::malloc(out.nbytes()));
+      copies.push_back({in.data<void>(), out.data<void>(), in.strides(), in.shape()});
+    }
+  }
+  auto& encoder = mx::cpu::get_command_encoder(stream());
+  for (const auto& in : inputs) {
+    encoder.set_input_array(in);
+  }
+  for (auto& o : outputs) {
+    encoder.set_output_array(o);
+  }
+  StepProblem step = make_step_problem(inputs, outputs, offset_, eps_, rope_base_);
+  step.q = inputs[0].data<void>();
+  step.k = inputs[1].data<void>();
+  step.v = inputs[2].data<void>();
+  step.q_weight = inputs[3].data<void>();
+  step.k_weight = inputs[4].data<void>();
+  step.k_cache = outputs[1].data<void>();
+  step.v_cache = outputs[2].data<void>();
+  // The CPU path is resolved here: a bad ATTN_KERNELS_CPU_PATH raises to the caller.
+  encoder.dispatch([step,
+                    scale = scale_,
+                    o = out.data<void>(),
+                    copies = std::move(copies),
+                    path = cpu_path_from_env()]() {
+    switch (step.dtype) {
+      case ElementType::float32:
+        run_step_cpu<float>(step, scale, o, copies, path);
+        break;
+      case ElementType::float16:
+        run_step_cpu<mx::float16_t>(step, scale, o, copies, path);
+        break;
+      default:
+        run_step_cpu<mx::bfloat16_t>(step, scale, o, copies, path);
+        break;
+    }
+  });
+}
+
+}  // namespace attn_kernels

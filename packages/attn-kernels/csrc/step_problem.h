@@ -1,0 +1,44 @@
+// What every backend's attention-step preprocessing needs, free of MLX headers so that .cu files
+// can include it (the attention itself is a DecodeProblem, decode_problem.h).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "decode_problem.h"
+
+namespace attn_kernels {
+
+// One decode step's new tokens: q (B, L, Hq·D), k and v (B, L, Hkv·D) as the projections lay
+// them out (element strides of batch, position and feature; slices of a fused q/k/v projection
+// are fine). Each q and k head is RMS-normalised (weights q_weight/k_weight of D), rotated by
+// RoPE at position offset + i (non-traditional: dimension j pairs with j + D/2) and stored:
+// q into q_out (B, Hq, L, D) contiguous, k and v into the caches (B, Hkv, capacity, D, element
+// strides kc_strides/vc_strides) at position offset + i.
+struct StepProblem {
+  const void* q;
+  const void* k;
+  const void* v;
+  const void* q_weight;
+  const void* k_weight;
+  void* q_out;
+  void* k_cache;
+  void* v_cache;
+  ElementType dtype;
+  int batch, length, q_heads, kv_heads, head_dim, offset;
+  float eps;
+  float log2_base;  // log2 of the RoPE base
+  int64_t q_strides[3], k_strides[3], v_strides[3];
+  int64_t kc_strides[4], vc_strides[4];
+};
+
+// The angle of RoPE pair j (of D/2) at position `position`, formed as MLX's RoPE forms it
+// (float32 inverse frequency 2^(-j/(D/2) · log2 base), times the position in float32), so that
+// the fused step rotates by mx.fast.rope's angles. The power is taken in double and rounded
+// once: at position p an ulp of the frequency moves the angle by p ulps.
+ATTN_HOST_DEVICE inline float rope_angle(int position, int j, int half, float log2_base) {
+  const float d = static_cast<float>(j) / static_cast<float>(half);
+  return static_cast<float>(position) * static_cast<float>(exp2(static_cast<double>(-d * log2_base)));
+}
+
+}  // namespace attn_kernels

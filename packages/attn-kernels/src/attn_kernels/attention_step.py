@@ -1,0 +1,78 @@
+"""One decode step of attention after the q/k/v projections, as one fused op.
+
+The unfused chain it replaces (what mlx-lm's Qwen3 attention runs per layer):
+
+    q = rms_norm(q.reshape(B, L, Hq, D), q_norm_weight, eps).transpose(0, 2, 1, 3)
+    k = rms_norm(k.reshape(B, L, Hkv, D), k_norm_weight, eps).transpose(0, 2, 1, 3)
+    q, k = rope(q, offset), rope(k, offset)            # non-traditional, base rope_base
+    k_cache[:, :, offset:offset + L] = k; v_cache[:, :, offset:offset + L] = v (heads first)
+    out = attention(q, k_cache[:, :, :offset + L], v_cache[:, :, :offset + L], causal)
+    out = out.transpose(0, 2, 1, 3).reshape(B, L, Hq * D)
+"""
+
+from __future__ import annotations
+
+import math
+
+import mlx.core as mx
+
+from attn_kernels import _ext
+
+
+def attention_step(
+    q: mx.array,
+    k: mx.array,
+    v: mx.array,
+    q_norm_weight: mx.array,
+    k_norm_weight: mx.array,
+    k_cache: mx.array,
+    v_cache: mx.array,
+    offset: int,
+    *,
+    eps: float,
+    rope_base: float,
+    scale: float | None = None,
+    schedule: str = "auto",
+    stream: mx.Stream | mx.Device | None = None,
+) -> tuple[mx.array, mx.array, mx.array]:
+    """Normalise, rotate, cache and attend in one `AttentionStep` primitive.
+
+    Args:
+        q: (B, L, Hq·D), k, v: (B, L, Hkv·D): the new tokens' projections as the linear layers
+            lay them out; strided views (slices of one fused q/k/v projection) are read in place.
+        q_norm_weight, k_norm_weight: (D,), the per-head RMSNorm weights; D is their size.
+        k_cache, v_cache: (B, Hkv, capacity, D), positions [0, offset) already written.
+        offset: position of the first new token; offset + L <= capacity.
+        eps: RMSNorm epsilon. rope_base: RoPE base (non-traditional rotation, all D dims).
+        scale: multiplier of the dot products (default 1/sqrt(D)).
+        schedule: GPU attention schedule (as in `decode_attention_custom`).
+
+    Returns:
+        (out, k_cache, v_cache): out (B, L, Hq·D) in q's dtype, causal attention over
+        [0, offset + L); the caches with the new positions written. A cache buffer that nothing
+        else references is updated in place (MLX's donation rule); otherwise the op copies it.
+        Use the returned caches from then on.
+    """
+    if scale is None:
+        scale = 1.0 / math.sqrt(q_norm_weight.shape[0])
+    out, k_cache, v_cache = _ext.attention_step(
+        q,
+        k,
+        v,
+        q_norm_weight,
+        k_norm_weight,
+        k_cache,
+        v_cache,
+        int(offset),
+        float(eps),
+        float(rope_base),
+        float(scale),
+        schedule,
+        stream=stream,
+    )
+    return out, k_cache, v_cache
+
+
+def attention_step_cache_copies() -> int:
+    """Caches `attention_step` has copied so far in this process (0 in a donating decode loop)."""
+    return _ext.attention_step_cache_copies()

@@ -1,0 +1,88 @@
+"""Two oracles of the fused attention step: the unfused MLX chain (mx.fast RMSNorm and RoPE, a
+slice update, decode_attention_custom) and a float64 NumPy step written independently."""
+
+import math
+
+import mlx.core as mx
+import numpy as np
+from attn_kernels import decode_attention_custom
+from reference import to_numpy
+
+
+def unfused_step(q, k, v, q_w, k_w, k_cache, v_cache, offset, eps, base, scale=None):
+    """The op sequence the fused step replaces, as mlx-lm's Qwen3 runs it."""
+    b, length, _ = q.shape
+    d = q_w.shape[0]
+
+    def heads(x):
+        return x.reshape(b, length, -1, d).transpose(0, 2, 1, 3)
+
+    qh = mx.fast.rope(
+        heads(mx.fast.rms_norm(q.reshape(b, length, -1, d), q_w, eps).reshape(q.shape)),
+        d,
+        traditional=False,
+        base=base,
+        scale=1.0,
+        offset=offset,
+    )
+    kh = mx.fast.rope(
+        heads(mx.fast.rms_norm(k.reshape(b, length, -1, d), k_w, eps).reshape(k.shape)),
+        d,
+        traditional=False,
+        base=base,
+        scale=1.0,
+        offset=offset,
+    )
+    k_cache = mx.array(k_cache)
+    v_cache = mx.array(v_cache)
+    k_cache[:, :, offset : offset + length, :] = kh
+    v_cache[:, :, offset : offset + length, :] = heads(v)
+    end = offset + length
+    out = decode_attention_custom(
+        qh, k_cache[:, :, :end], v_cache[:, :, :end], scale=scale, mask="causal"
+    )
+    return out.transpose(0, 2, 1, 3).reshape(b, length, -1), k_cache, v_cache
+
+
+def rope_angles(positions, d, base):
+    """(len(positions), D/2) angles as MLX computes them: float32 inverse frequencies and
+    float32 products (the rotation itself in float64)."""
+    half = d // 2
+    frac = np.arange(half, dtype=np.float32) / np.float32(half)
+    inv = np.exp2(-frac * np.float32(math.log2(base))).astype(np.float32)
+    return (np.asarray(positions, dtype=np.float32)[:, None] * inv[None, :]).astype(np.float64)
+
+
+def step_f64(q, k, v, q_w, k_w, k_cache, v_cache, offset, eps, base, scale=None):
+    """float64: per-head RMSNorm, RoPE (dimension j pairs with j + D/2), cache write, causal
+    grouped attention over [0, offset + L). Returns (out (B, L, Hq·D), k_cache, v_cache)."""
+    b, length, _ = q.shape
+    d = q_w.shape[0]
+    half = d // 2
+    theta = rope_angles(np.arange(offset, offset + length), d, base)  # (L, D/2)
+    cos, sin = np.cos(theta)[None, :, None, :], np.sin(theta)[None, :, None, :]
+
+    def norm_rope(x, w):
+        x = to_numpy(x).reshape(b, length, -1, d)
+        x = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * to_numpy(w)
+        x1, x2 = x[..., :half], x[..., half:]
+        return np.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
+
+    qh = norm_rope(q, q_w).transpose(0, 2, 1, 3)  # (B, Hq, L, D)
+    kh = norm_rope(k, k_w).transpose(0, 2, 1, 3)
+    vh = to_numpy(v).reshape(b, length, -1, d).transpose(0, 2, 1, 3)
+    kc, vc = to_numpy(k_cache).copy(), to_numpy(v_cache).copy()
+    kc[:, :, offset : offset + length] = kh
+    vc[:, :, offset : offset + length] = vh
+    end = offset + length
+    hq, hkv = qh.shape[1], kc.shape[1]
+    keys = np.repeat(kc[:, :, :end], hq // hkv, axis=1)
+    values = np.repeat(vc[:, :, :end], hq // hkv, axis=1)
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    scores = np.einsum("bhld,bhsd->bhls", qh, keys) * scale
+    keep = np.arange(end)[None, :] <= np.arange(offset, end)[:, None]
+    scores = np.where(keep, scores, -np.inf)
+    probs = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    probs /= probs.sum(axis=-1, keepdims=True)
+    out = np.einsum("bhls,bhsd->bhld", probs, values)
+    return out.transpose(0, 2, 1, 3).reshape(b, length, -1), kc, vc

@@ -1,0 +1,282 @@
+"""attention_step (AttentionStep) against the unfused chain (mx.fast RMSNorm and RoPE, slice
+update, decode_attention_custom) and a float64 step, on every backend here; cache donation."""
+
+import itertools
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from attn_kernels import attention_step, attention_step_cache_copies
+from conftest import TOLERANCE
+from reference import to_numpy
+from step_reference import step_f64, unfused_step
+
+DTYPES = [mx.float32, mx.float16, mx.bfloat16]
+EPS, BASE = 1e-6, 1_000_000.0  # Qwen3's
+CAPACITY_STEP = 256  # qwen3_model.cache.KVCache.step
+
+
+def _gpu_available() -> bool:
+    return mx.cuda.is_available() or mx.metal.is_available()
+
+
+DEVICES = [
+    pytest.param(mx.cpu, id="cpu"),
+    pytest.param(
+        mx.gpu,
+        id="gpu",
+        marks=pytest.mark.skipif(not _gpu_available(), reason="this MLX has no GPU backend"),
+    ),
+]
+
+
+def make_step(seed, b, hq, hkv, length, d, capacity, dtype):
+    """New tokens' projections, norm weights near 1, caches full of earlier (random) K/V."""
+    keys = mx.random.split(mx.random.key(seed), 7)
+    q = mx.random.normal((b, length, hq * d), key=keys[0]).astype(dtype)
+    k = (2.0 * mx.random.normal((b, length, hkv * d), key=keys[1])).astype(dtype)
+    v = mx.random.normal((b, length, hkv * d), key=keys[2]).astype(dtype)
+    q_w = (1.0 + 0.2 * mx.random.normal((d,), key=keys[3])).astype(dtype)
+    k_w = (1.0 + 0.2 * mx.random.normal((d,), key=keys[4])).astype(dtype)
+    # Earlier positions: unit-norm-ish keys as the model's normalised, rotated keys are.
+    k_cache = mx.random.normal((b, hkv, capacity, d), key=keys[5]).astype(dtype)
+    v_cache = mx.random.normal((b, hkv, capacity, d), key=keys[6]).astype(dtype)
+    mx.eval(q, k, v, q_w, k_w, k_cache, v_cache)
+    return q, k, v, q_w, k_w, k_cache, v_cache
+
+
+def capacity_for(end):
+    return -(-end // CAPACITY_STEP) * CAPACITY_STEP
+
+
+def check_step(inputs, offset, device, label, scale=None):
+    q, k_cache, v_cache = inputs[0], inputs[5], inputs[6]
+    dtype, length = q.dtype, q.shape[1]
+    before_k, before_v = to_numpy(k_cache), to_numpy(v_cache)
+    out, new_k, new_v = attention_step(
+        *inputs, offset, eps=EPS, rope_base=BASE, scale=scale, stream=device
+    )
+    mx.eval(out, new_k, new_v)
+    chain = unfused_step(*inputs, offset, EPS, BASE, scale)
+    expected, exp_k, exp_v = step_f64(*inputs, offset, EPS, BASE, scale)
+    assert out.dtype == dtype and out.shape == q.shape
+    assert new_k.shape == k_cache.shape and new_v.shape == v_cache.shape
+    tol = {key: 2 * value for key, value in TOLERANCE[dtype].items()}
+    np.testing.assert_allclose(to_numpy(out), expected, **tol, err_msg=label + " vs float64")
+    np.testing.assert_allclose(
+        to_numpy(out), to_numpy(chain[0]), **tol, err_msg=label + " vs the unfused chain"
+    )
+    # The new positions as the chain writes them (one rounding apart in half precision). In
+    # float32 the angle itself (float32 position x frequency, as MLX forms it) moves by an ulp of
+    # the position (3e-5 rad at 300) when exp2 rounds the frequency the other way; the rest of
+    # the caches intact.
+    end = offset + length
+    got_k, got_v = to_numpy(new_k), to_numpy(new_v)
+    key_tol = dict(atol=2e-4, rtol=2e-4) if dtype == mx.float32 else TOLERANCE[dtype]
+    np.testing.assert_allclose(
+        got_k[:, :, offset:end],
+        to_numpy(chain[1])[:, :, offset:end],
+        **key_tol,
+        err_msg=label + " new keys",
+    )
+    np.testing.assert_allclose(
+        got_k[:, :, offset:end], exp_k[:, :, offset:end], **key_tol, err_msg=label + " keys f64"
+    )
+    np.testing.assert_array_equal(got_v[:, :, offset:end], exp_v[:, :, offset:end])
+    for got, before in ((got_k, before_k), (got_v, before_v)):
+        np.testing.assert_array_equal(got[:, :, :offset], before[:, :, :offset])
+        np.testing.assert_array_equal(got[:, :, end:], before[:, :, end:])
+    # The caller still holds the input caches, so they were copied and are unchanged.
+    np.testing.assert_array_equal(to_numpy(k_cache), before_k)
+    np.testing.assert_array_equal(to_numpy(v_cache), before_v)
+
+
+# Offsets (and capacities as the model's cache grows them): first token, mid-block, the last
+# positions of the first 256-position block, the first of the second, and further on.
+def offsets_for(length):
+    return [0, 100, CAPACITY_STEP - length, CAPACITY_STEP - 1, CAPACITY_STEP, 300]
+
+
+GRID = [
+    (dtype, heads, length, offset)
+    for dtype, heads, length in itertools.product(DTYPES, [(4, 4), (8, 2), (32, 8)], [1, 3, 8])
+    for offset in sorted(set(offsets_for(length)))
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    "dtype,heads,length,offset",
+    GRID,
+    ids=[f"{str(t).split('.')[-1]}-hq{h[0]}-hkv{h[1]}-L{n}-o{o}" for t, h, n, o in GRID],
+)
+def test_matches_chain(device, dtype, heads, length, offset):
+    hq, hkv = heads
+    capacity = capacity_for(offset + length)
+    inputs = make_step(offset + length, 1, hq, hkv, length, 128, capacity, dtype)
+    check_step(inputs, offset, device, f"D=128 Hq={hq} Hkv={hkv} L={length} offset={offset}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda t: str(t).split(".")[-1])
+@pytest.mark.parametrize("d", [64, 80, 128])
+@pytest.mark.parametrize("length", [1, 5])
+def test_head_dims_and_batch(device, dtype, d, length):
+    """D = 64, 128 and 80 (not a multiple of 32); batch 2; a scale other than 1/sqrt(D)."""
+    inputs = make_step(d + length, 2, 8, 2, length, d, 512, dtype)
+    check_step(inputs, 260, device, f"D={d} L={length} B=2", scale=0.1)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda t: str(t).split(".")[-1])
+def test_views(device, dtype):
+    """q/k/v as slices of one fused projection, caches as views: a slice of a larger buffer
+    (keys) and heads-last storage transposed (values). Neither cache can be donated."""
+    b, hq, hkv, length, d, capacity, offset = 1, 8, 2, 3, 64, 256, 200
+    q, k, v, q_w, k_w, k_cache, v_cache = make_step(7, b, hq, hkv, length, d, capacity, dtype)
+    qkv = mx.concatenate([q, k, v], axis=-1)
+    q_view = qkv[..., : hq * d]
+    k_view = qkv[..., hq * d : (hq + hkv) * d]
+    v_view = qkv[..., (hq + hkv) * d :]
+    big = mx.concatenate([k_cache, mx.zeros_like(k_cache)], axis=2)
+    k_cache_view = big[:, :, :capacity]
+    v_cache_view = mx.array(v_cache.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)
+    mx.eval(qkv, big, v_cache_view)
+    check_step(
+        (q_view, k_view, v_view, q_w, k_w, k_cache_view, v_cache_view), offset, device, "views"
+    )
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [mx.float32, mx.float16], ids=["float32", "float16"])
+def test_decode_loop_donates(device, dtype):
+    """A decode loop that keeps only the returned caches updates them in place: the same buffer
+    every step, no copy counted; the outputs match a chain run on the same inputs. Across the
+    capacity boundary the caller grows the caches (as KVCache does), which costs one copy."""
+    b, hq, hkv, d = 1, 8, 2, 64
+    q_w = (1.0 + 0.2 * mx.random.normal((d,), key=mx.random.key(1))).astype(dtype)
+    k_w = (1.0 + 0.2 * mx.random.normal((d,), key=mx.random.key(2))).astype(dtype)
+    k_cache = mx.zeros((b, hkv, CAPACITY_STEP, d), dtype)
+    v_cache = mx.zeros((b, hkv, CAPACITY_STEP, d), dtype)
+    chain_k, chain_v = mx.array(k_cache), mx.array(v_cache)
+    mx.eval(k_cache, v_cache, chain_k, chain_v, q_w, k_w)
+
+    def address(a):
+        view = np.array(a, copy=False)
+        address = view.__array_interface__["data"][0]
+        del view
+        return address
+
+    first = address(k_cache)
+    offset = 0
+    for step in range(8):
+        length = 4 if step == 0 else 1
+        offset = CAPACITY_STEP - 3 if step == 2 else offset
+        keys = mx.random.split(mx.random.key(100 + step), 3)
+        q = mx.random.normal((b, length, hq * d), key=keys[0]).astype(dtype)
+        k = mx.random.normal((b, length, hkv * d), key=keys[1]).astype(dtype)
+        v = mx.random.normal((b, length, hkv * d), key=keys[2]).astype(dtype)
+        if offset + length > k_cache.shape[2]:  # grow, as KVCache does (a new buffer)
+            pad = mx.zeros((b, hkv, CAPACITY_STEP, d), dtype)
+            k_cache = mx.concatenate([k_cache, pad], axis=2)
+            v_cache = mx.concatenate([v_cache, pad], axis=2)
+            chain_k = mx.concatenate([chain_k, pad], axis=2)
+            chain_v = mx.concatenate([chain_v, pad], axis=2)
+            mx.eval(k_cache, v_cache)
+            first = address(k_cache)
+        copies = attention_step_cache_copies()
+        out, k_cache, v_cache = attention_step(
+            q, k, v, q_w, k_w, k_cache, v_cache, offset, eps=EPS, rope_base=BASE, stream=device
+        )
+        mx.eval(out)
+        assert attention_step_cache_copies() == copies, f"step {step} copied a cache"
+        assert address(k_cache) == first, f"step {step}: a new key buffer"
+        expected, chain_k, chain_v = unfused_step(
+            q, k, v, q_w, k_w, chain_k, chain_v, offset, EPS, BASE
+        )
+        tol = {key: 2 * value for key, value in TOLERANCE[dtype].items()}
+        np.testing.assert_allclose(to_numpy(out), to_numpy(expected), **tol)
+        key_tol = dict(atol=2e-4, rtol=2e-4) if dtype == mx.float32 else TOLERANCE[dtype]
+        np.testing.assert_allclose(to_numpy(k_cache), to_numpy(chain_k), **key_tol)
+        np.testing.assert_array_equal(to_numpy(v_cache), to_numpy(chain_v))
+        offset += length
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_held_cache_is_copied(device):
+    """A cache the caller still holds is copied (counted) and left as it was."""
+    inputs = make_step(3, 1, 4, 2, 1, 64, 256, mx.float16)
+    copies = attention_step_cache_copies()
+    check_step(inputs, 17, device, "held")
+    assert attention_step_cache_copies() == copies + 2
+
+
+def bad(**changes):
+    dtype = mx.float16
+    args = dict(
+        q=mx.zeros((1, 2, 4 * 64), dtype),
+        k=mx.zeros((1, 2, 2 * 64), dtype),
+        v=mx.zeros((1, 2, 2 * 64), dtype),
+        q_norm_weight=mx.ones((64,), dtype),
+        k_norm_weight=mx.ones((64,), dtype),
+        k_cache=mx.zeros((1, 2, 256, 64), dtype),
+        v_cache=mx.zeros((1, 2, 256, 64), dtype),
+        offset=10,
+    )
+    args.update(changes)
+    return args
+
+
+@pytest.mark.parametrize(
+    "changes,message",
+    [
+        (dict(q=mx.zeros((1, 2, 4, 64), mx.float16)), "q must have shape"),
+        (dict(k=mx.zeros((1, 2, 3 * 64), mx.float16)), "k and v must have shape"),
+        (dict(v=mx.zeros((1, 2, 128), mx.float32)), "v must have q's dtype"),
+        (dict(q=mx.zeros((1, 2, 256), mx.int32)), "q must be float32"),
+        (dict(q=mx.zeros((1, 2, 250), mx.float16)), "not a multiple of head_dim"),
+        (dict(q=mx.zeros((1, 2, 3 * 64), mx.float16)), "multiple of the caches' key/value"),
+        (dict(q_norm_weight=mx.ones((1, 64), mx.float16)), "q_norm_weight must have shape"),
+        (dict(k_norm_weight=mx.ones((32,), mx.float16)), "must have the same size"),
+        (
+            dict(
+                q_norm_weight=mx.ones((63,), mx.float16),
+                k_norm_weight=mx.ones((63,), mx.float16),
+            ),
+            "must be even",
+        ),
+        (dict(k_cache=mx.zeros((1, 2, 256), mx.float16)), "k_cache must have shape"),
+        (dict(v_cache=mx.zeros((1, 2, 128, 64), mx.float16)), "must have the same shape"),
+        (
+            dict(k_cache=mx.zeros((1, 2, 256, 32)), v_cache=mx.zeros((1, 2, 256, 32))),
+            "k_cache must have q's dtype",
+        ),
+        (
+            dict(
+                k_cache=mx.zeros((1, 2, 256, 32), mx.float16),
+                v_cache=mx.zeros((1, 2, 256, 32), mx.float16),
+            ),
+            "head_dim 32 differs",
+        ),
+        (
+            dict(
+                k_cache=mx.zeros((2, 2, 256, 64), mx.float16),
+                v_cache=mx.zeros((2, 2, 256, 64), mx.float16),
+            ),
+            "batch 2 differs",
+        ),
+        (dict(offset=255), "offset \\+ length must fit"),
+        (dict(offset=-1), "offset \\+ length must fit"),
+        (dict(q=mx.zeros((1, 0, 256), mx.float16)), "at least one position"),
+    ],
+)
+def test_bad_inputs(changes, message):
+    with pytest.raises(ValueError, match=message):
+        attention_step(**bad(**changes), eps=EPS, rope_base=BASE)
+
+
+def test_bad_schedule_and_constants():
+    with pytest.raises(ValueError, match="unknown schedule 'fast'"):
+        attention_step(**bad(), eps=EPS, rope_base=BASE, schedule="fast")
+    with pytest.raises(ValueError, match="eps and rope_base must be positive"):
+        attention_step(**bad(), eps=0.0, rope_base=BASE)

@@ -1,0 +1,132 @@
+"""The Metal attention step (kernels-metal/attention_step.metal, then decode_attention.metal, as
+the launcher sequences them) run on the CPU under the SIMT emulation, against the float64 step.
+
+What this proves and what it cannot: as test_metal_emulation.py says for the attention kernel
+(no Apple compiler, precise sin/cos and real half/bfloat paths, the launcher, speed: a Mac's).
+"""
+
+import shutil
+import struct
+import subprocess
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from conftest import TOLERANCE
+from reference import to_numpy
+from step_reference import step_f64
+from test_metal_emulation import quantized, storage
+
+KERNELS_METAL = Path(__file__).resolve().parents[3] / "kernels-metal"
+EPS, BASE = 1e-6, 1_000_000.0
+STORAGE = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
+
+
+@pytest.fixture(scope="session")
+def step_emulator(tmp_path_factory):
+    compiler = shutil.which("g++") or shutil.which("clang++")
+    if compiler is None:
+        pytest.skip("no host C++ compiler")
+    exe = tmp_path_factory.mktemp("metal-step") / "run_attention_step"
+    subprocess.run(
+        [
+            compiler,
+            "-std=c++20",
+            "-O2",
+            "-Wall",
+            "-Werror",
+            "-Wno-attributes",
+            "-Wno-unknown-pragmas",
+            "-pthread",
+            str(KERNELS_METAL / "emulation" / "run_attention_step.cpp"),
+            "-o",
+            str(exe),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return exe
+
+
+def read(path, dtype, shape):
+    raw = np.fromfile(path, dtype=STORAGE[dtype])
+    if dtype == "bfloat16":
+        raw = (raw.astype(np.uint32) << 16).view(np.float32)
+    return raw.astype(np.float64).reshape(shape)
+
+
+def contiguous_strides(shape):
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.insert(0, step)
+        step *= n
+    return strides
+
+
+CASES = [
+    # (batch, Hq, Hkv, L, D, offset, capacity, dtype, groups)
+    (1, 8, 2, 1, 128, 255, 256, "bfloat16", 32),
+    (1, 4, 4, 3, 64, 100, 256, "float32", 8),
+    (1, 8, 2, 8, 128, 256, 512, "float16", 16),
+    (2, 4, 1, 2, 80, 17, 256, "bfloat16", 8),
+    (1, 32, 8, 1, 128, 0, 256, "float16", 32),
+]
+
+
+@pytest.mark.parametrize(
+    ("b", "hq", "hkv", "length", "d", "offset", "cap", "dtype", "groups"), CASES
+)
+def test_metal_step_under_emulation(
+    step_emulator, tmp_path, b, hq, hkv, length, d, offset, cap, dtype, groups
+):
+    rng = np.random.default_rng(offset * 7 + length + d + groups)
+    arrays = {
+        "q": rng.standard_normal((b, length, hq * d)),
+        "k": 2.0 * rng.standard_normal((b, length, hkv * d)),
+        "v": rng.standard_normal((b, length, hkv * d)),
+        "q_norm": 1.0 + 0.2 * rng.standard_normal(d),
+        "k_norm": 1.0 + 0.2 * rng.standard_normal(d),
+        "k_cache": rng.standard_normal((b, hkv, cap, d)),
+        "v_cache": rng.standard_normal((b, hkv, cap, d)),
+    }
+    for name, a in arrays.items():
+        (tmp_path / f"{name}.bin").write_bytes(storage(a, dtype))
+    cache_strides = contiguous_strides((b, hkv, cap, d))
+    params = struct.pack(
+        "<6i2f17q",
+        b,
+        length,
+        hq,
+        hkv,
+        d,
+        offset,
+        EPS,
+        np.log2(BASE),
+        *contiguous_strides((b, length, hq * d)),
+        *contiguous_strides((b, length, hkv * d)),
+        *contiguous_strides((b, length, hkv * d)),
+        *cache_strides,
+        *cache_strides,
+    )
+    (tmp_path / "params.bin").write_bytes(params)
+    scale = float(1.0 / np.sqrt(d))
+    (tmp_path / "config.txt").write_text(f"{dtype} {groups} {scale!r}\n")
+    subprocess.run([str(step_emulator), str(tmp_path)], check=True, timeout=120)
+
+    inputs = [mx.array(quantized(a, dtype).astype(np.float32)) for a in arrays.values()]
+    expected, exp_k, exp_v = step_f64(*inputs, offset, EPS, BASE)
+    out = read(tmp_path / "out.bin", dtype, (b, length, hq * d))
+    new_k = read(tmp_path / "k_cache.bin", dtype, (b, hkv, cap, d))
+    new_v = read(tmp_path / "v_cache.bin", dtype, (b, hkv, cap, d))
+    tol = {key: 2 * value for key, value in TOLERANCE[getattr(mx, dtype)].items()}
+    key_tol = dict(atol=2e-4, rtol=2e-4) if dtype == "float32" else tol
+    np.testing.assert_allclose(out, expected, **tol)
+    end = offset + length
+    np.testing.assert_allclose(new_k[:, :, offset:end], exp_k[:, :, offset:end], **key_tol)
+    np.testing.assert_array_equal(new_v[:, :, offset:end], exp_v[:, :, offset:end])
+    before_k, before_v = to_numpy(inputs[5]), to_numpy(inputs[6])
+    for got, before in ((new_k, before_k), (new_v, before_v)):
+        np.testing.assert_array_equal(got[:, :, :offset], before[:, :, :offset])
+        np.testing.assert_array_equal(got[:, :, end:], before[:, :, end:])

@@ -1,0 +1,259 @@
+"""step_bench: whole-model decode of decode-attention (fused step), mlx-lm and composition in ONE
+process on the same weights, every model driven by mlx-lm's own `generate_step` (pipelined with
+mx.async_eval), rounds rotated; plus what a step is made of and, with --count-kernels, the
+kernels each variant launches per decode step (counted in the CUDA graphs MLX writes with
+MLX_SAVE_CUDA_GRAPHS_DOT_FILE).
+
+    python3 tools/step_bench.py --quantize none 4bit --workloads 32+97 1024+65 8192+65 \\
+        --rounds 3 --json-output benchmark_results/h200-...json
+    python3 tools/step_bench.py --count-kernels DIR --quantize none --workloads 1024+9
+
+Per request: prefill time (prompt through generate_step to its first token) and decode tok/s
+(tokens after the first over the time between the first and the last). Per workload and
+variant, the step anatomy (after one request's prefill, 16 steps): host time to build one
+step's lazy graph (the model call and the argmax, no eval), the time of mx.eval of that graph
+when nothing else is queued (host encoding plus GPU plus the wait), and the pipelined step
+time (1 / decode tok/s). attention_step_cache_copies() counts caches the fused op had to copy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+if "--count-kernels" in sys.argv:  # read once by MLX at its first graph: before importing it
+    folder = sys.argv[sys.argv.index("--count-kernels") + 1]
+    os.makedirs(folder, exist_ok=True)
+    os.environ["MLX_SAVE_CUDA_GRAPHS_DOT_FILE"] = os.path.join(folder, "graph")
+
+import glob
+import re
+import statistics
+import time
+from pathlib import Path
+
+import mlx.core as mx
+import qwen3_model
+from attn_kernels import attention_step_cache_copies
+from llm_eval import bench
+from llm_eval.record import SCHEMA_VERSION, collect_metadata, write_record
+from mlx_lm.generate import generate_step
+
+# decode-attention-unfused: the decode-attention checkpoint before the fused step (separate
+# projections, norm/RoPE/slice-update ops, DecodeAttention): Model.set_fused_step(False).
+VARIANTS = ["decode-attention", "mlx-lm", "composition", "decode-attention-unfused"]
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--model", default="qwen3-4b", help="built-in config (random weights)")
+    p.add_argument("--quantize", nargs="+", choices=["none", "4bit"], default=["none"])
+    p.add_argument("--workloads", nargs="+", default=["32+97"], help="INPUT+OUTPUT tokens")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--variants", nargs="+", choices=VARIANTS, default=VARIANTS[:3])
+    p.add_argument("--anatomy-steps", type=int, default=16)
+    p.add_argument("--count-kernels", metavar="DIR", help="count kernels per step (graphs to DIR)")
+    p.add_argument("--count-steps", type=int, default=4)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json-output", type=Path)
+    args = p.parse_args(argv)
+    args.workloads = [tuple(int(n) for n in w.split("+")) for w in args.workloads]
+    return args
+
+
+def build(args, quantize):
+    ns = argparse.Namespace(
+        model=args.model, weights=None, quantize=quantize, seed=args.seed, schedule="auto"
+    )
+    ours, make_ours = bench.build(argparse.Namespace(**vars(ns), checkpoint="decode-attention"))
+    twin, make_twin = bench.build(argparse.Namespace(**vars(ns), checkpoint="mlx-lm"))
+    return ours, make_ours, twin, make_twin
+
+
+def pick(variant, ours, make_ours, twin, make_twin):
+    if variant == "mlx-lm":
+        return twin, make_twin
+    ours.set_checkpoint(variant.removesuffix("-unfused"))
+    ours.set_fused_step(not variant.endswith("-unfused"))
+    return ours, make_ours
+
+
+def request(model, make_cache, prompt, output_len) -> dict:
+    cache = make_cache(model)
+    copies = attention_step_cache_copies()
+    start = time.perf_counter()
+    times = []
+    for _token, _ in generate_step(prompt, model, max_tokens=output_len, prompt_cache=cache):
+        times.append(time.perf_counter())
+    decode_s = times[-1] - times[0]
+    return {
+        "prefill_s": times[0] - start,
+        "decode_s": decode_s,
+        "decode_tok_s": (len(times) - 1) / decode_s,
+        "tokens": len(times),
+        "cache_copies": attention_step_cache_copies() - copies,
+    }
+
+
+def prefilled(model, make_cache, prompt):
+    """A cache holding the prompt and the next token, through generate_step's own prefill."""
+    cache = make_cache(model)
+    token, _ = next(generate_step(prompt, model, max_tokens=1, prompt_cache=cache))
+    return cache, mx.array([token])
+
+
+def step_graph(model, cache, token):
+    logits = model(token[None], cache=cache)[:, -1, :]
+    return mx.argmax(logits, axis=-1)
+
+
+def anatomy(model, make_cache, prompt, steps) -> dict:
+    cache, token = prefilled(model, make_cache, prompt)
+    build_s, eval_s = [], []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        token = step_graph(model, cache, token)
+        t1 = time.perf_counter()
+        mx.eval(token)
+        t2 = time.perf_counter()
+        build_s.append(t1 - t0)
+        eval_s.append(t2 - t1)
+    return {
+        "build_ms": [t * 1e3 for t in build_s],
+        "eval_ms": [t * 1e3 for t in eval_s],
+        "median_build_ms": statistics.median(build_s) * 1e3,
+        "median_eval_ms": statistics.median(eval_s) * 1e3,
+    }
+
+
+NODE = re.compile(r'^"?(\w+_node_\d+)"?\s*\[(.*?)\];?\s*$', re.S | re.M)
+
+
+def count_nodes(files) -> dict:
+    """Nodes of the DOT files by kind: kernel, memcpy, memset, empty, other (CUDA's labels)."""
+    counts: dict[str, int] = {}
+    for f in files:
+        text = Path(f).read_text()
+        for match in re.finditer(r'"?\w+_node_\d+"?\s*\[([^\]]*)\]', text):
+            attrs = match.group(1)
+            label = re.search(r'label="([^"]*)"', attrs)
+            text_label = (label.group(1) if label else attrs).upper()
+            if "MEMCPY" in text_label:
+                kind = "memcpy"
+            elif "MEMSET" in text_label:
+                kind = "memset"
+            elif "EMPTY" in text_label:
+                kind = "empty"
+            elif "CHILD" in text_label or ("GRAPH" in text_label and "KERNEL" not in text_label):
+                kind = "child_graph"
+            elif "EVENT" in text_label or "HOST" in text_label:
+                kind = "other"
+            else:
+                kind = "kernel"
+            counts[kind] = counts.get(kind, 0) + 1
+    return counts
+
+
+def count_kernels(model, make_cache, prompt, steps, folder, label) -> dict:
+    cache, token = prefilled(model, make_cache, prompt)
+    token = step_graph(model, cache, token)  # one step outside the count
+    mx.eval(token)
+    before = set(glob.glob(os.path.join(folder, "graph_*.dot")))
+    for _ in range(steps):
+        token = step_graph(model, cache, token)
+        mx.eval(token)
+    files = sorted(set(glob.glob(os.path.join(folder, "graph_*.dot"))) - before)
+    counts = count_nodes(files)
+    kept = os.path.join(folder, "steps", label)  # the counted graphs, apart from the rest
+    os.makedirs(kept, exist_ok=True)
+    for f in files:
+        os.replace(f, os.path.join(kept, os.path.basename(f)))
+    return {
+        "graphs_per_step": len(files) / steps,
+        "nodes_per_step": {k: v / steps for k, v in counts.items()},
+        "files": [os.path.basename(f) for f in files],
+    }
+
+
+def rotated(variants, r):
+    k = r % len(variants)
+    return variants[k:] + variants[:k]
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    mx.set_default_device(mx.gpu if bench.has_gpu() else mx.cpu)
+    device = "gpu" if bench.has_gpu() else "cpu"
+    results = []
+    order_log = []
+    for quantize in args.quantize:
+        ours, make_ours, twin, make_twin = build(args, quantize)
+        for input_len, output_len in args.workloads:
+            prompt = bench.prompt_ids(ours.args.vocab_size, input_len, mx.random.key(args.seed))[0]
+            entry = {"quantize": quantize, "input_len": input_len, "output_len": output_len}
+            if args.count_kernels:
+                entry["kernels"] = {}
+                for v in args.variants:
+                    model, make = pick(v, ours, make_ours, twin, make_twin)
+                    entry["kernels"][v] = count_kernels(
+                        model,
+                        make,
+                        prompt,
+                        args.count_steps,
+                        args.count_kernels,
+                        f"{quantize}-{input_len}-{v}",
+                    )
+                    print(quantize, input_len, v, entry["kernels"][v]["nodes_per_step"], flush=True)
+                results.append(entry)
+                continue
+            for v in args.variants:  # warm-up
+                model, make = pick(v, ours, make_ours, twin, make_twin)
+                request(model, make, prompt, 8)
+            samples = {v: [] for v in args.variants}
+            for r in range(args.rounds):
+                order = rotated(args.variants, r)
+                order_log.append({"quantize": quantize, "input_len": input_len, "order": order})
+                for v in order:
+                    model, make = pick(v, ours, make_ours, twin, make_twin)
+                    samples[v].append({"round": r, **request(model, make, prompt, output_len)})
+            entry["samples"] = samples
+            entry["medians"] = {
+                v: {
+                    "decode_tok_s": statistics.median(s["decode_tok_s"] for s in samples[v]),
+                    "prefill_s": statistics.median(s["prefill_s"] for s in samples[v]),
+                }
+                for v in args.variants
+            }
+            entry["anatomy"] = {}
+            for v in args.variants:
+                model, make = pick(v, ours, make_ours, twin, make_twin)
+                entry["anatomy"][v] = anatomy(model, make, prompt, args.anatomy_steps)
+            results.append(entry)
+            line = " ".join(
+                f"{v}={entry['medians'][v]['decode_tok_s']:.1f}"
+                f" (build {entry['anatomy'][v]['median_build_ms']:.2f} ms,"
+                f" eval {entry['anatomy'][v]['median_eval_ms']:.2f} ms)"
+                for v in args.variants
+            )
+            copies = sum(s["cache_copies"] for s in samples.get("decode-attention", []))
+            print(f"{quantize} {input_len}+{output_len}: {line}; copies {copies}", flush=True)
+        del ours, twin
+        mx.clear_cache()
+    record = {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "step-bench",
+        "metadata": collect_metadata(device),
+        "model_config": qwen3_model.CONFIGS[args.model].to_dict(),
+        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "execution_order": order_log,
+        "results": results,
+    }
+    if args.json_output:
+        print(f"wrote {write_record(record, args.json_output, force=True)}")
+
+
+if __name__ == "__main__":
+    main()
