@@ -218,9 +218,11 @@ def data_address(a: mx.array) -> int:
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_output_fully_written(device, dtype):
     """Free a NaN-filled block of the output's size just before each call: the allocator hands
-    it back as the output (checked by address; S=200 keeps CUDA's allocation at the output's
-    size, no split workspace), and no NaN may survive in it."""
-    q, k, v, _ = make_inputs(5, 1, 32, 8, 1, 200, 128, dtype, "none")
+    it back as the output (checked by address), and no NaN may survive in it."""
+    # S=200 keeps CUDA's allocation at the output's size (no split workspace) for the tensor-core
+    # schedule; float32 takes the SIMT one, which splits from S = 64 on (H200: never reused).
+    s = 60 if device == mx.gpu and dtype == mx.float32 else 200
+    q, k, v, _ = make_inputs(5, 1, 32, 8, 1, s, 128, dtype, "none")
     mx.eval(q, k, v)
     reused = 0
     with mx.stream(device):
@@ -346,6 +348,10 @@ def test_non_finite_inputs_match_readable_path(device, dtype, s):
                 np.testing.assert_array_equal(np.isnan(out), np.isnan(readable), err_msg=label)
                 finite = ~np.isnan(readable)
                 tol = {key: 2 * value for key, value in TOLERANCE[dtype].items()}
+                if dtype == mx.float32 and device == mx.gpu:
+                    # MLX's CUDA matmuls take float32 through TF32: the readable path is off by
+                    # ~1e-4 there (H200: 3e-4 at most), ours is not.
+                    tol = {"rtol": 2e-3, "atol": 2e-3}
                 np.testing.assert_allclose(out[finite], readable[finite], **tol, err_msg=label)
 
 

@@ -90,7 +90,11 @@ def test_no_worse_than_mlx_lm(device, length, s, bits, group_size):
     err_ours = np.sqrt(np.mean((to_numpy(ours) - exact) ** 2))
     err_theirs = np.sqrt(np.mean((to_numpy(theirs) - exact) ** 2))
     assert err_ours <= err_theirs, (err_ours, err_theirs)
-    np.testing.assert_allclose(to_numpy(ours), to_numpy(theirs), atol=0.1, rtol=0.05)
+    if device == mx.cpu:
+        # On MLX 0.32.4's CUDA backend mlx-lm's path is far from float64 on these shapes (H200:
+        # every case here differed from ours by up to 0.9 while ours passed the float64 checks
+        # above and in the other tests), so the two are compared for agreement on the CPU only.
+        np.testing.assert_allclose(to_numpy(ours), to_numpy(theirs), atol=0.1, rtol=0.05)
 
 
 @pytest.mark.parametrize("device", DEVICES)
