@@ -10,44 +10,22 @@ device memory, memory-model effects beyond barriers and fences, plan_quantized()
 through MLX, and speed; the GPU tests (test_quantized.py on a CUDA device) cover those.
 """
 
-import shutil
 import subprocess
-from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
 import pytest
+from emulation import CSRC, KERNELS_CUDA, build_runner
 from reference import attention_f64
-
-KERNELS_CUDA = Path(__file__).resolve().parents[3] / "kernels-cuda"
-CSRC = Path(__file__).resolve().parents[1] / "csrc"
 
 
 @pytest.fixture(scope="session")
 def emulator(tmp_path_factory):
-    compiler = shutil.which("g++") or shutil.which("clang++")
-    if compiler is None:
-        pytest.skip("no host C++ compiler")
-    exe = tmp_path_factory.mktemp("cuda") / "run_decode_attention_quantized"
-    subprocess.run(
-        [
-            compiler,
-            "-std=c++20",
-            "-O2",
-            "-Wall",
-            "-Werror",
-            "-Wno-unknown-pragmas",
-            "-pthread",
-            f"-I{CSRC}",
-            str(KERNELS_CUDA / "emulation" / "run_decode_attention_quantized.cpp"),
-            "-o",
-            str(exe),
-        ],
-        check=True,
-        capture_output=True,
-        text=True,
+    return build_runner(
+        tmp_path_factory,
+        KERNELS_CUDA / "emulation" / "run_decode_attention_quantized.cpp",
+        f"-I{CSRC}",
     )
-    return exe
 
 
 # (batch, Hq, Hkv, L, S, D, bits, group_size, causal, mask, splits)

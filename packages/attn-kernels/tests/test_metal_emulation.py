@@ -9,46 +9,22 @@ hardware paths, GPU memory-model subtleties beyond barriers, threadgroup-memory 
 launch, and speed. Those need a Mac (see .github/workflows/macos-metal.yml).
 """
 
-import shutil
 import struct
 import subprocess
-from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
 import pytest
 from conftest import TOLERANCE
+from emulation import KERNELS_METAL, build_runner
 from reference import assert_matches_nonfinite, attention_f64
 
-KERNELS_METAL = Path(__file__).resolve().parents[3] / "kernels-metal"
 MASK_KINDS = {"none": 0, "float32": 1, "float16": 2, "bfloat16": 3, "bool": 4}
 
 
 @pytest.fixture(scope="session")
 def emulator(tmp_path_factory):
-    compiler = shutil.which("g++") or shutil.which("clang++")
-    if compiler is None:
-        pytest.skip("no host C++ compiler")
-    exe = tmp_path_factory.mktemp("metal") / "run_decode_attention"
-    subprocess.run(
-        [
-            compiler,
-            "-std=c++20",
-            "-O2",
-            "-Wall",
-            "-Werror",
-            "-Wno-attributes",
-            "-Wno-unknown-pragmas",
-            "-pthread",
-            str(KERNELS_METAL / "emulation" / "run_decode_attention.cpp"),
-            "-o",
-            str(exe),
-        ],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    return exe
+    return build_runner(tmp_path_factory, KERNELS_METAL / "emulation" / "run_decode_attention.cpp")
 
 
 def storage(a: np.ndarray, dtype: str) -> bytes:

@@ -5,46 +5,23 @@ What this proves and what it cannot: as test_metal_emulation.py says for the bf1
 algorithm, indexing, strides, masks, GQA mapping and barrier protocol as emulated; not Apple's
 compiler, real half/bfloat paths, the launcher or speed)."""
 
-import shutil
 import struct
 import subprocess
-from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
 import pytest
 from conftest import TOLERANCE
+from emulation import KERNELS_METAL, build_runner
 from reference import attention_f64
 from test_metal_emulation import MASK_KINDS, element_strides, quantized, storage
-
-KERNELS_METAL = Path(__file__).resolve().parents[3] / "kernels-metal"
 
 
 @pytest.fixture(scope="session")
 def emulator(tmp_path_factory):
-    compiler = shutil.which("g++") or shutil.which("clang++")
-    if compiler is None:
-        pytest.skip("no host C++ compiler")
-    exe = tmp_path_factory.mktemp("metal") / "run_decode_attention_quantized"
-    subprocess.run(
-        [
-            compiler,
-            "-std=c++20",
-            "-O2",
-            "-Wall",
-            "-Werror",
-            "-Wno-attributes",
-            "-Wno-unknown-pragmas",
-            "-pthread",
-            str(KERNELS_METAL / "emulation" / "run_decode_attention_quantized.cpp"),
-            "-o",
-            str(exe),
-        ],
-        check=True,
-        capture_output=True,
-        text=True,
+    return build_runner(
+        tmp_path_factory, KERNELS_METAL / "emulation" / "run_decode_attention_quantized.cpp"
     )
-    return exe
 
 
 def to_storage(a: mx.array) -> bytes:

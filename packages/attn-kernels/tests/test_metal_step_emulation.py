@@ -5,49 +5,25 @@ What this proves and what it cannot: as test_metal_emulation.py says for the att
 (no Apple compiler, precise sin/cos and real half/bfloat paths, the launcher, speed: a Mac's).
 """
 
-import shutil
 import struct
 import subprocess
-from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
 import pytest
 from conftest import TOLERANCE
+from emulation import KERNELS_METAL, build_runner
 from reference import to_numpy
 from step_reference import step_f64
 from test_metal_emulation import quantized, storage
 
-KERNELS_METAL = Path(__file__).resolve().parents[3] / "kernels-metal"
 EPS, BASE = 1e-6, 1_000_000.0
 STORAGE = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
 
 
 @pytest.fixture(scope="session")
 def step_emulator(tmp_path_factory):
-    compiler = shutil.which("g++") or shutil.which("clang++")
-    if compiler is None:
-        pytest.skip("no host C++ compiler")
-    exe = tmp_path_factory.mktemp("metal-step") / "run_attention_step"
-    subprocess.run(
-        [
-            compiler,
-            "-std=c++20",
-            "-O2",
-            "-Wall",
-            "-Werror",
-            "-Wno-attributes",
-            "-Wno-unknown-pragmas",
-            "-pthread",
-            str(KERNELS_METAL / "emulation" / "run_attention_step.cpp"),
-            "-o",
-            str(exe),
-        ],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    return exe
+    return build_runner(tmp_path_factory, KERNELS_METAL / "emulation" / "run_attention_step.cpp")
 
 
 def read(path, dtype, shape):

@@ -1,0 +1,24 @@
+"""Building the emulation runners (kernels-metal/emulation, kernels-cuda/emulation) for the tests."""
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+KERNELS_METAL = ROOT / "kernels-metal"
+KERNELS_CUDA = ROOT / "kernels-cuda"
+CSRC = Path(__file__).resolve().parents[1] / "csrc"
+
+
+def build_runner(tmp_path_factory, source: Path, *flags: str) -> Path:
+    """Compile one emulation runner with the host C++ compiler (warnings are errors), or skip."""
+    compiler = shutil.which("g++") or shutil.which("clang++")
+    if compiler is None:
+        pytest.skip("no host C++ compiler")
+    exe = tmp_path_factory.mktemp(source.parent.parent.name) / source.stem
+    command = [compiler, "-std=c++20", "-O2", "-Wall", "-Werror", "-Wno-attributes"]
+    command += ["-Wno-unknown-pragmas", "-pthread", *flags, str(source), "-o", str(exe)]
+    subprocess.run(command, check=True, capture_output=True, text=True)
+    return exe
