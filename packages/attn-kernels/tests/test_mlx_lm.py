@@ -171,7 +171,7 @@ def test_greedy_tokens_match_mlx_lm(arch, dtype, fused_calls):
         assert max_difference(our_logits, exact) <= 1.1 * max_difference(their_logits, exact)
     decode = [(1, 12 + i) for i in range(1, steps + 1) for _ in range(LAYERS)]
     assert fused_calls == decode
-    assert counts == {"fused": len(decode), "mlx_lm": LAYERS}
+    assert counts == {"fused": len(decode), "fused_quantized": 0, "mlx_lm": LAYERS}
 
 
 @pytest.mark.usefixtures("any_head_dim_and_dtype")
@@ -205,7 +205,11 @@ def test_sliding_window_layers_leave_once_the_rotating_cache_wraps(fused_calls):
     sliding = [(5, 5)] + [(1, s) for s in range(6, 9)]  # offsets 5..8, then wrapped
     full = [(5, 5)] + [(1, s) for s in range(6, 16)]
     assert sorted(fused_calls) == sorted(sliding + full)
-    assert counts == {"fused": len(sliding) + len(full), "mlx_lm": 11 - len(sliding)}
+    assert counts == {
+        "fused": len(sliding) + len(full),
+        "fused_quantized": 0,
+        "mlx_lm": 11 - len(sliding),
+    }
 
 
 @pytest.mark.parametrize(
@@ -225,7 +229,8 @@ def test_the_guard_decides_head_dim_and_dtype(arch, dtype, fused, fused_calls):
     if fused:
         assert len(fused_calls) == counts["fused"] == LAYERS * 6
     else:
-        assert fused_calls == [] and counts == {"fused": 0, "mlx_lm": LAYERS * 7}
+        assert fused_calls == []
+        assert counts == {"fused": 0, "fused_quantized": 0, "mlx_lm": LAYERS * 7}
         assert max_difference(our_logits, their_logits) == 0
 
 
@@ -263,8 +268,8 @@ def mixed(q, k, v):
     return q, k.astype(mx.bfloat16), v.astype(mx.bfloat16)
 
 
-def quantized(q, k, v):
-    cache = QuantizedKVCache(group_size=32, bits=8)
+def quantized(q, k, v, bits=8):
+    cache = QuantizedKVCache(group_size=32, bits=bits)
     keys, values = cache.update_and_fetch(k, v)
     return q, keys, values, cache
 
@@ -275,7 +280,7 @@ FALLBACKS = {
     "explicit boolean mask": lambda: (*qkv(1, 40), None, mx.arange(40) % 3 > 0, None),
     "explicit additive mask": lambda: (*qkv(2, 40), None, mx.zeros((2, 40)), None),
     "attention sinks": lambda: (*qkv(1, 40), None, None, mx.zeros((4,))),
-    "quantized cache": lambda: (*quantized(*qkv(1, 40)), None, None),
+    "quantized cache, two query tokens": lambda: (*quantized(*qkv(2, 40)), "causal", None),
     "value head dim differs": lambda: (*qkv(1, 40, d=64, dv=32), None, None, None),
     "head dim above the kernel's": lambda: (*qkv(1, 40, d=320), None, None, None),
     "mixed dtypes": lambda: (*mixed(*qkv(1, 40)), None, None, None),
@@ -292,7 +297,7 @@ def test_unsupported_calls_go_to_mlx_lm_unchanged(case, fused_calls):
     kernel.enable()
     out = base.scaled_dot_product_attention(q, k, v, cache, scale=0.125, mask=mask, sinks=sinks)
     assert fused_calls == []
-    assert kernel.calls() == {"fused": 0, "mlx_lm": 1}
+    assert kernel.calls() == {"fused": 0, "fused_quantized": 0, "mlx_lm": 1}
     assert out.dtype == expected.dtype and mx.array_equal(out, expected).item()
 
 
@@ -424,5 +429,52 @@ def test_command_generates_with_the_kernel(tmp_path, capsys):
     assert "Generation: 5 tokens" in out
     # The last prompt token and 5 more steps (generate_step computes one token ahead), fused; the
     # 11-token prefill through mlx-lm's attention.
-    assert f"attention calls: {LAYERS * 6} fused, {LAYERS} through mlx-lm's attention" in err
+    expected = f"{LAYERS * 6} fused, 0 fused over a quantized cache, {LAYERS} through mlx-lm's"
+    assert f"attention calls: {expected} attention" in err
     assert not kernel.is_enabled()
+
+
+@pytest.mark.usefixtures("any_head_dim_and_dtype")
+@pytest.mark.parametrize("bits", [4, 8])
+def test_quantized_cache_decode_through_the_quantized_op(bits, monkeypatch):
+    """A QuantizedKVCache decode step (L = 1) inside the guard's quantized region runs
+    decode_attention_quantized on the cache's triples as they are, and agrees with mlx-lm's
+    quantized path on the same codes."""
+    seen = []
+    op = kernel.decode_attention_quantized
+    monkeypatch.setattr(
+        kernel, "decode_attention_quantized", lambda *a, **k: seen.append(k) or op(*a, **k)
+    )
+    q, k, v, cache = quantized(*qkv(1, 300, d=128, dtype=mx.bfloat16), bits=bits)
+    expected = MLX_LM_SDPA(q, k, v, cache, scale=0.1, mask=None)
+    q, k, v, cache = quantized(*qkv(1, 300, d=128, dtype=mx.bfloat16), bits=bits)  # q was scaled
+    with kernel.enabled():
+        out = base.scaled_dot_product_attention(q, k, v, cache, scale=0.1, mask=None)
+        counts = kernel.calls()
+    assert counts == {"fused": 0, "fused_quantized": 1, "mlx_lm": 0}
+    assert [(s["group_size"], s["bits"]) for s in seen] == [(32, bits)]
+    assert out.dtype == mx.bfloat16
+    assert mx.allclose(out, expected, atol=0.1, rtol=0.05).item()
+
+
+@pytest.mark.usefixtures("any_head_dim_and_dtype")
+def test_quantized_cache_greedy_tokens_match_mlx_lm():
+    """mlx-lm's qwen3 with an 8-bit QuantizedKVCache: the same greedy tokens with and without
+    the kernel, the decode steps through the quantized op."""
+    model = tiny_model("qwen3")
+    prompt, steps = prompt_ids(12), 8
+
+    def run():
+        cache = [QuantizedKVCache(group_size=32, bits=8) for _ in range(LAYERS)]
+        token, tokens = model(prompt, cache=cache)[:, -1].argmax(-1), []
+        for _ in range(steps):
+            tokens.append(token.item())
+            token = model(token[None], cache=cache)[:, -1].argmax(-1)
+        return tokens
+
+    theirs = run()
+    with kernel.enabled():
+        ours = run()
+        counts = kernel.calls()
+    assert ours == theirs
+    assert counts == {"fused": 0, "fused_quantized": LAYERS * steps, "mlx_lm": LAYERS}

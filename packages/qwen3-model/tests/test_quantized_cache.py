@@ -2,6 +2,8 @@
 quantized guard (fused op where measured, else the dequantised cache through mx.fast; the
 composition checkpoint's readable path)."""
 
+import dataclasses
+
 import mlx.core as mx
 import pytest
 import qwen3_model.model as model_module
@@ -26,6 +28,21 @@ def test_state_is_mlx_lm_layout(bits):
             assert mx.array_equal(a, b).item()
     assert ours.offset == theirs.offset == 306
     assert ours.capacity == 512  # two steps of 256
+
+
+@pytest.fixture(autouse=True)
+def tiny_head_dim_in_the_guard(monkeypatch):
+    """The guard's measured region (D=128 bf16) widened to the tiny config's head dim and every
+    float dtype, so these tests reach the quantized op (the limits are test_guard's subject)."""
+    wide = {
+        where: dataclasses.replace(
+            lim,
+            head_dims=(*lim.head_dims, CONFIGS["qwen3-tiny"].head_dim),
+            dtypes=(mx.float32, mx.float16, mx.bfloat16),
+        )
+        for where, lim in guard.LIMITS.items()
+    }
+    monkeypatch.setattr(guard, "LIMITS", wide)
 
 
 @pytest.mark.parametrize("bits", [4, 8])

@@ -104,11 +104,25 @@ def use_fused(
     return False
 
 
-def use_fused_quantized(query_len: int, context: int, mask, backend: str | None = None) -> bool:
-    """True where decode_attention_quantized was measured to beat the fallback on `backend`."""
+def use_fused_quantized(
+    query_len: int,
+    context: int,
+    mask,
+    backend: str | None = None,
+    *,
+    head_dim: int | None = None,
+    dtype: mx.Dtype | None = None,
+) -> bool:
+    """True where decode_attention_quantized was measured to beat the fallback on `backend`
+    (head dim and dtype as measured, LIMITS' lists; None skips that check)."""
     where = _default_backend() if backend is None else backend
     if where not in QUANTIZED_LIMITS:
         raise ValueError(f"unknown backend {where!r}: use one of {', '.join(QUANTIZED_LIMITS)}")
+    measured = LIMITS[where]
+    if head_dim is not None and head_dim not in measured.head_dims:
+        return False
+    if dtype is not None and dtype not in measured.dtypes:
+        return False
     max_query, max_context = QUANTIZED_LIMITS[where]
     plain = mask is None or (isinstance(mask, str) and mask == "causal")
     return plain and 1 <= query_len <= max_query and query_len <= context <= max_context

@@ -14,8 +14,10 @@ A call runs `decode_attention_custom` when attn_kernels.guard accepts it (query 
 head dim and dtype inside the backend's measured region) and it has the op's form: mask None or
 "causal", no attention sinks, a plain K/V cache in temporal order. Everything else goes to
 mlx-lm's function, unchanged: longer prefill, explicit masks (batched generation, sliding
-windows), sinks, quantized KV caches, a RotatingKVCache once it has wrapped, and inputs the op
-rejects (mixed dtypes, K and V head dims that differ). docs/mlx-lm.md has the table and the
+windows), sinks, a RotatingKVCache once it has wrapped, and inputs the op rejects (mixed dtypes,
+K and V head dims that differ). A QuantizedKVCache's decode steps run
+`decode_attention_quantized` where the guard's quantized region accepts them (CPU: L = 1,
+S <= 32768, the measured head dim and dtype), mlx-lm's quantized path elsewhere. docs/mlx-lm.md has the table and the
 records. mlx-lm itself is optional: this module imports without it, enable() needs it.
 """
 
@@ -29,7 +31,8 @@ from collections.abc import Iterator
 import mlx.core as mx
 
 from attn_kernels.attention import decode_attention_custom
-from attn_kernels.guard import use_fused
+from attn_kernels.guard import use_fused, use_fused_quantized
+from attn_kernels.quantized import decode_attention_quantized
 
 NAME = "scaled_dot_product_attention"
 
@@ -37,7 +40,7 @@ _lock = threading.Lock()
 _enabled = False
 _original = None  # mlx-lm's function, kept after disable() for stray references to ours
 _rotating = None  # mlx_lm.models.cache.RotatingKVCache
-_calls = {"fused": 0, "mlx_lm": 0}
+_calls = {"fused": 0, "fused_quantized": 0, "mlx_lm": 0}
 
 
 def _mlx_lm_modules():
@@ -66,11 +69,24 @@ def _fused(queries, keys, cache, mask, sinks) -> bool:
     return use_fused(shape[-2], keys.shape[-2], shape[-1], mask, dtype=queries.dtype)
 
 
+def _fused_quantized(queries, keys, cache, mask, sinks) -> bool:
+    """The same question for a QuantizedKVCache (it hands over (codes, scales, biases) tuples)."""
+    if sinks is not None or not (mask is None or isinstance(mask, str)):
+        return False
+    if not (hasattr(cache, "bits") and isinstance(keys, tuple | list)):
+        return False
+    shape = queries.shape
+    return use_fused_quantized(
+        shape[-2], keys[0].shape[-2], mask, head_dim=shape[-1], dtype=queries.dtype
+    )
+
+
 def scaled_dot_product_attention(
     queries, keys, values, cache, scale: float, mask, sinks: mx.array | None = None
 ) -> mx.array:
     """mlx-lm's `scaled_dot_product_attention` signature: decode steps the guard accepts run the
-    fused DecodeAttention op, every other call runs mlx-lm's own function."""
+    fused DecodeAttention op (or, over a quantized cache, decode_attention_quantized), every
+    other call runs mlx-lm's own function."""
     if _enabled and _fused(queries, keys, cache, mask, sinks):
         try:
             out = decode_attention_custom(queries, keys, values, scale=scale, mask=mask)
@@ -78,6 +94,17 @@ def scaled_dot_product_attention(
             pass  # inputs the op does not take (mixed dtypes, K and V head dims differ, ...)
         else:
             _calls["fused"] += 1
+            return out
+    if _enabled and _fused_quantized(queries, keys, cache, mask, sinks):
+        try:
+            out = decode_attention_quantized(
+                queries, keys, values, scale=scale, mask=mask,
+                group_size=cache.group_size, bits=cache.bits,
+            )  # fmt: skip
+        except ValueError:
+            pass  # a layout the op does not take
+        else:
+            _calls["fused_quantized"] += 1
             return out
     _calls["mlx_lm"] += 1
     original = _original or _mlx_lm_modules()[0].scaled_dot_product_attention  # never enabled
@@ -105,7 +132,7 @@ def enable() -> None:
     with _lock:
         if _enabled:
             return
-        _calls.update(fused=0, mlx_lm=0)
+        _calls.update(fused=0, fused_quantized=0, mlx_lm=0)
         current = base.scaled_dot_product_attention
         if current is not scaled_dot_product_attention:
             _original = current
@@ -129,7 +156,8 @@ def is_enabled() -> bool:
 
 
 def calls() -> dict[str, int]:
-    """Attention calls since enable(): {"fused": ..., "mlx_lm": ...} (mlx-lm's own path)."""
+    """Attention calls since enable(): {"fused": ..., "fused_quantized": ..., "mlx_lm": ...}
+    (decode_attention_custom, decode_attention_quantized, mlx-lm's own path)."""
     return dict(_calls)
 
 

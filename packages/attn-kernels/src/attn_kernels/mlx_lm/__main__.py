@@ -45,8 +45,8 @@ def main(argv: list[str] | None = None) -> int:
         module.main()
         counts = kernel.calls()
     print(
-        f"[attn_kernels] attention calls: {counts['fused']} fused, "
-        f"{counts['mlx_lm']} through mlx-lm's attention",
+        f"[attn_kernels] attention calls: {counts['fused']} fused, {counts['fused_quantized']} "
+        f"fused over a quantized cache, {counts['mlx_lm']} through mlx-lm's attention",
         file=sys.stderr,
     )
     return 0
