@@ -32,6 +32,10 @@ double measure_read_bandwidth(size_t bytes, int repeats);
 // process may run on (affinity mask and cgroup CPU quota), not every CPU of the host.
 int cpu_threads();
 
+class ThreadPool;
+// The CPU kernels' one pool of cpu_threads() threads (the bf16 and the quantized kernel share it).
+ThreadPool& cpu_pool();
+
 namespace cpu {
 
 // One compiled copy of the kernel body.

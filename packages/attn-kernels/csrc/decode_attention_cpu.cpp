@@ -110,11 +110,6 @@ int cgroup_cpu_limit() {
   return 0;
 }
 
-ThreadPool& pool() {
-  static ThreadPool instance(cpu_threads());
-  return instance;
-}
-
 // Below this many multiply-adds waking the pool costs more than it saves: a sleeping worker takes
 // ~110 µs to wake on this project's VM (a no-op parallel_for), and between decode calls it always
 // sleeps. Through MLX, Qwen3-4B shapes: one thread was faster up to S = 512 (200 vs 216-270 µs
@@ -164,7 +159,7 @@ void run(const DecodeProblem& p, const Kernel& kernel) {
   const int vectors = p.group * p.query_len;
   const int state_size = padded_dim(D, kernel.width) + kStateHeader;
   const int64_t work = int64_t{p.kv_rows} * S * vectors * D;
-  const int threads = work < kMinParallelWork ? 1 : pool().size();
+  const int threads = work < kMinParallelWork ? 1 : cpu_pool().size();
 
   // Split the context too until there are at least 8 units per thread, so every thread starts at
   // once and the pool's first-come hand-out evens out late starters. In-process A/B, Qwen3-4B
@@ -215,7 +210,7 @@ void run(const DecodeProblem& p, const Kernel& kernel) {
       attend_unit(u);
     }
   } else {
-    pool().parallel_for(units, attend_unit);
+    cpu_pool().parallel_for(units, attend_unit);
   }
 }
 
@@ -298,13 +293,13 @@ int cpu_threads() {
 double measure_read_bandwidth(size_t bytes, int repeats) {
   const size_t words = bytes / sizeof(uint64_t);
   std::vector<uint64_t> buffer(words, 1);
-  const int threads = pool().size();
+  const int threads = cpu_pool().size();
   const size_t per_thread = (words / threads) / 8 * 8;
   std::vector<uint64_t> sums(threads);
   double best = 0.0;
   for (int rep = 0; rep < repeats; ++rep) {
     const auto start = std::chrono::steady_clock::now();
-    pool().parallel_for(threads, [&](int t) {
+    cpu_pool().parallel_for(threads, [&](int t) {
       sums[t] = sum_words(buffer.data() + t * per_thread, per_thread);
     });
     const double seconds =
@@ -325,6 +320,11 @@ void decode_attention_cpu(const DecodeProblem& p, CpuPath path) {
     case ElementType::bfloat16: run<BFloat16>(p, kernel); break;
     case ElementType::boolean: break;  // rejected by the op
   }
+}
+
+ThreadPool& cpu_pool() {
+  static ThreadPool instance(cpu_threads());
+  return instance;
 }
 
 }  // namespace attn_kernels

@@ -10,7 +10,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
-#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -369,15 +368,6 @@ void finish(const float* states, int chunks, int chunk_stride, int D, T* out) {
   for (int d = 0; d < D; ++d) store(out + d, acc[d] * inv);
 }
 
-ThreadPool& pool() {
-  static ThreadPool instance([] {
-    const char* env = std::getenv("ATTN_KERNELS_NUM_THREADS");
-    const int n = env ? std::atoi(env) : 0;
-    return n > 0 ? n : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  }());
-  return instance;
-}
-
 // The bf16 kernel's thresholds (decode_attention_cpu.cpp): one thread below 2^22 multiply-adds
 // (waking a sleeping worker costs ~110 µs on this project's VM), and context chunks of at least
 // 256 positions so that a few heads still give every thread eight units.
@@ -389,7 +379,7 @@ void run(const QuantizedProblem& p, Chunk attend) {
   const int D = p.head_dim, S = p.context, vectors = p.group * p.query_len;
   const int state_size = D + kHeader;
   const int64_t work = int64_t{p.kv_rows} * S * vectors * D;
-  const int threads = work < kMinParallelWork ? 1 : pool().size();
+  const int threads = work < kMinParallelWork ? 1 : cpu_pool().size();
   int chunks = 1;
   if (threads > 1 && p.kv_rows < 8 * threads) {
     const int wanted = (8 * threads + p.kv_rows - 1) / p.kv_rows;
@@ -414,7 +404,7 @@ void run(const QuantizedProblem& p, Chunk attend) {
   if (threads == 1) {
     for (int u = 0; u < units; ++u) attend_unit(u);
   } else {
-    pool().parallel_for(units, attend_unit);
+    cpu_pool().parallel_for(units, attend_unit);
   }
   for (int kv_row = 0; kv_row < p.kv_rows; ++kv_row) {
     for (int r = 0; r < vectors; ++r) {
