@@ -37,14 +37,34 @@ def storage(a: np.ndarray, dtype: str) -> bytes:
     return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16).tobytes()
 
 
-def quantized(a: np.ndarray, dtype: str) -> np.ndarray:
-    raw = np.frombuffer(
-        storage(a, dtype),
-        dtype={"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}[dtype],
-    )
+STORAGE = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
+
+
+def from_storage(data: bytes, dtype: str, shape) -> np.ndarray:
+    """The kernel's storage type's bytes as float64 (bfloat16: its bits above 16 zero bits)."""
+    raw = np.frombuffer(data, dtype=STORAGE[dtype])
     if dtype == "bfloat16":
         raw = (raw.astype(np.uint32) << 16).view(np.float32)
-    return raw.astype(np.float64).reshape(a.shape)
+    return raw.astype(np.float64).reshape(shape)
+
+
+def quantized(a: np.ndarray, dtype: str) -> np.ndarray:
+    return from_storage(storage(a, dtype), dtype, a.shape)
+
+
+def mask_storage(mask, mask_kind: str) -> bytes:
+    """mask.bin's bytes: one zero byte for no mask."""
+    if mask is None:
+        return b"\0"
+    if mask_kind == "bool":
+        return mask.astype(np.bool_).tobytes()
+    return storage(mask, mask_kind)
+
+
+def run_runner(exe, folder, dtype: str, shape) -> np.ndarray:
+    """Run an emulation runner on its input files in `folder`; its out.bin as float64."""
+    subprocess.run([str(exe), str(folder)], check=True, timeout=120)
+    return from_storage((folder / "out.bin").read_bytes(), dtype, shape)
 
 
 def element_strides(shape):
@@ -84,21 +104,8 @@ def run_kernel(
     (tmp_path / "q.bin").write_bytes(storage(q, dtype))
     (tmp_path / "k.bin").write_bytes(storage(k_buf, dtype))
     (tmp_path / "v.bin").write_bytes(storage(v_buf, dtype))
-    if mask is None:
-        mask_bytes = b"\0"
-    elif mask_kind == "bool":
-        mask_bytes = mask.astype(np.bool_).tobytes()
-    else:
-        mask_bytes = storage(mask, mask_kind)
-    (tmp_path / "mask.bin").write_bytes(mask_bytes)
-    subprocess.run([str(exe), str(tmp_path)], check=True, timeout=120)
-    raw = np.fromfile(
-        tmp_path / "out.bin",
-        dtype={"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}[dtype],
-    )
-    if dtype == "bfloat16":
-        raw = (raw.astype(np.uint32) << 16).view(np.float32)
-    return raw.astype(np.float64).reshape(b, hq, length, d)
+    (tmp_path / "mask.bin").write_bytes(mask_storage(mask, mask_kind))
+    return run_runner(exe, tmp_path, dtype, (b, hq, length, d))
 
 
 CASES = [

@@ -6,7 +6,6 @@ algorithm, indexing, strides, masks, GQA mapping and barrier protocol as emulate
 compiler, real half/bfloat paths, the launcher or speed)."""
 
 import struct
-import subprocess
 
 import mlx.core as mx
 import numpy as np
@@ -14,7 +13,14 @@ import pytest
 from conftest import TOLERANCE
 from emulation import KERNELS_METAL, build_runner
 from reference import attention_f64
-from test_metal_emulation import MASK_KINDS, element_strides, quantized, storage
+from test_metal_emulation import (
+    MASK_KINDS,
+    element_strides,
+    mask_storage,
+    quantized,
+    run_runner,
+    storage,
+)
 
 
 @pytest.fixture(scope="session")
@@ -96,21 +102,8 @@ def test_metal_quantized_kernel_under_emulation(
         ("kc", "ks", "kb", "vc", "vs", "vb"), (*k_triple, *v_triple), strict=True
     ):
         (tmp_path / f"{name}.bin").write_bytes(to_storage(array))
-    if mask is None:
-        mask_bytes = b"\0"
-    elif mask_kind == "bool":
-        mask_bytes = mask.astype(np.bool_).tobytes()
-    else:
-        mask_bytes = storage(mask, mask_kind)
-    (tmp_path / "mask.bin").write_bytes(mask_bytes)
-    subprocess.run([str(emulator), str(tmp_path)], check=True, timeout=120)
-    raw = np.fromfile(
-        tmp_path / "out.bin",
-        dtype={"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}[dtype],
-    )
-    if dtype == "bfloat16":
-        raw = (raw.astype(np.uint32) << 16).view(np.float32)
-    out = raw.astype(np.float64).reshape(b, hq, length, d)
+    (tmp_path / "mask.bin").write_bytes(mask_storage(mask, mask_kind))
+    out = run_runner(emulator, tmp_path, dtype, (b, hq, length, d))
 
     def dequantized(triple):
         codes, scales, biases = (a[:, :, :s] for a in triple)

@@ -15,10 +15,9 @@ from conftest import TOLERANCE
 from emulation import KERNELS_METAL, build_runner
 from reference import to_numpy
 from step_reference import step_f64
-from test_metal_emulation import quantized, storage
+from test_metal_emulation import from_storage, quantized, storage
 
 EPS, BASE = 1e-6, 1_000_000.0
-STORAGE = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
 
 
 @pytest.fixture(scope="session")
@@ -27,10 +26,7 @@ def step_emulator(tmp_path_factory):
 
 
 def read(path, dtype, shape):
-    raw = np.fromfile(path, dtype=STORAGE[dtype])
-    if dtype == "bfloat16":
-        raw = (raw.astype(np.uint32) << 16).view(np.float32)
-    return raw.astype(np.float64).reshape(shape)
+    return from_storage(path.read_bytes(), dtype, shape)
 
 
 def contiguous_strides(shape):
