@@ -6,6 +6,9 @@ UV_VERSION := 0.13.9
 LOCAL_UV := .tools/uv/bin/uv
 UV ?= $(shell command -v uv 2>/dev/null || echo $(LOCAL_UV))
 PACKAGES := attn-kernels qwen3-model llm-eval
+# uv trusts the system's certificate store (as pip and curl do), not only its bundled roots: a
+# network that inspects TLS with its own CA (a company's, or this build machine's) then works.
+export UV_SYSTEM_CERTS ?= 1
 
 .PHONY: test test-cpu-kernel test-arm64 bench bench-operators bench-cpu-kernel lint format build uv
 
