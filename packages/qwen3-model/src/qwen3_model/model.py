@@ -124,14 +124,15 @@ class Attention(nn.Module):
         step = decode and self.fused_step
         q, k, v = self.project(x, step)
         plain_cache = cache is None or isinstance(cache, KVCache)
+        where = guard.backend()  # once per call: the guard and the step switch both need it
         # The dispatch guard: the fused kernels only where they were measured to beat mx.fast.
         fused = (
             decode
             and plain_cache
-            and use_fused(length, offset + length, self.head_dim, mask, dtype=q.dtype)
+            and use_fused(length, offset + length, self.head_dim, mask, where, dtype=q.dtype)
         )
         causal = mask is None or (isinstance(mask, str) and mask == "causal")
-        if fused and step and causal and cache is not None and guard.backend() in STEP_BACKENDS:
+        if fused and step and causal and cache is not None and where in STEP_BACKENDS:
             # Norms, RoPE, the cache write and attention: one AttentionStep.
             keys, values = cache.reserve(k.dtype, b, self.n_kv_heads, length, self.head_dim)
             out, keys, values = attention_step(
