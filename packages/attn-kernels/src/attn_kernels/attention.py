@@ -183,11 +183,13 @@ def decode_attention_custom(
     # waits on (docs/host-cost.md). Anything the op refuses (numpy inputs: TypeError; bad shapes
     # or dtypes: ValueError) runs the general path below, which converts and words errors as the
     # readable path does.
-    if scale is not None and (mask is None or mask.__class__ is str and mask == "causal"):
+    if scale is not None and (mask is None or (mask.__class__ is str and mask == "causal")):
         try:
             if stream is None:
                 return _decode(query, key, value, scale, None, mask is not None, schedule)
-            return _decode(query, key, value, scale, None, mask is not None, schedule, stream=stream)
+            return _decode(
+                query, key, value, scale, None, mask is not None, schedule, stream=stream
+            )
         except (TypeError, ValueError):
             pass
     return _decode_general(query, key, value, scale, mask, schedule, stream)
