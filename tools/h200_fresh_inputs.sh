@@ -21,7 +21,9 @@
 #   model    ab-decode bf16 32+97 and 8192+65: decode-attention-unfused (DecodeAttention per
 #            layer: the path gpu_ptr and the donated query changed), decode-attention (fused
 #            step) and mlx-lm, rotated rounds                                         ~45 s
-#            ab-none-32-97.json, ab-none-8192-65.json (rename with "+" when committing)
+#            ab-none-32-97.json, ab-none-8192-65.json; commit them as
+#            h200-qwen3-4b-none-ab-decode-unfused-{32+97,8192+65}-mlx-0.32.4.json (the names
+#            docs/results-h200.md cites; the device tool refuses "+")
 #   suite    (not in all) every GPU case of test_decode_attention.py and the model's CUDA
 #            parity with mlx-lm, which the donated query touches too            ~60-90 s
 set -uo pipefail
