@@ -38,7 +38,7 @@ import qwen3_model
 from attn_kernels import attention_step_cache_copies
 from llm_eval import bench
 from llm_eval.record import SCHEMA_VERSION, collect_metadata, write_record
-from mlx_lm.generate import generate_step
+from mlx_lm.generate import generate_step, generation_stream
 
 # decode-attention-unfused: the decode-attention checkpoint before the fused step (separate
 # projections, norm/RoPE/slice-update ops, DecodeAttention): Model.set_fused_step(False).
@@ -49,7 +49,13 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--model", default="qwen3-4b", help="built-in config (random weights)")
+    p.add_argument(
+        "--model",
+        default="qwen3-4b",
+        choices=list(qwen3_model.CONFIGS),
+        help="built-in config, random weights (qwen3-tiny: a CPU smoke run)",
+    )
+    p.add_argument("--device", choices=["cpu", "gpu"], help="default: the GPU where MLX has one")
     p.add_argument("--quantize", nargs="+", choices=["none", "4bit"], default=["none"])
     p.add_argument("--workloads", nargs="+", default=["32+97"], help="INPUT+OUTPUT tokens")
     p.add_argument("--rounds", type=int, default=3)
@@ -60,17 +66,29 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json-output", type=Path)
     args = p.parse_args(argv)
-    args.workloads = [tuple(int(n) for n in w.split("+")) for w in args.workloads]
+    try:
+        args.workloads = [tuple(int(n) for n in w.split("+")) for w in args.workloads]
+    except ValueError:
+        p.error(f"--workloads: INPUT+OUTPUT token counts, e.g. 1024+65, got {args.workloads}")
+    if any(len(w) != 2 or w[0] < 1 or w[1] < 2 for w in args.workloads):
+        p.error(f"--workloads: INPUT >= 1 and OUTPUT >= 2 tokens, got {args.workloads}")
+    if args.rounds < 1 or args.anatomy_steps < 1 or args.count_steps < 1:
+        p.error("--rounds, --anatomy-steps and --count-steps must be >= 1")
+    args.device = args.device or ("gpu" if bench.has_gpu() else "cpu")
+    if args.device == "gpu" and not bench.has_gpu():
+        p.error("--device gpu: this MLX has no GPU backend")
     return args
 
 
 def build(args, quantize):
-    ns = argparse.Namespace(
-        model=args.model, weights=None, quantize=quantize, seed=args.seed, schedule="auto"
+    """Our model (decode-attention by default; pick() switches it per variant) and mlx-lm's Qwen3
+    holding the same weight arrays, each with its cache factory."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    model = qwen3_model.load(
+        args.model, quantize=None if quantize == "none" else quantize, seed=args.seed
     )
-    ours, make_ours = bench.build(argparse.Namespace(**vars(ns), checkpoint="decode-attention"))
-    twin, make_twin = bench.build(argparse.Namespace(**vars(ns), checkpoint="mlx-lm"))
-    return ours, make_ours, twin, make_twin
+    return model, qwen3_model.make_cache, bench.mlx_lm_twin(model), make_prompt_cache
 
 
 def pick(variant, ours, make_ours, twin, make_twin):
@@ -81,12 +99,21 @@ def pick(variant, ours, make_ours, twin, make_twin):
     return ours, make_ours
 
 
-def request(model, make_cache, prompt, output_len) -> dict:
+def stream_for(device):
+    """mlx-lm's generation stream (made on the default device when mlx-lm was imported), or a new
+    one on `device` where that differs (--device cpu on a machine with a GPU)."""
+    if generation_stream.device == device:
+        return generation_stream
+    return mx.new_stream(device)
+
+
+def request(model, make_cache, prompt, output_len, stream) -> dict:
     cache = make_cache(model)
     copies = attention_step_cache_copies()
     start = time.perf_counter()
     times = []
-    for _token, _ in generate_step(prompt, model, max_tokens=output_len, prompt_cache=cache):
+    steps = generate_step(prompt, model, max_tokens=output_len, prompt_cache=cache, stream=stream)
+    for _token, _ in steps:
         times.append(time.perf_counter())
     decode_s = times[-1] - times[0]
     return {
@@ -98,24 +125,27 @@ def request(model, make_cache, prompt, output_len) -> dict:
     }
 
 
-def prefilled(model, make_cache, prompt):
+def prefilled(model, make_cache, prompt, stream):
     """A cache holding the prompt and the next token, through generate_step's own prefill."""
     cache = make_cache(model)
-    token, _ = next(generate_step(prompt, model, max_tokens=1, prompt_cache=cache))
+    steps = generate_step(prompt, model, max_tokens=1, prompt_cache=cache, stream=stream)
+    token, _ = next(steps)
+    steps.close()
     return cache, mx.array([token])
 
 
-def step_graph(model, cache, token):
-    logits = model(token[None], cache=cache)[:, -1, :]
-    return mx.argmax(logits, axis=-1)
+def step_graph(model, cache, token, stream):
+    with mx.stream(stream):
+        logits = model(token[None], cache=cache)[:, -1, :]
+        return mx.argmax(logits, axis=-1)
 
 
-def anatomy(model, make_cache, prompt, steps) -> dict:
-    cache, token = prefilled(model, make_cache, prompt)
+def anatomy(model, make_cache, prompt, steps, stream) -> dict:
+    cache, token = prefilled(model, make_cache, prompt, stream)
     build_s, eval_s = [], []
     for _ in range(steps):
         t0 = time.perf_counter()
-        token = step_graph(model, cache, token)
+        token = step_graph(model, cache, token, stream)
         t1 = time.perf_counter()
         mx.eval(token)
         t2 = time.perf_counter()
@@ -157,13 +187,13 @@ def count_nodes(files) -> dict:
     return counts
 
 
-def count_kernels(model, make_cache, prompt, steps, folder, label) -> dict:
-    cache, token = prefilled(model, make_cache, prompt)
-    token = step_graph(model, cache, token)  # one step outside the count
+def count_kernels(model, make_cache, prompt, steps, folder, label, stream) -> dict:
+    cache, token = prefilled(model, make_cache, prompt, stream)
+    token = step_graph(model, cache, token, stream)  # one step outside the count
     mx.eval(token)
     before = set(glob.glob(os.path.join(folder, "graph_*.dot")))
     for _ in range(steps):
-        token = step_graph(model, cache, token)
+        token = step_graph(model, cache, token, stream)
         mx.eval(token)
     files = sorted(set(glob.glob(os.path.join(folder, "graph_*.dot"))) - before)
     counts = count_nodes(files)
@@ -185,14 +215,15 @@ def rotated(variants, r):
 
 def main(argv=None):
     args = parse_args(argv)
-    mx.set_default_device(mx.gpu if bench.has_gpu() else mx.cpu)
-    device = "gpu" if bench.has_gpu() else "cpu"
+    device = args.device
+    mx.set_default_device(mx.gpu if device == "gpu" else mx.cpu)
+    stream = stream_for(mx.default_device())
     results = []
     order_log = []
     for quantize in args.quantize:
         ours, make_ours, twin, make_twin = build(args, quantize)
         for input_len, output_len in args.workloads:
-            prompt = bench.prompt_ids(ours.args.vocab_size, input_len, mx.random.key(args.seed))[0]
+            prompt = bench.prompt_ids(ours.args.vocab_size, input_len, mx.random.key(args.seed))
             entry = {"quantize": quantize, "input_len": input_len, "output_len": output_len}
             if args.count_kernels:
                 entry["kernels"] = {}
@@ -205,20 +236,22 @@ def main(argv=None):
                         args.count_steps,
                         args.count_kernels,
                         f"{quantize}-{input_len}-{v}",
+                        stream,
                     )
                     print(quantize, input_len, v, entry["kernels"][v]["nodes_per_step"], flush=True)
                 results.append(entry)
                 continue
             for v in args.variants:  # warm-up
                 model, make = pick(v, ours, make_ours, twin, make_twin)
-                request(model, make, prompt, 8)
+                request(model, make, prompt, 8, stream)
             samples = {v: [] for v in args.variants}
             for r in range(args.rounds):
                 order = rotated(args.variants, r)
                 order_log.append({"quantize": quantize, "input_len": input_len, "order": order})
                 for v in order:
                     model, make = pick(v, ours, make_ours, twin, make_twin)
-                    samples[v].append({"round": r, **request(model, make, prompt, output_len)})
+                    sample = request(model, make, prompt, output_len, stream)
+                    samples[v].append({"round": r, **sample})
             entry["samples"] = samples
             entry["medians"] = {
                 v: {
@@ -230,7 +263,7 @@ def main(argv=None):
             entry["anatomy"] = {}
             for v in args.variants:
                 model, make = pick(v, ours, make_ours, twin, make_twin)
-                entry["anatomy"][v] = anatomy(model, make, prompt, args.anatomy_steps)
+                entry["anatomy"][v] = anatomy(model, make, prompt, args.anatomy_steps, stream)
             results.append(entry)
             line = " ".join(
                 f"{v}={entry['medians'][v]['decode_tok_s']:.1f}"

@@ -148,6 +148,9 @@ class Attention(nn.Module):
                 rope_base=self.rope_base,
                 scale=self.scale,
                 schedule=self.schedule,
+                # The cache holds only the returned buffers and reads [0, offset) of them, so
+                # they stay in place while the previous step still runs (pipelined generation).
+                owned_caches=True,
             )
             cache.advance(keys, values, length)
             return self.o_proj(out)
