@@ -13,7 +13,10 @@ Per request: prefill time (prompt through generate_step to its first token) and 
 variant, the step anatomy (after one request's prefill, 16 steps): host time to build one
 step's lazy graph (the model call and the argmax, no eval), the time of mx.eval of that graph
 when nothing else is queued (host encoding plus GPU plus the wait), and the pipelined step
-time (1 / decode tok/s). attention_step_cache_copies() counts caches the fused op had to copy.
+time (1 / decode tok/s), and the slowest pipelined step. attention_step_cache_copies() counts
+caches the fused op had to copy (per request; 0 in a decode loop, docs/fused-step.md).
+
+    python3 tools/step_bench.py --model qwen3-tiny --device cpu --workloads 20+6   # a smoke run
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ if "--count-kernels" in sys.argv:  # read once by MLX at its first graph: before
     os.environ["MLX_SAVE_CUDA_GRAPHS_DOT_FILE"] = os.path.join(folder, "graph")
 
 import glob
+import itertools
 import re
 import statistics
 import time
@@ -35,6 +39,7 @@ from pathlib import Path
 
 import mlx.core as mx
 import qwen3_model
+import qwen3_model.model as model_module
 from attn_kernels import attention_step_cache_copies
 from llm_eval import bench
 from llm_eval.record import SCHEMA_VERSION, collect_metadata, write_record
@@ -42,7 +47,20 @@ from mlx_lm.generate import generate_step, generation_stream
 
 # decode-attention-unfused: the decode-attention checkpoint before the fused step (separate
 # projections, norm/RoPE/slice-update ops, DecodeAttention): Model.set_fused_step(False).
-VARIANTS = ["decode-attention", "mlx-lm", "composition", "decode-attention-unfused"]
+# decode-attention-mlx-rule: the fused step with MLX's donation rule alone (owned_caches=False,
+# the model before that argument): it copies a cache whose previous step is still running.
+VARIANTS = [
+    "decode-attention",
+    "mlx-lm",
+    "composition",
+    "decode-attention-unfused",
+    "decode-attention-mlx-rule",
+]
+FUSED_STEP = model_module.attention_step
+
+
+def step_under_mlx_rule(*args, **kwargs):
+    return FUSED_STEP(*args, **{**kwargs, "owned_caches": False})
 
 
 def parse_args(argv=None):
@@ -53,7 +71,8 @@ def parse_args(argv=None):
         "--model",
         default="qwen3-4b",
         choices=list(qwen3_model.CONFIGS),
-        help="built-in config, random weights (qwen3-tiny: a CPU smoke run)",
+        help="built-in config, random weights (qwen3-tiny: a CPU smoke run; its head dim is "
+        "outside the guard, so its decode-attention runs mx.fast)",
     )
     p.add_argument("--device", choices=["cpu", "gpu"], help="default: the GPU where MLX has one")
     p.add_argument("--quantize", nargs="+", choices=["none", "4bit"], default=["none"])
@@ -92,10 +111,12 @@ def build(args, quantize):
 
 
 def pick(variant, ours, make_ours, twin, make_twin):
+    rule = variant == "decode-attention-mlx-rule"
+    model_module.attention_step = step_under_mlx_rule if rule else FUSED_STEP
     if variant == "mlx-lm":
         return twin, make_twin
-    ours.set_checkpoint(variant.removesuffix("-unfused"))
-    ours.set_fused_step(not variant.endswith("-unfused"))
+    ours.set_checkpoint("composition" if variant == "composition" else "decode-attention")
+    ours.set_fused_step(variant != "decode-attention-unfused")
     return ours, make_ours
 
 
@@ -121,6 +142,7 @@ def request(model, make_cache, prompt, output_len, stream) -> dict:
         "decode_s": decode_s,
         "decode_tok_s": (len(times) - 1) / decode_s,
         "tokens": len(times),
+        "step_ms": [(b - a) * 1e3 for a, b in itertools.pairwise(times)],
         "cache_copies": attention_step_cache_copies() - copies,
     }
 
@@ -265,14 +287,17 @@ def main(argv=None):
                 model, make = pick(v, ours, make_ours, twin, make_twin)
                 entry["anatomy"][v] = anatomy(model, make, prompt, args.anatomy_steps, stream)
             results.append(entry)
-            line = " ".join(
-                f"{v}={entry['medians'][v]['decode_tok_s']:.1f}"
-                f" (build {entry['anatomy'][v]['median_build_ms']:.2f} ms,"
-                f" eval {entry['anatomy'][v]['median_eval_ms']:.2f} ms)"
-                for v in args.variants
-            )
-            copies = sum(s["cache_copies"] for s in samples.get("decode-attention", []))
-            print(f"{quantize} {input_len}+{output_len}: {line}; copies {copies}", flush=True)
+            print(f"{quantize} {input_len}+{output_len}:", flush=True)
+            for v in args.variants:
+                rounds = ", ".join(f"{s['decode_tok_s']:.1f}" for s in samples[v])
+                print(
+                    f"  {v}: {entry['medians'][v]['decode_tok_s']:.1f} tok/s ({rounds}); step"
+                    f" build {entry['anatomy'][v]['median_build_ms']:.2f} ms, eval"
+                    f" {entry['anatomy'][v]['median_eval_ms']:.2f} ms; slowest pipelined step"
+                    f" {max(t for s in samples[v] for t in s['step_ms']):.1f} ms;"
+                    f" cache copies {sum(s['cache_copies'] for s in samples[v])}",
+                    flush=True,
+                )
         del ours, twin
         mx.clear_cache()
     record = {
