@@ -49,12 +49,15 @@ from mlx_lm.generate import generate_step, generation_stream
 # projections, norm/RoPE/slice-update ops, DecodeAttention): Model.set_fused_step(False).
 # decode-attention-mlx-rule: the fused step with MLX's donation rule alone (owned_caches=False,
 # the model before that argument): it copies a cache whose previous step is still running.
+# decode-attention-addmm: the fused step with the residual adds inside o_proj's and down_proj's
+# matmuls (Model.set_residual_in_matmul, an experiment on the kernel count).
 VARIANTS = [
     "decode-attention",
     "mlx-lm",
     "composition",
     "decode-attention-unfused",
     "decode-attention-mlx-rule",
+    "decode-attention-addmm",
 ]
 FUSED_STEP = model_module.attention_step
 
@@ -117,6 +120,7 @@ def pick(variant, ours, make_ours, twin, make_twin):
         return twin, make_twin
     ours.set_checkpoint("composition" if variant == "composition" else "decode-attention")
     ours.set_fused_step(variant != "decode-attention-unfused")
+    ours.set_residual_in_matmul(variant == "decode-attention-addmm")
     return ours, make_ours
 
 
@@ -242,6 +246,20 @@ def main(argv=None):
     stream = stream_for(mx.default_device())
     results = []
     order_log = []
+    record = {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "step-bench",
+        "metadata": collect_metadata(device),
+        "model_config": qwen3_model.CONFIGS[args.model].to_dict(),
+        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "execution_order": order_log,
+        "results": results,
+    }
+
+    def save():  # after every workload: a run cut short keeps what it finished
+        if args.json_output:
+            return write_record(record, args.json_output, force=True)
+
     for quantize in args.quantize:
         ours, make_ours, twin, make_twin = build(args, quantize)
         for input_len, output_len in args.workloads:
@@ -262,6 +280,7 @@ def main(argv=None):
                     )
                     print(quantize, input_len, v, entry["kernels"][v]["nodes_per_step"], flush=True)
                 results.append(entry)
+                save()
                 continue
             for v in args.variants:  # warm-up
                 model, make = pick(v, ours, make_ours, twin, make_twin)
@@ -288,29 +307,24 @@ def main(argv=None):
                 entry["anatomy"][v] = anatomy(model, make, prompt, args.anatomy_steps, stream)
             results.append(entry)
             print(f"{quantize} {input_len}+{output_len}:", flush=True)
+            reference = entry["medians"].get("mlx-lm", {}).get("decode_tok_s")
             for v in args.variants:
                 rounds = ", ".join(f"{s['decode_tok_s']:.1f}" for s in samples[v])
+                rate = entry["medians"][v]["decode_tok_s"]
+                ratio = f", {rate / reference:.2f}x mlx-lm" if reference else ""
                 print(
-                    f"  {v}: {entry['medians'][v]['decode_tok_s']:.1f} tok/s ({rounds}); step"
+                    f"  {v}: {rate:.1f} tok/s ({rounds}{ratio}); step"
                     f" build {entry['anatomy'][v]['median_build_ms']:.2f} ms, eval"
                     f" {entry['anatomy'][v]['median_eval_ms']:.2f} ms; slowest pipelined step"
                     f" {max(t for s in samples[v] for t in s['step_ms']):.1f} ms;"
                     f" cache copies {sum(s['cache_copies'] for s in samples[v])}",
                     flush=True,
                 )
+            save()
         del ours, twin
         mx.clear_cache()
-    record = {
-        "schema_version": SCHEMA_VERSION,
-        "kind": "step-bench",
-        "metadata": collect_metadata(device),
-        "model_config": qwen3_model.CONFIGS[args.model].to_dict(),
-        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "execution_order": order_log,
-        "results": results,
-    }
     if args.json_output:
-        print(f"wrote {write_record(record, args.json_output, force=True)}")
+        print(f"wrote {save()}")
 
 
 if __name__ == "__main__":

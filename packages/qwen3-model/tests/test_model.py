@@ -270,3 +270,34 @@ def test_fused_step_switch(monkeypatch):
         logits.append(model(mx.array([[7]]), cache))
         assert (len(calls) > before) == enabled
     assert mx.allclose(logits[0], logits[1], atol=1e-4).item()
+
+
+@pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16], ids=["float32", "bfloat16"])
+def test_residual_in_matmul(monkeypatch, dtype):
+    """set_residual_in_matmul(True) (an experiment): decode steps of the fused step run o_proj and
+    down_proj as mx.addmm, two per layer; the prefill and a quantized model do not; the logits
+    are the plain add's (one rounding apart in bf16: the add happens before the rounding)."""
+    widen_guard(monkeypatch)
+    calls = []
+    addmm = mx.addmm
+    monkeypatch.setattr(mx, "addmm", lambda *a, **k: calls.append(1) or addmm(*a, **k))
+    model = load("qwen3-tiny", dtype=dtype, seed=9)
+    prompt = mx.random.randint(10, 990, (1, 20), key=mx.random.key(4))
+    logits = []
+    for enabled in (False, True):
+        model.set_residual_in_matmul(enabled)
+        cache = make_cache(model)
+        model(prompt, cache)
+        assert calls == []  # not in the prefill
+        steps = [model(mx.array([[t]]), cache) for t in (7, 300, 42)]
+        assert len(calls) == (3 * 2 * model.args.num_hidden_layers if enabled else 0)
+        logits.append(mx.concatenate(steps, axis=1))
+        calls.clear()
+    atol = 1e-4 if dtype == mx.float32 else 0.05  # bf16: logits ~3.5, an ulp 0.016
+    assert mx.allclose(logits[0], logits[1], atol=atol).item()
+    quantized = load("qwen3-tiny", quantize="4bit", seed=9)
+    quantized.set_residual_in_matmul(True)
+    cache = make_cache(quantized)
+    quantized(prompt, cache)
+    quantized(mx.array([[7]]), cache)
+    assert calls == []
