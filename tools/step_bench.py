@@ -136,10 +136,11 @@ def request(model, make_cache, prompt, output_len, stream) -> dict:
     cache = make_cache(model)
     copies = attention_step_cache_copies()
     start = time.perf_counter()
-    times = []
+    times, token_ids = [], []
     steps = generate_step(prompt, model, max_tokens=output_len, prompt_cache=cache, stream=stream)
-    for _token, _ in steps:
+    for token, _ in steps:
         times.append(time.perf_counter())
+        token_ids.append(int(token))
     decode_s = times[-1] - times[0]
     return {
         "prefill_s": times[0] - start,
@@ -147,6 +148,7 @@ def request(model, make_cache, prompt, output_len, stream) -> dict:
         "decode_tok_s": (len(times) - 1) / decode_s,
         "tokens": len(times),
         "step_ms": [(b - a) * 1e3 for a, b in itertools.pairwise(times)],
+        "token_ids": token_ids,
         "cache_copies": attention_step_cache_copies() - copies,
     }
 
@@ -308,6 +310,7 @@ def main(argv=None):
             results.append(entry)
             print(f"{quantize} {input_len}+{output_len}:", flush=True)
             reference = entry["medians"].get("mlx-lm", {}).get("decode_tok_s")
+            theirs = [s["token_ids"] for s in samples.get("mlx-lm", [])]
             for v in args.variants:
                 rounds = ", ".join(f"{s['decode_tok_s']:.1f}" for s in samples[v])
                 rate = entry["medians"][v]["decode_tok_s"]
@@ -317,7 +320,9 @@ def main(argv=None):
                     f" build {entry['anatomy'][v]['median_build_ms']:.2f} ms, eval"
                     f" {entry['anatomy'][v]['median_eval_ms']:.2f} ms; slowest pipelined step"
                     f" {max(t for s in samples[v] for t in s['step_ms']):.1f} ms;"
-                    f" cache copies {sum(s['cache_copies'] for s in samples[v])}",
+                    f" cache copies {sum(s['cache_copies'] for s in samples[v])}"
+                    f"; greedy tokens as mlx-lm's in"
+                    f" {sum(s['token_ids'] in theirs for s in samples[v])}/{len(samples[v])}",
                     flush=True,
                 )
             save()

@@ -64,6 +64,7 @@ def test_cpu_smoke_run(step_bench, tmp_path, monkeypatch):
             rows = entry["samples"][v]
             assert [r["round"] for r in rows] == [0, 1]
             assert all(r["tokens"] == entry["output_len"] and r["decode_tok_s"] > 0 for r in rows)
+            assert all(len(r["token_ids"]) == entry["output_len"] for r in rows)
             assert len(entry["anatomy"][v]["eval_ms"]) == 3
         # The pipelined decode (250+9 crosses the cache's 256-position step) copies no cache.
         assert [r["cache_copies"] for r in entry["samples"]["decode-attention"]] == [0, 0]
