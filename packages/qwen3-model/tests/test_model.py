@@ -1,5 +1,6 @@
 """Parity with mlx-lm's Qwen3, checkpoint round trips, the KV cache, loading errors."""
 
+import copy
 import dataclasses
 import json
 
@@ -301,3 +302,29 @@ def test_residual_in_matmul(monkeypatch, dtype):
     quantized(prompt, cache)
     quantized(mx.array([[7]]), cache)
     assert calls == []
+
+
+@pytest.mark.parametrize("copier", [copy.copy, copy.deepcopy], ids=["copy", "deepcopy"])
+def test_copied_cache_continues_apart(monkeypatch, copier):
+    """Two caches that share their arrays (a copied prompt cache) each continue on their own: the
+    fused step updates a cache in place only when no other array holds it (owned_caches keeps
+    that check), so neither continuation writes into the other's buffers."""
+    widen_guard(monkeypatch)
+    model = load("qwen3-tiny", dtype=mx.float32, seed=5)
+    prompt = mx.random.randint(10, 990, (1, 12), key=mx.random.key(6))
+    cache = make_cache(model)
+    model(prompt, cache)
+    mx.eval([c.state for c in cache])
+    other = [copier(c) for c in cache]  # copy.copy: the same arrays in a second KVCache
+    a, b = [], []
+    for t, u in ((11, 21), (12, 22), (13, 23)):  # interleaved, each step evaluated
+        a.append(model(mx.array([[t]]), cache))
+        mx.eval(a[-1])
+        b.append(model(mx.array([[u]]), other))
+        mx.eval(b[-1])
+    for tokens, got in (((11, 12, 13), a), ((21, 22, 23), b)):
+        fresh = make_cache(model)
+        model(prompt, fresh)
+        for t, logits in zip(tokens, got, strict=True):
+            expected = model(mx.array([[t]]), fresh)
+            assert mx.allclose(logits, expected, atol=1e-5).item(), tokens
