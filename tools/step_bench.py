@@ -51,6 +51,8 @@ from mlx_lm.generate import generate_step, generation_stream
 # the model before that argument): it copies a cache whose previous step is still running.
 # decode-attention-addmm: the fused step with the residual adds inside o_proj's and down_proj's
 # matmuls (Model.set_residual_in_matmul, an experiment on the kernel count).
+# decode-attention-add-norm: the fused step with the residual add after attention and the
+# post-attention norm in one kernel on CUDA (Model.set_add_norm, the same experiment).
 VARIANTS = [
     "decode-attention",
     "mlx-lm",
@@ -58,6 +60,7 @@ VARIANTS = [
     "decode-attention-unfused",
     "decode-attention-mlx-rule",
     "decode-attention-addmm",
+    "decode-attention-add-norm",
 ]
 FUSED_STEP = model_module.attention_step
 
@@ -121,6 +124,7 @@ def pick(variant, ours, make_ours, twin, make_twin):
     ours.set_checkpoint("composition" if variant == "composition" else "decode-attention")
     ours.set_fused_step(variant != "decode-attention-unfused")
     ours.set_residual_in_matmul(variant == "decode-attention-addmm")
+    ours.set_add_norm(variant == "decode-attention-add-norm")
     return ours, make_ours
 
 

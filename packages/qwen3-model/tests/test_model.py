@@ -328,3 +328,26 @@ def test_copied_cache_continues_apart(monkeypatch, copier):
         for t, logits in zip(tokens, got, strict=True):
             expected = model(mx.array([[t]]), fresh)
             assert mx.allclose(logits, expected, atol=1e-5).item(), tokens
+
+
+def test_add_norm_switch(monkeypatch):
+    """set_add_norm(True) (an experiment): each decode step of the fused step hands the residual
+    add and the post-attention norm to add_rms_norm, once per layer, and the prefill does not;
+    on the CPU that is the same two ops, so the logits are equal."""
+    widen_guard(monkeypatch)
+    calls = []
+    fused = model_module.add_rms_norm
+    monkeypatch.setattr(model_module, "add_rms_norm", lambda *a: calls.append(1) or fused(*a))
+    model = load("qwen3-tiny", dtype=mx.bfloat16, seed=10)
+    prompt = mx.random.randint(10, 990, (1, 20), key=mx.random.key(5))
+    logits = []
+    for enabled in (False, True):
+        model.set_add_norm(enabled)
+        cache = make_cache(model)
+        model(prompt, cache)
+        assert calls == []
+        logits.append([model(mx.array([[t]]), cache) for t in (3, 500)])
+        assert len(calls) == (2 * model.args.num_hidden_layers if enabled else 0)
+        calls.clear()
+    for a, b in zip(*logits, strict=True):
+        assert mx.array_equal(a, b).item()

@@ -22,6 +22,7 @@ from attn_kernels import (
 )
 from attn_kernels.guard import use_fused, use_fused_quantized
 
+from qwen3_model.add_norm import add_rms_norm
 from qwen3_model.cache import KVCache
 from qwen3_model.configs import ModelArgs
 from qwen3_model.sharding import shard
@@ -115,6 +116,7 @@ class Attention(nn.Module):
         self.qkv = None  # FusedLinear of q/k/v (fuse_projections)
         self.fused_step = True  # decode-attention: fused projections and AttentionStep
         self.residual_in_matmul = False  # with the step: o_proj and down_proj as mx.addmm
+        self.add_norm = False  # with the step: residual add + post-attention norm in one kernel
 
     def fuse_projections(self) -> None:
         self.qkv = FusedLinear([self.q_proj, self.k_proj, self.v_proj])
@@ -242,10 +244,16 @@ class TransformerBlock(nn.Module):
 
     def __call__(self, x: mx.array, mask=None, cache=None) -> mx.array:
         attn = self.self_attn
-        h = attn(self.input_layernorm(x), mask, cache, residual=x)
         fused = attn.fused_step and attn.checkpoint == "decode-attention"
         in_matmul = fused and attn.residual_in_matmul
-        return self.mlp(self.post_attention_layernorm(h), fused, residual=h, in_matmul=in_matmul)
+        if fused and attn.add_norm and x.shape[1] <= 8:
+            norm = self.post_attention_layernorm
+            y = attn(self.input_layernorm(x), mask, cache)
+            h, normed = add_rms_norm(x, y, norm.weight, norm.eps)
+        else:
+            h = attn(self.input_layernorm(x), mask, cache, residual=x)
+            normed = self.post_attention_layernorm(h)
+        return self.mlp(normed, fused, residual=h, in_matmul=in_matmul)
 
 
 class Qwen3Model(nn.Module):
@@ -322,6 +330,14 @@ class Model(nn.Module):
         the matmul) instead of a matmul and an add. Off by default: unmeasured."""
         for layer in self.layers:
             layer.self_attn.residual_in_matmul = enabled
+
+    def set_add_norm(self, enabled: bool) -> None:
+        """An experiment on the fused step's kernel count (docs/fused-step.md): with the fused
+        step, the residual add after attention and the post-attention RMSNorm of decode-sized
+        inputs as one kernel on CUDA (qwen3_model.add_norm; elsewhere the same two ops). Off by
+        default: unmeasured."""
+        for layer in self.layers:
+            layer.self_attn.add_norm = enabled
 
     def shard(self, group: mx.distributed.Group | None = None) -> None:
         """Tensor-parallel in place over `group` (mlx-lm's layout; see sharding.py). The sharded
