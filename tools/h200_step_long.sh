@@ -8,7 +8,7 @@
 # add after attention and the norm in one kernel), the unfused chain and mlx-lm; per variant the
 # cache copies, anatomy, slowest pipelined step and greedy tokens (the record is rewritten after
 # every workload, so a run cut short keeps what it finished). Last the kernels per decode step
-# (1024+9). About 170 s after the build; three files under $OUT:
+# (1024+9). About 190 s after the build (at most 350 s); three files under $OUT:
 #   step-long.txt (everything printed), step-long-bf16.json, kernels-bf16.json
 #   bash tools/h200_step_long.sh
 set -uo pipefail
@@ -30,7 +30,7 @@ log="$OUT/step-long.txt"
     --json-output "$OUT/step-long-bf16.json" 2>&1 | grep -v Warning
   echo "rc ${PIPESTATUS[0]}"
   date -u
-  timeout 60 python3 tools/step_bench.py --count-kernels /tmp/graphs-long --quantize none \
+  timeout 80 python3 tools/step_bench.py --count-kernels /tmp/graphs-long --quantize none \
     --workloads 1024+9 --count-steps 2 \
     --variants decode-attention decode-attention-addmm decode-attention-add-norm mlx-lm \
     --json-output "$OUT/kernels-bf16.json" 2>&1 | grep -v Warning
