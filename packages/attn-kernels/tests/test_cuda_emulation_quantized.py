@@ -48,7 +48,8 @@ CASES = [
 def test_cuda_quantized_kernel_under_emulation(
     emulator, tmp_path, b, hq, hkv, length, s, d, bits, group_size, causal, masked, splits
 ):
-    run_case(emulator, tmp_path, b, hq, hkv, length, s, d, bits, group_size, causal, masked, splits)
+    case = (b, hq, hkv, length, s, d, bits, group_size, causal, masked, splits)
+    run_case(emulator, tmp_path, case, mma=False)
 
 
 # The mma kernel: D 64, 128, 256; tiles of 8 vectors (GQA 16 at L = 2: two tiles); contexts
@@ -74,16 +75,12 @@ MMA_CASES = [
 def test_cuda_quantized_mma_kernel_under_emulation(
     emulator, tmp_path, b, hq, hkv, length, s, d, bits, group_size, causal, masked, splits
 ):
-    run_case(
-        emulator, tmp_path, b, hq, hkv, length, s, d, bits, group_size, causal, masked, splits,
-        mma=True,
-    )
+    case = (b, hq, hkv, length, s, d, bits, group_size, causal, masked, splits)
+    run_case(emulator, tmp_path, case, mma=True)
 
 
-def run_case(
-    emulator, tmp_path, b, hq, hkv, length, s, d, bits, group_size, causal, masked, splits,
-    mma=False,
-):
+def run_case(emulator, tmp_path, case, mma):
+    b, hq, hkv, length, s, d, bits, group_size, causal, masked, splits = case
     capacity = s + 7  # K/V are views of a longer cache buffer
     keys = mx.random.split(mx.random.key(s + d + bits + splits), 4)
     q = mx.random.normal((b, hq, length, d), key=keys[0])
