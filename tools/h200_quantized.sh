@@ -28,7 +28,7 @@ ATTN_QUANTIZED_VARIANT=mma python3 tools/quantized_variants.py --baseline 2>&1 |
 for variant in 8x2 mma1 mma4; do
   ATTN_QUANTIZED_VARIANT=$variant python3 tools/quantized_variants.py
 done 2>&1 | tee -a "$OUT/variants.txt"
-ATTN_QUANTIZED_SPLIT_BLOCKS=3 python3 tools/quantized_variants.py 2>&1 | tee -a "$OUT/variants.txt"
+ATTN_QUANTIZED_SPLIT_BLOCKS=1 python3 tools/quantized_variants.py 2>&1 | tee -a "$OUT/variants.txt"
 for bits in 8 4; do
   ops --kv-bits $bits --context 32768 --context 131072 --chain \
     --json-output "$OUT/h200-qwen3-4b-attention-quantized-$bits-bit-chained.json"
