@@ -5,6 +5,8 @@ ATTN_QUANTIZED_SPLIT_BLOCKS) to compare the CUDA kernel's variants
 came from is timed in alternation with ours (same samples, same process) and the ratio printed.
 
     ATTN_QUANTIZED_VARIANT=mma python3 tools/quantized_variants.py --baseline
+
+(The default variant is 8x2, the SIMT kernel.)
 """
 
 import argparse
@@ -30,7 +32,7 @@ def main():
     p.add_argument("--baseline", action="store_true", help="also time mx.fast on bf16 K/V")
     p.add_argument("--context", type=int, action="append", help="S (repeatable)")
     args = p.parse_args()
-    label = os.environ.get("ATTN_QUANTIZED_VARIANT", "mma")
+    label = os.environ.get("ATTN_QUANTIZED_VARIANT", "8x2")
     if "ATTN_QUANTIZED_SPLIT_BLOCKS" in os.environ:
         label += f" split-blocks {os.environ['ATTN_QUANTIZED_SPLIT_BLOCKS']}"
     for bits in (8, 4):
