@@ -13,6 +13,9 @@
 // multiply-add runs on them directly. Walkers (LPR-lane groups) take two positions per step with
 // one rescale; warps, then blocks, then the chunks of a split (in the group's last block to
 // finish, one launch per call) are combined with the online-softmax merge.
+//
+// The tensor-core variant ("mma", decode_attention_quantized_mma.cuh) is selectable for A/B
+// runs (variant() below); plan_quantized() takes it only where its layout requirements hold.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -24,6 +27,7 @@
 
 #include "decode_attention_quantized_cuda.h"
 #include "decode_attention_quantized_kernel.cuh"
+#include "decode_attention_quantized_mma.cuh"
 
 namespace attn_kernels::cuda {
 namespace {
@@ -66,15 +70,28 @@ const Kernel& kernel_for(int lpr, unsigned smem) {
   }
 }
 
-// The kernel variant: "8x2" (8 values per lane, 2 positions per step; the default), or for A/B
-// runs on bf16 only, ATTN_QUANTIZED_VARIANT=16x2 or 8x4.
+// The kernel variant: "8x2" (the SIMT kernel: 8 values per lane, 2 positions per step; the
+// default), or for A/B runs, ATTN_QUANTIZED_VARIANT=16x2 or 8x4 (bf16 only), mma (the tensor-core
+// kernel where it applies, else 8x2), mma1, mma2 or mma4 (that many sub-steps of loads in flight;
+// other than mma's default only for bf16, D = 128, group 64). The mma kernel is not the default:
+// on the H200 it timed the same as 8x2 at every context (docs/quantized-kv.md: neither kernel is
+// where the time goes), and its accuracy change has not run there yet.
 const std::string& variant(ElementType dtype) {
   static const std::string chosen = [] {
     const char* env = std::getenv("ATTN_QUANTIZED_VARIANT");
     return std::string(env ? env : "8x2");
   }();
-  static const std::string plain = "8x2";
+  static const std::string plain = chosen.rfind("mma", 0) == 0 ? std::string("mma") : "8x2";
   return dtype == ElementType::bfloat16 ? chosen : plain;
+}
+
+// Blocks per SM that a split mma call fills (ATTN_QUANTIZED_SPLIT_BLOCKS for A/B runs).
+int split_blocks_per_sm() {
+  static const int blocks = [] {
+    const char* env = std::getenv("ATTN_QUANTIZED_SPLIT_BLOCKS");
+    return env ? std::clamp(std::atoi(env), 1, 8) : 2;
+  }();
+  return blocks;
 }
 
 template <typename T>
@@ -90,6 +107,101 @@ const Kernel& kernel_for(int bits, int lpr, const std::string& variant, unsigned
   return bits == 8 ? kernel_for<T, 8, 8>(lpr, smem) : kernel_for<T, 4, 8>(lpr, smem);
 }
 
+template <typename T, int BITS, int D, int GS, int U>
+const Kernel& mma_kernel_for(unsigned smem) {
+  static const Kernel kernel = [smem] {
+    const void* symbol =
+        reinterpret_cast<const void*>(&attend_quantized_mma<T, BITS, D, GS, U>);
+    cudaFunction_t f;
+    if (cudaGetFuncBySymbol(&f, symbol) != cudaSuccess) {
+      throw std::runtime_error("[decode_attention_quantized] cudaGetFuncBySymbol failed");
+    }
+    int blocks = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, symbol, kThreads, smem) !=
+        cudaSuccess) {
+      blocks = 1;
+    }
+    return Kernel{reinterpret_cast<CUfunction>(f), std::max(blocks, 1)};
+  }();
+  return kernel;
+}
+
+// Sub-steps of loads in flight: 2 (1 at D = 256, where registers run out).
+template <typename T, int BITS, int D>
+const Kernel& mma_kernel_for(int group_size, unsigned smem) {
+  constexpr int U = D == 256 ? 1 : 2;
+  switch (group_size) {
+    case 32: return mma_kernel_for<T, BITS, D, 32, U>(smem);
+    case 64: return mma_kernel_for<T, BITS, D, 64, U>(smem);
+    default:
+      if constexpr (D >= 128) return mma_kernel_for<T, BITS, D, 128, U>(smem);
+      throw std::invalid_argument("[decode_attention_quantized] group_size larger than head_dim");
+  }
+}
+
+// The sub-steps the mma kernel for `p` takes under variant `kind`.
+int mma_substeps(const QuantizedProblem& p, const std::string& kind) {
+  if (p.dtype == ElementType::bfloat16 && p.head_dim == 128 && p.group_size == 64) {
+    if (kind == "mma1") return 1;
+    if (kind == "mma4") return 4;
+  }
+  return p.head_dim == 256 ? 1 : 2;
+}
+
+template <typename T, int BITS>
+const Kernel& mma_kernel_for(const QuantizedProblem& p, const std::string& kind, unsigned smem) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    if (p.head_dim == 128 && p.group_size == 64) {
+      const int u = mma_substeps(p, kind);
+      if (u == 1) return mma_kernel_for<T, BITS, 128, 64, 1>(smem);
+      if (u == 4) return mma_kernel_for<T, BITS, 128, 64, 4>(smem);
+    }
+  }
+  switch (p.head_dim) {
+    case 64: return mma_kernel_for<T, BITS, 64>(p.group_size, smem);
+    case 128: return mma_kernel_for<T, BITS, 128>(p.group_size, smem);
+    default: return mma_kernel_for<T, BITS, 256>(p.group_size, smem);
+  }
+}
+
+// The mma kernel's requirements: f16/bf16, D 64/128/256, sm_80+, codes rows of whole aligned
+// 16-byte pieces (last axis contiguous), scale and bias rows contiguous and aligned to a pair of
+// positions' worth (at most 16 bytes).
+bool mma_applies(const QuantizedProblem& p) {
+  if (p.dtype == ElementType::float32) return false;
+  if (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256) return false;
+  static const bool has_mma = [] {
+    int device = 0, major = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    return major >= 8;
+  }();
+  if (!has_mma) return false;
+  auto aligned = [](const void* ptr, const int64_t* strides, int elements, int elem_bytes,
+                    int64_t last_stride_expected, int64_t row_stride) {
+    const int bytes = std::min(elements * elem_bytes, 16);
+    return strides[3] == last_stride_expected && (row_stride < 0 || strides[2] == row_stride) &&
+           reinterpret_cast<uintptr_t>(ptr) % bytes == 0 && strides[0] * elem_bytes % bytes == 0 &&
+           strides[1] * elem_bytes % bytes == 0 && strides[2] * elem_bytes % bytes == 0;
+  };
+  const int groups = p.head_dim / p.group_size;
+  for (const auto* strides : {&p.k_strides, &p.v_strides}) {
+    const void* codes = strides == &p.k_strides ? p.k_codes : p.v_codes;
+    const void* scales = strides == &p.k_strides ? p.k_scales : p.v_scales;
+    const void* biases = strides == &p.k_strides ? p.k_biases : p.v_biases;
+    if (!aligned(codes, (*strides)[0], 4, 4, 1, -1)) return false;
+    if (!aligned(scales, (*strides)[1], 2 * groups, 2, 1, groups)) return false;
+    if (!aligned(biases, (*strides)[2], 2 * groups, 2, 1, groups)) return false;
+  }
+  return true;
+}
+
+// Fresh arrival counters for a split call, one per block group (both kernels share them).
+unsigned arrival_slots(unsigned groups) {
+  static std::atomic<unsigned> next_slot{0};
+  return next_slot.fetch_add(groups, std::memory_order_relaxed);
+}
+
 int sm_count() {
   static const int count = [] {
     int device = 0, value = 0;
@@ -102,6 +214,48 @@ int sm_count() {
 
 }  // namespace
 
+namespace {
+
+// One launch of the mma kernel: blocks of 8 query vectors, the context split so that every SM
+// holds split_blocks_per_sm() blocks (as split-mma in decode_attention.cu: filling all resident
+// slots costs more in merged chunks than the extra warps bring), in chunks of at least two block
+// steps; contexts of at most four block steps are not split (a merge costs more).
+QuantizedPlan plan_mma(const QuantizedProblem& p, const std::string& kind) {
+  QuantizedPlan plan{};
+  plan.threads = kThreads;
+  plan.smem = kWarps * kMmaVectors * partial_stride(p.head_dim) * sizeof(float);
+  const Kernel& kernel =
+      p.dtype == ElementType::float16
+          ? (p.bits == 8 ? mma_kernel_for<__half, 8>(p, kind, plan.smem)
+                         : mma_kernel_for<__half, 4>(p, kind, plan.smem))
+          : (p.bits == 8 ? mma_kernel_for<__nv_bfloat16, 8>(p, kind, plan.smem)
+                         : mma_kernel_for<__nv_bfloat16, 4>(p, kind, plan.smem));
+  plan.attend = kernel.function;
+  const int u = mma_substeps(p, kind);
+  const int step = kWarps * u * kMmaStep;
+  const int vectors = p.group * p.query_len;
+  const int tiles = (vectors + kMmaVectors - 1) / kMmaVectors;
+  const int blocks = p.kv_rows * tiles;
+  int splits = 1;
+  if (p.context > 4 * step && blocks <= int(kArrivalSlots / 64)) {
+    const int wanted = (p.context + 2 * step - 1) / (2 * step);
+    const int per_sm = std::min(kernel.resident, split_blocks_per_sm());
+    splits = std::clamp(per_sm * sm_count() / blocks, 1, std::max(wanted, 1));
+  }
+  plan.chunk = (p.context + splits - 1) / splits;
+  plan.chunk = (plan.chunk + step - 1) / step * step;
+  splits = (p.context + plan.chunk - 1) / plan.chunk;
+  plan.splits = splits;
+  plan.grid[0] = blocks;
+  plan.grid[1] = splits;
+  plan.partial_floats =
+      splits > 1 ? size_t(p.kv_rows) * vectors * splits * partial_stride(p.head_dim) : 0;
+  if (splits > 1) plan.arrival_slot = arrival_slots(plan.grid[0]);
+  return plan;
+}
+
+}  // namespace
+
 QuantizedPlan plan_quantized(const QuantizedProblem& p) {
   if (p.head_dim % 32 != 0 || p.head_dim > 256) {
     throw std::invalid_argument(
@@ -109,7 +263,11 @@ QuantizedPlan plan_quantized(const QuantizedProblem& p) {
         "got " + std::to_string(p.head_dim));
   }
   QuantizedPlan plan{};
-  const std::string& kind = variant(p.dtype);
+  std::string kind = variant(p.dtype);
+  if (kind.rfind("mma", 0) == 0) {
+    if (mma_applies(p)) return plan_mma(p, kind);
+    kind = "8x2";
+  }
   const int values = kind == "16x2" ? 16 : 8, positions = kind == "8x4" ? 4 : 2;
   int lpr = 32 / values;  // lanes per row: a power of two covering D with `values` values per lane
   while (lpr * values < p.head_dim) lpr *= 2;
@@ -137,10 +295,7 @@ QuantizedPlan plan_quantized(const QuantizedProblem& p) {
   plan.grid[1] = splits;
   plan.partial_floats =
       splits > 1 ? size_t(p.kv_rows) * vectors * splits * partial_stride(p.head_dim) : 0;
-  if (splits > 1) {  // fresh arrival counters for this call, one per block group
-    static std::atomic<unsigned> next_slot{0};
-    plan.arrival_slot = next_slot.fetch_add(plan.grid[0], std::memory_order_relaxed);
-  }
+  if (splits > 1) plan.arrival_slot = arrival_slots(plan.grid[0]);
   return plan;
 }
 

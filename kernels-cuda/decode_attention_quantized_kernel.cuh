@@ -136,6 +136,66 @@ __device__ bool last_to_arrive(unsigned slot, int splits) {
   return last;
 }
 
+// The end of every variant: smem holds a (max, denominator, D accumulators) state per warp and
+// vector of the tile (VPB vectors, kWarps warps, partial_stride(D) floats each). The warps are
+// merged into the block's state; unsplit, that is the output, else the chunk's partial state, and
+// the last block of the group to arrive merges every chunk's.
+template <typename T, int VPB>
+__device__ void finish(const QuantizedProblem& p, float* smem, float* partials, int kv_row,
+                       int tile, int split, int splits, unsigned slot) {
+  const int D = p.head_dim, L = p.query_len, vectors = p.group * L;
+  const int stride = partial_stride(D);
+  // The warps into the block's state: each thread takes (vector, dimension) items.
+  const int count = min(VPB, vectors - tile * VPB);
+  for (int item = threadIdx.x; item < count * D; item += kThreads) {
+    const int v = item / D, d = item % D;
+    float common = kNegInf;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) common = fmaxf(common, smem[(w * VPB + v) * stride]);
+    float total = 0.0f, sum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float* state = smem + (w * VPB + v) * stride;
+      const float f = state[0] == kNegInf ? 0.0f : __expf(state[0] - common);
+      total += state[1] * f;
+      sum += state[2 + d] * f;
+    }
+    const int r = tile * VPB + v;
+    if (splits == 1) {
+      const int row = kv_row * p.group + r / L, i = r % L;
+      T* out = static_cast<T*>(p.out) + (int64_t{row} * L + i) * D;
+      store(out + d, total > 0.0f ? sum / total : 0.0f);
+    } else {
+      float* part = partials + ((int64_t{kv_row} * vectors + r) * splits + split) * stride;
+      if (d == 0) {
+        part[0] = common;
+        part[1] = total;
+      }
+      part[2 + d] = sum;
+    }
+  }
+  if (splits == 1 || !last_to_arrive(slot, splits)) return;
+
+  // The last block of the group merges every chunk's state.
+  for (int item = threadIdx.x; item < count * D; item += kThreads) {
+    const int v = item / D, d = item % D;
+    const int r = tile * VPB + v;
+    const float* part = partials + (int64_t{kv_row} * vectors + r) * splits * stride;
+    float common = kNegInf;
+    for (int s = 0; s < splits; ++s) common = fmaxf(common, __ldcg(part + s * stride));
+    float total = 0.0f, sum = 0.0f;
+    for (int s = 0; s < splits; ++s) {
+      const float mx = __ldcg(part + s * stride);
+      const float f = mx == kNegInf ? 0.0f : __expf(mx - common);
+      total += __ldcg(part + s * stride + 1) * f;
+      sum += __ldcg(part + s * stride + 2 + d) * f;
+    }
+    const int row = kv_row * p.group + r / L, i = r % L;
+    T* out = static_cast<T*>(p.out) + (int64_t{row} * L + i) * D;
+    store(out + d, total > 0.0f ? sum / total : 0.0f);
+  }
+}
+
 // grid (kv_rows * tiles, splits), kThreads threads; shared memory: kWarps * kVectors states.
 // VALUES: values of a row per lane (8 or 16; fewer values take fewer registers, so more blocks
 // fit an SM, at one more shuffle level per score). POSITIONS: positions per walker and step
@@ -319,55 +379,7 @@ __global__ void __launch_bounds__(kThreads, VALUES == 8 && POSITIONS == 2 ? 4 : 
   }
   __syncthreads();
 
-  // The warps into the block's state: each thread takes (vector, dimension) items.
-  const int count = min(kVectors, vectors - tile * kVectors);
-  for (int item = threadIdx.x; item < count * D; item += kThreads) {
-    const int v = item / D, d = item % D;
-    float common = kNegInf;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) common = fmaxf(common, smem[(w * kVectors + v) * stride]);
-    float total = 0.0f, sum = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      const float* state = smem + (w * kVectors + v) * stride;
-      const float f = state[0] == kNegInf ? 0.0f : __expf(state[0] - common);
-      total += state[1] * f;
-      sum += state[2 + d] * f;
-    }
-    const int r = tile * kVectors + v;
-    if (splits == 1) {
-      const int row = kv_row * p.group + r / L, i = r % L;
-      T* out = static_cast<T*>(p.out) + (int64_t{row} * L + i) * D;
-      store(out + d, total > 0.0f ? sum / total : 0.0f);
-    } else {
-      float* part = partials + ((int64_t{kv_row} * vectors + r) * splits + split) * stride;
-      if (d == 0) {
-        part[0] = common;
-        part[1] = total;
-      }
-      part[2 + d] = sum;
-    }
-  }
-  if (splits == 1 || !last_to_arrive(slot, splits)) return;
-
-  // The last block of the group merges every chunk's state.
-  for (int item = threadIdx.x; item < count * D; item += kThreads) {
-    const int v = item / D, d = item % D;
-    const int r = tile * kVectors + v;
-    const float* part = partials + (int64_t{kv_row} * vectors + r) * splits * stride;
-    float common = kNegInf;
-    for (int s = 0; s < splits; ++s) common = fmaxf(common, __ldcg(part + s * stride));
-    float total = 0.0f, sum = 0.0f;
-    for (int s = 0; s < splits; ++s) {
-      const float mx = __ldcg(part + s * stride);
-      const float f = mx == kNegInf ? 0.0f : __expf(mx - common);
-      total += __ldcg(part + s * stride + 1) * f;
-      sum += __ldcg(part + s * stride + 2 + d) * f;
-    }
-    const int row = kv_row * p.group + r / L, i = r % L;
-    T* out = static_cast<T*>(p.out) + (int64_t{row} * L + i) * D;
-    store(out + d, total > 0.0f ? sum / total : 0.0f);
-  }
+  finish<T, kVectors>(p, smem, partials, kv_row, tile, split, splits, slot);
 }
 
 }  // namespace attn_kernels::cuda::quantized

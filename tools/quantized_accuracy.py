@@ -4,9 +4,13 @@ the original (unquantized) bf16 K/V. Qwen3-4B shapes (Hq 32, Hkv 8, D 128), rand
 causal; RMS and largest absolute error over every output value.
 
     python tools/quantized_accuracy.py --device cpu|gpu --json-output PATH
+
+On a GPU, ATTN_QUANTIZED_VARIANT picks the CUDA kernel (8x2 by default, mma) and the record
+names it.
 """
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -77,7 +81,15 @@ def main() -> None:
             "schema_version": SCHEMA_VERSION,
             "kind": "quantized-kv-accuracy",
             "metadata": collect_metadata(args.device),
-            "config": {"device": args.device, "contexts": contexts, "dtype": "bfloat16"},
+            "config": {
+                "device": args.device,
+                "contexts": contexts,
+                "dtype": "bfloat16",
+                # the CUDA kernel's variant (kernels-cuda/decode_attention_quantized.cu)
+                "cuda_variant": os.environ.get("ATTN_QUANTIZED_VARIANT", "8x2")
+                if args.device == "gpu"
+                else None,
+            },
             "execution_order": [],
             "results": rows,
         }

@@ -1,7 +1,15 @@
 """Times decode_attention_quantized alone (Qwen3-4B shapes, L=1, group 64, 50 independent calls
-per eval, median of 15 samples) at a few contexts: run once per ATTN_QUANTIZED_VARIANT to compare
-the CUDA kernel's variants (kernels-cuda/decode_attention_quantized.cu)."""
+per eval, median of 15 samples) at a few contexts: run once per ATTN_QUANTIZED_VARIANT (and
+ATTN_QUANTIZED_SPLIT_BLOCKS) to compare the CUDA kernel's variants
+(kernels-cuda/decode_attention_quantized.cu). With --baseline, mx.fast on the bf16 K/V the codes
+came from is timed in alternation with ours (same samples, same process) and the ratio printed.
 
+    ATTN_QUANTIZED_VARIANT=mma python3 tools/quantized_variants.py --baseline
+
+(The default variant is 8x2, the SIMT kernel.)
+"""
+
+import argparse
 import os
 import statistics
 import time
@@ -9,24 +17,51 @@ import time
 import mlx.core as mx
 from attn_kernels import decode_attention_quantized
 
-variant = os.environ.get("ATTN_QUANTIZED_VARIANT", "8x2")
-for bits in (8, 4):
-    for s in (4096, 32768, 131072):
-        q = mx.random.normal((1, 32, 1, 128)).astype(mx.bfloat16)
-        k, v = (mx.random.normal((1, 8, s, 128)).astype(mx.bfloat16) for _ in range(2))
-        kq, vq = mx.quantize(k, bits=bits), mx.quantize(v, bits=bits)
-        mx.eval(q, kq, vq)
-        nbytes = sum(a.nbytes for t in (kq, vq) for a in t)
-        samples = []
-        for i in range(18):
-            start = time.perf_counter()
-            mx.eval([decode_attention_quantized(q, kq, vq, bits=bits) for _ in range(50)])
-            if i >= 3:
-                samples.append((time.perf_counter() - start) / 50 * 1e6)
-        us = statistics.median(samples)
-        print(
-            f"variant {variant} bits {bits} S {s}: {us:.1f} us "
-            f"({nbytes / us / 1e3:.0f} GB/s, floor {nbytes / 4.3e12 * 1e6 / us:.0%}) "
-            f"min {min(samples):.1f} max {max(samples):.1f}",
-            flush=True,
-        )
+HBM_BYTES_PER_S = 4.3e12  # the floor's rate: operators.py's DEFAULT_GPU_BANDWIDTH_GBS
+
+
+def sample(fn, *args, calls=50, **kwargs):
+    """µs per call of `calls` independent calls in one eval."""
+    start = time.perf_counter()
+    mx.eval([fn(*args, **kwargs) for _ in range(calls)])
+    return (time.perf_counter() - start) / calls * 1e6
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--baseline", action="store_true", help="also time mx.fast on bf16 K/V")
+    p.add_argument("--context", type=int, action="append", help="S (repeatable)")
+    args = p.parse_args()
+    label = os.environ.get("ATTN_QUANTIZED_VARIANT", "8x2")
+    if "ATTN_QUANTIZED_SPLIT_BLOCKS" in os.environ:
+        label += f" split-blocks {os.environ['ATTN_QUANTIZED_SPLIT_BLOCKS']}"
+    for bits in (8, 4):
+        for s in args.context or (4096, 32768, 131072):
+            q = mx.random.normal((1, 32, 1, 128)).astype(mx.bfloat16)
+            k, v = (mx.random.normal((1, 8, s, 128)).astype(mx.bfloat16) for _ in range(2))
+            kq, vq = mx.quantize(k, bits=bits), mx.quantize(v, bits=bits)
+            mx.eval(q, k, v, kq, vq)
+            nbytes = sum(a.nbytes for t in (kq, vq) for a in t)
+            ours, theirs = [], []
+            for i in range(18):  # 3 warm-up samples, 15 timed
+                x = sample(decode_attention_quantized, q, kq, vq, bits=bits)
+                if i >= 3:
+                    ours.append(x)
+                if args.baseline:
+                    y = sample(mx.fast.scaled_dot_product_attention, q, k, v, scale=128**-0.5)
+                    if i >= 3:
+                        theirs.append(y)
+            us = statistics.median(ours)
+            line = (
+                f"variant {label} bits {bits} S {s}: {us:.1f} us ({nbytes / us / 1e3:.0f} GB/s, "
+                f"{nbytes / HBM_BYTES_PER_S * 1e6 / us:.0%} of the quantized floor) "
+                f"p10-p90 {sorted(ours)[1]:.1f}-{sorted(ours)[-2]:.1f}"
+            )
+            if args.baseline:
+                base = statistics.median(theirs)
+                line += f"; mx.fast bf16 {base:.1f} us: {base / us:.2f}x"
+            print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -2,8 +2,8 @@
 // is a host thread (blocks run one after another), __syncthreads is a real barrier of the block,
 // warp shuffles exchange values among the 32 threads of a warp (each waits for all 32, as the
 // *_sync intrinsics do), atomics are std::atomic_ref, and loads through __ldg/__ldcg are plain
-// loads. Queries, scales, biases and outputs run in float storage; half and bfloat16 are there
-// for the mask's conversions and so that the overloads compile.
+// loads. Queries, scales, biases and outputs run in float storage for the SIMT kernel and in half
+// storage (_Float16) for the mma kernel, whose mma.sync the kernel itself emulates with shuffles.
 #pragma once
 
 #include <algorithm>
@@ -66,6 +66,18 @@ inline float __shfl_xor_sync(unsigned, float x, int offset) {
   barrier.arrive_and_wait();  // nobody overwrites the exchange before all have read it
   return other;
 }
+// __shfl_sync: the value of lane `source` of the caller's warp (4-byte values).
+template <typename V>
+inline V __shfl_sync(unsigned, V x, int source) {
+  static_assert(sizeof(V) == 4);
+  const int t = static_cast<int>(threadIdx.x);
+  auto& barrier = *emu::block->warp_barriers[t / 32];
+  emu::block->exchange[t] = std::bit_cast<float>(x);
+  barrier.arrive_and_wait();
+  const V other = std::bit_cast<V>(emu::block->exchange[t / 32 * 32 + source]);
+  barrier.arrive_and_wait();
+  return other;
+}
 inline void __syncthreads() {
   emu::block->barrier.arrive_and_wait();
 }
@@ -118,5 +130,10 @@ inline float __half2float(__half x) {
 inline float __bfloat162float(__nv_bfloat16 x) {
   return std::bit_cast<float>(uint32_t(x.bits) << 16);
 }
-__half __float2half_rn(float);  // declared only: outputs in float storage are what runs
-__nv_bfloat16 __float2bfloat16_rn(float);
+inline __half __float2half_rn(float x) {
+  return {std::bit_cast<uint16_t>(static_cast<_Float16>(x))};
+}
+inline __nv_bfloat16 __float2bfloat16_rn(float x) {  // round to nearest even (finite x)
+  const uint32_t u = std::bit_cast<uint32_t>(x);
+  return {uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16)};
+}

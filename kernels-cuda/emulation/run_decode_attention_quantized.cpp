@@ -2,12 +2,14 @@
 //
 //   run_decode_attention_quantized DIR
 //
-// DIR holds config.txt ("B Hq Hkv L S D bits group_size causal mask_kind splits variant_values")
+// DIR holds config.txt ("B Hq Hkv L S D bits group_size causal mask_kind splits capacity mma")
 // where mask_kind is 0 (none) or 1 (float32, (B, Hq, L, S) contiguous), q.bin (float32, (B, Hq,
 // L, D) contiguous), kc.bin, ks.bin, kb.bin, vc.bin, vs.bin, vb.bin (mx.quantize's arrays, float32
 // scales and biases, each (B, Hkv, capacity, ·) contiguous, capacity in config line 2) and
 // mask.bin; it receives out.bin, float32 (B, Hq, L, D). The launch follows plan_quantized()
-// with the split count given.
+// with the split count given. mma 0 runs the SIMT kernel (8x2) on float32 storage; mma 1 the
+// tensor-core kernel (decode_attention_quantized_mma.cuh) on half storage: queries, scales and
+// biases rounded to f16, the output f16 (written back as float32).
 #include <cstdio>
 #include <fstream>
 #include <iterator>
@@ -19,6 +21,7 @@
 #include "cuda_emu.h"
 // The kernel source itself, unchanged.
 #include "../decode_attention_quantized_kernel.cuh"
+#include "../decode_attention_quantized_mma.cuh"
 
 namespace {
 
@@ -47,6 +50,29 @@ Kernel kernel_for(int lpr) {
   }
 }
 
+template <int BITS, int D>
+Kernel mma_kernel_for(int group_size) {
+  constexpr int U = D == 256 ? 1 : 2;
+  if (group_size == 32) return &attend_quantized_mma<__half, BITS, D, 32, U>;
+  if (group_size == 64) return &attend_quantized_mma<__half, BITS, D, 64, U>;
+  if constexpr (D >= 128) return &attend_quantized_mma<__half, BITS, D, 128, U>;
+  throw std::invalid_argument("group size");
+}
+
+template <int BITS>
+Kernel mma_kernel_for(int d, int group_size) {
+  if (d == 64) return mma_kernel_for<BITS, 64>(group_size);
+  if (d == 128) return mma_kernel_for<BITS, 128>(group_size);
+  if (d == 256) return mma_kernel_for<BITS, 256>(group_size);
+  throw std::invalid_argument("the mma kernel takes head_dim 64, 128 or 256");
+}
+
+std::vector<__half> to_half(const std::vector<float>& x) {
+  std::vector<__half> out(x.size());
+  for (size_t i = 0; i < x.size(); ++i) out[i] = __float2half_rn(x[i]);
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -56,14 +82,17 @@ int main(int argc, char** argv) {
   }
   const std::string dir = argv[1];
   std::ifstream config(dir + "/config.txt");
-  int b, hq, hkv, L, S, D, bits, group_size, causal, mask_kind, splits, capacity;
+  int b, hq, hkv, L, S, D, bits, group_size, causal, mask_kind, splits, capacity, mma;
   config >> b >> hq >> hkv >> L >> S >> D >> bits >> group_size >> causal >> mask_kind >> splits >>
-      capacity;
+      capacity >> mma;
   const auto q = read<float>(dir + "/q.bin"), mask = read<float>(dir + "/mask.bin");
   const auto kc = read<uint32_t>(dir + "/kc.bin"), vc = read<uint32_t>(dir + "/vc.bin");
   const auto ks = read<float>(dir + "/ks.bin"), kb = read<float>(dir + "/kb.bin");
   const auto vs = read<float>(dir + "/vs.bin"), vb = read<float>(dir + "/vb.bin");
   std::vector<float> out(q.size(), NAN);
+  const auto q16 = to_half(q), ks16 = to_half(ks), kb16 = to_half(kb);
+  const auto vs16 = to_half(vs), vb16 = to_half(vb);
+  std::vector<__half> out16(q.size(), __float2half_rn(NAN));
 
   QuantizedProblem p{};
   p.queries = q.data();
@@ -73,6 +102,13 @@ int main(int argc, char** argv) {
   p.out = out.data();
   p.dtype = ElementType::float32;
   p.mask_dtype = ElementType::float32;
+  if (mma) {
+    p.queries = q16.data();
+    p.k_scales = ks16.data(), p.k_biases = kb16.data();
+    p.v_scales = vs16.data(), p.v_biases = vb16.data();
+    p.out = out16.data();
+    p.dtype = ElementType::float16;
+  }
   p.q_heads = hq, p.kv_heads = hkv, p.rows = b * hq, p.kv_rows = b * hkv;
   p.query_len = L, p.context = S, p.head_dim = D, p.group = hq / hkv;
   p.bits = bits, p.group_size = group_size, p.scale = 1.0f / std::sqrt(float(D));
@@ -97,8 +133,9 @@ int main(int argc, char** argv) {
   // plan_quantized()'s shape of the launch, with the split count from the config.
   int lpr = 4;
   while (lpr * 8 < D) lpr *= 2;
-  const int vectors = p.group * L, tiles = (vectors + kVectors - 1) / kVectors;
-  const int step = 2 * (kThreads / lpr);
+  const int vpb = mma ? kMmaVectors : kVectors;
+  const int vectors = p.group * L, tiles = (vectors + vpb - 1) / vpb;
+  const int step = mma ? kWarps * (D == 256 ? 1 : 2) * kMmaStep : 2 * (kThreads / lpr);
   int chunk = (S + splits - 1) / splits;
   chunk = (chunk + step - 1) / step * step;
   splits = (S + chunk - 1) / chunk;
@@ -107,10 +144,12 @@ int main(int argc, char** argv) {
   blockDim.x = kThreads;
   gridDim.x = p.kv_rows * tiles;
   gridDim.y = splits;
-  const Kernel kernel = bits == 8 ? kernel_for<8>(lpr) : kernel_for<4>(lpr);
+  const Kernel kernel = mma ? (bits == 8 ? mma_kernel_for<8>(D, group_size)
+                                         : mma_kernel_for<4>(D, group_size))
+                            : (bits == 8 ? kernel_for<8>(lpr) : kernel_for<4>(lpr));
   for (unsigned y = 0; y < gridDim.y; ++y) {
     for (unsigned x = 0; x < gridDim.x; ++x) {
-      emu::Block block(kThreads, kWarps * kVectors * partial_stride(D));
+      emu::Block block(kThreads, kWarps * vpb * partial_stride(D));
       std::vector<std::thread> threads;
       for (int t = 0; t < kThreads; ++t) {
         threads.emplace_back([&, t] {
@@ -124,8 +163,11 @@ int main(int argc, char** argv) {
       for (auto& t : threads) t.join();
     }
   }
+  if (mma) {
+    for (size_t i = 0; i < out.size(); ++i) out[i] = __half2float(out16[i]);
+  }
   std::ofstream(dir + "/out.bin", std::ios::binary)
       .write(reinterpret_cast<const char*>(out.data()), out.size() * sizeof(float));
-  std::printf("splits %d chunk %d lanes per row %d\n", splits, chunk, lpr);
+  std::printf("splits %d chunk %d %s\n", splits, chunk, mma ? "mma" : "simt");
   return 0;
 }

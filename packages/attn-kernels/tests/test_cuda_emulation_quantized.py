@@ -1,6 +1,7 @@
-"""The CUDA quantized-KV kernel's device code (kernels-cuda/decode_attention_quantized_kernel.cuh),
-run on the CPU under kernels-cuda/emulation/cuda_emu.h, against float64 attention over the
-dequantised cache.
+"""The CUDA quantized-KV kernels' device code (kernels-cuda/decode_attention_quantized_kernel.cuh:
+the SIMT kernel; decode_attention_quantized_mma.cuh: the tensor-core kernel, its mma.sync emulated
+with shuffles), run on the CPU under kernels-cuda/emulation/cuda_emu.h, against float64 attention
+over the dequantised cache.
 
 What this proves: the kernel's indexing, code unpacking, group scales and biases, GQA tiles,
 lane-group and warp reductions (shuffles among 32 emulated threads), the block and split merges
@@ -47,6 +48,40 @@ CASES = [
 def test_cuda_quantized_kernel_under_emulation(
     emulator, tmp_path, b, hq, hkv, length, s, d, bits, group_size, causal, masked, splits
 ):
+    case = (b, hq, hkv, length, s, d, bits, group_size, causal, masked, splits)
+    run_case(emulator, tmp_path, case, mma=False)
+
+
+# The mma kernel: D 64, 128, 256; tiles of 8 vectors (GQA 16 at L = 2: two tiles); contexts
+# that are not multiples of its 16-position steps, one position, splits.
+MMA_CASES = [
+    (1, 32, 8, 1, 100, 128, 8, 64, False, False, 1),
+    (1, 32, 8, 1, 1000, 128, 4, 64, False, False, 3),
+    (1, 8, 2, 3, 77, 64, 8, 32, True, False, 2),
+    (1, 6, 3, 2, 45, 256, 4, 128, True, False, 1),
+    (2, 4, 4, 1, 1, 64, 4, 32, False, False, 1),
+    (1, 16, 1, 2, 333, 128, 8, 32, True, False, 2),
+    (1, 8, 2, 2, 300, 128, 4, 32, False, True, 3),
+    (1, 8, 2, 1, 259, 256, 8, 64, False, True, 2),
+    (1, 4, 1, 1, 517, 128, 8, 128, False, False, 2),
+    (1, 4, 2, 1, 200, 64, 4, 64, True, False, 1),
+    (1, 32, 8, 2, 130, 128, 4, 128, True, False, 2),
+]
+
+
+@pytest.mark.parametrize(
+    ("b", "hq", "hkv", "length", "s", "d", "bits", "group_size", "causal", "masked", "splits"),
+    MMA_CASES,
+)
+def test_cuda_quantized_mma_kernel_under_emulation(
+    emulator, tmp_path, b, hq, hkv, length, s, d, bits, group_size, causal, masked, splits
+):
+    case = (b, hq, hkv, length, s, d, bits, group_size, causal, masked, splits)
+    run_case(emulator, tmp_path, case, mma=True)
+
+
+def run_case(emulator, tmp_path, case, mma):
+    b, hq, hkv, length, s, d, bits, group_size, causal, masked, splits = case
     capacity = s + 7  # K/V are views of a longer cache buffer
     keys = mx.random.split(mx.random.key(s + d + bits + splits), 4)
     q = mx.random.normal((b, hq, length, d), key=keys[0])
@@ -59,7 +94,7 @@ def test_cuda_quantized_kernel_under_emulation(
         mask[0, 1, 0, :] = -mx.inf  # a row with nothing visible: zeros
     (tmp_path / "config.txt").write_text(
         f"{b} {hq} {hkv} {length} {s} {d} {bits} {group_size} {int(causal)} {int(masked)} "
-        f"{splits} {capacity}\n"
+        f"{splits} {capacity} {int(mma)}\n"
     )
     (tmp_path / "q.bin").write_bytes(np.array(q).tobytes())
     (tmp_path / "mask.bin").write_bytes(np.array(mask).tobytes() if masked else b"\0" * 4)
@@ -68,11 +103,19 @@ def test_cuda_quantized_kernel_under_emulation(
     subprocess.run([str(emulator), str(tmp_path)], check=True, timeout=300, capture_output=True)
     out = np.fromfile(tmp_path / "out.bin", dtype=np.float32).reshape(b, hq, length, d)
 
+    def storage(x):  # what the runner stores: f16 for the mma kernel
+        return x.astype(mx.float16).astype(mx.float32) if mma else x
+
     def dequantized(triple):
-        return mx.dequantize(*(a[:, :, :s] for a in triple), group_size=group_size, bits=bits)
+        codes, scales, biases = (a[:, :, :s] for a in triple)
+        return mx.dequantize(
+            codes, storage(scales), storage(biases), group_size=group_size, bits=bits
+        )
 
     ref_mask = mask if masked else ("causal" if causal else None)
-    expected = attention_f64(q, dequantized(k), dequantized(v), mask=ref_mask)
-    np.testing.assert_allclose(out, expected, atol=2e-5, rtol=2e-5)
+    expected = attention_f64(storage(q), dequantized(k), dequantized(v), mask=ref_mask)
+    # mma: f16 outputs and f16 weights times scales as the P V operand.
+    tolerance = 3e-3 if mma else 2e-5
+    np.testing.assert_allclose(out, expected, atol=tolerance, rtol=tolerance)
     if masked:
         assert np.all(out[0, 1, 0] == 0.0)
