@@ -220,8 +220,12 @@ def test_output_fully_written(device, dtype):
     """Free a NaN-filled block of the output's size just before each call: the allocator hands
     it back as the output (checked by address), and no NaN may survive in it."""
     # S=200 keeps CUDA's allocation at the output's size (no split workspace) for the tensor-core
-    # schedule; float32 takes the SIMT one, which splits from S = 64 on (H200: never reused).
-    s = 60 if device == mx.gpu and dtype == mx.float32 else 200
+    # schedule. float32 takes the SIMT one: on the H200 its output never landed on a poisoned
+    # block, neither at S=200 (split: output and workspace in one allocation) nor at S=60
+    # (unsplit, c4fc9c8; why is not known), so that case would prove nothing.
+    if device == mx.gpu and dtype == mx.float32 and mx.cuda.is_available():
+        pytest.skip("CUDA float32: the allocator was never seen reusing the block (H200)")
+    s = 200
     q, k, v, _ = make_inputs(5, 1, 32, 8, 1, s, 128, dtype, "none")
     mx.eval(q, k, v)
     reused = 0
