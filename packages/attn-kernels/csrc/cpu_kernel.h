@@ -5,6 +5,7 @@
 // merges the partial results.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -31,6 +32,11 @@ double measure_read_bandwidth(size_t bytes, int repeats);
 // Threads the pool runs (the caller included): $ATTN_KERNELS_NUM_THREADS, else the CPUs this
 // process may run on (affinity mask and cgroup CPU quota), not every CPU of the host.
 int cpu_threads();
+
+// How long the pool's workers poll for the next call after their last task before they sleep:
+// $ATTN_KERNELS_POOL_SPIN_US (microseconds), else the default (decode_attention_cpu.cpp).
+// std::invalid_argument naming the variable when it is not a number in [0, 1e6].
+std::chrono::nanoseconds cpu_worker_spin();
 
 class ThreadPool;
 // The CPU kernels' one pool of cpu_threads() threads (the bf16 and the quantized kernel share it).

@@ -117,6 +117,9 @@ int cgroup_cpu_limit() {
 // Spinning workers won back-to-back but lost once other ops ran between calls (vCPUs that spun
 // woke even later), so the pool sleeps.
 constexpr int64_t kMinParallelWork = int64_t{1} << 22;
+// How long the pool's workers poll for the next call before they sleep
+// (ATTN_KERNELS_POOL_SPIN_US overrides it; 0: sleep at once, the previous behaviour).
+constexpr std::chrono::nanoseconds kDefaultWorkerSpin = std::chrono::microseconds(50);
 // Context chunks are at least this long, so merging stays negligible.
 constexpr int kMinChunk = 256;
 
@@ -250,6 +253,9 @@ std::vector<CpuPath> cpu_paths_supported() {
 }
 
 CpuPath cpu_path_from_env() {
+  // The ops resolve the path when they are evaluated, on the calling thread: a bad value of the
+  // pool's variable raises there too rather than inside the dispatched task.
+  cpu_worker_spin();
   const char* env = std::getenv("ATTN_KERNELS_CPU_PATH");
   if (env == nullptr || *env == '\0' || std::strcmp(env, "auto") == 0) {
     return cpu_paths_supported().front();
@@ -322,8 +328,28 @@ void decode_attention_cpu(const DecodeProblem& p, CpuPath path) {
   }
 }
 
+std::chrono::nanoseconds cpu_worker_spin() {
+  if (const char* env = std::getenv("ATTN_KERNELS_POOL_SPIN_US"); env != nullptr && *env != '\0') {
+    char* end = nullptr;
+    const double us = std::strtod(env, &end);
+    if (end == env || *end != '\0' || !(us >= 0.0) || us > 1e6) {
+      throw std::invalid_argument(std::string("ATTN_KERNELS_POOL_SPIN_US=") + env +
+                                  ": expected microseconds between 0 and 1000000");
+    }
+    return std::chrono::nanoseconds(static_cast<int64_t>(us * 1e3));
+  }
+  return kDefaultWorkerSpin;
+}
+
 ThreadPool& cpu_pool() {
   static ThreadPool instance(cpu_threads());
+  // Read at every call, as ATTN_KERNELS_CPU_PATH is, so one process can compare settings. A bad
+  // value raised when the op was evaluated (cpu_path_from_env); here it keeps the default.
+  try {
+    instance.set_worker_spin(cpu_worker_spin());
+  } catch (const std::invalid_argument&) {
+    instance.set_worker_spin(kDefaultWorkerSpin);
+  }
   return instance;
 }
 
