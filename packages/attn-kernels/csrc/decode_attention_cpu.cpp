@@ -114,11 +114,14 @@ int cgroup_cpu_limit() {
 // ~110 µs to wake on this project's VM (a no-op parallel_for), and between decode calls it always
 // sleeps. Through MLX, Qwen3-4B shapes: one thread was faster up to S = 512 (200 vs 216-270 µs
 // at 128, 373-428 vs 415-445 at 512), two from 1024 on (687-741 vs 812-1146); 2^22 = S 1024 there.
-// Spinning workers won back-to-back but lost once other ops ran between calls (vCPUs that spun
-// woke even later), so the pool sleeps.
+// (Workers that spun instead of sleeping won back to back but lost once other ops ran between
+// calls on this VM: vCPUs that spun woke even later. They now poll for a bounded time first.)
 constexpr int64_t kMinParallelWork = int64_t{1} << 22;
 // How long the pool's workers poll for the next call before they sleep
-// (ATTN_KERNELS_POOL_SPIN_US overrides it; 0: sleep at once, the previous behaviour).
+// (ATTN_KERNELS_POOL_SPIN_US overrides it; 0: sleep at once, the previous behaviour): about what
+// a wake-up costs (50-65 µs on the 16-core H200 host), so polling wastes at most that per worker
+// and call. On 2 vCPUs it was within the noise (docs/cpu-kernel.md); tools/h200_cpu_overhead.sh
+// compares 0, 50 and 200 µs on 16 cores.
 constexpr std::chrono::nanoseconds kDefaultWorkerSpin = std::chrono::microseconds(50);
 // Context chunks are at least this long, so merging stays negligible.
 constexpr int kMinChunk = 256;
