@@ -6,7 +6,9 @@ Cases (each sample is one mx.eval timed on the calling thread, as bench-operator
   custom ...    decode_attention_custom on Qwen3-4B shapes (bf16, Hq=32, Hkv=8, D=128, L=1, K/V
                 hot), per --context, --calls per eval, --path (ATTN_KERNELS_CPU_PATH) and
                 --spin-us (ATTN_KERNELS_POOL_SPIN_US: how long the pool's workers poll for the
-                next call before they sleep; 0 is the previous pool, "default" the built-in);
+                next call before they sleep; 0 is the previous pool, "default" the built-in),
+                --prewake-us (ATTN_KERNELS_POOL_PREWAKE_US: wake the workers when the op is
+                evaluated, before the stream's thread runs it, and poll that long; 0: off);
                 with --matmul-between N also with a float32 matmul between the calls of an eval
 Both variables are read when an op is evaluated, so they are set between evals. A round runs
 every case in a rotated order (round r starts at case r), each as a block of --block evals of
@@ -23,6 +25,7 @@ whose idle vCPUs halt, part of a wake-up is the hypervisor's). Usage (repository
 from __future__ import annotations
 
 import argparse
+import itertools
 import multiprocessing
 import os
 import statistics
@@ -33,6 +36,7 @@ from pathlib import Path
 import mlx.core as mx
 
 SPIN_VARIABLE = "ATTN_KERNELS_POOL_SPIN_US"
+PREWAKE_VARIABLE = "ATTN_KERNELS_POOL_PREWAKE_US"
 PATH_VARIABLE = "ATTN_KERNELS_CPU_PATH"
 
 
@@ -69,38 +73,41 @@ def make_cases(args) -> list[dict]:
         k = mx.random.normal((1, 8, context, 128), key=keys[1]).astype(mx.bfloat16)
         v = mx.random.normal((1, 8, context, 128), key=keys[2]).astype(mx.bfloat16)
         mx.eval(q, k, v)
-        for path in args.path:
-            for spin_us in args.spin_us:
-                for calls in args.calls:
+        for path, spin_us, prewake_us in itertools.product(
+            args.path, args.spin_us, args.prewake_us
+        ):
+            settings = f"{path} spin={spin_us}" + (
+                f" prewake={prewake_us}" if prewake_us != "0" else ""
+            )
+            for calls in args.calls:
 
-                    def fn(q=q, k=k, v=v, calls=calls):
-                        mx.eval(
-                            [decode_attention_custom(q, k, v, scale=scale) for _ in range(calls)]
-                        )
+                def fn(q=q, k=k, v=v, calls=calls):
+                    mx.eval([decode_attention_custom(q, k, v, scale=scale) for _ in range(calls)])
 
-                    def chained(q=q, k=k, v=v, calls=calls):
-                        for _ in range(calls):  # each call's query from a matmul of the last output
-                            out = decode_attention_custom(q, k, v, scale=scale)
-                            q = (out.reshape(-1, n).astype(mx.float32) @ w).reshape(q.shape)
-                            q = q.astype(mx.bfloat16)
-                        mx.eval(q)
+                def chained(q=q, k=k, v=v, calls=calls):
+                    for _ in range(calls):  # each call's query from a matmul of the last output
+                        out = decode_attention_custom(q, k, v, scale=scale)
+                        q = (out.reshape(-1, n).astype(mx.float32) @ w).reshape(q.shape)
+                        q = q.astype(mx.bfloat16)
+                    mx.eval(q)
 
-                    variants = [("", fn)]
-                    if args.matmul_between and calls > 1:
-                        variants.append((" +matmul", chained))
-                    for suffix, f in variants:
-                        cases.append(
-                            {
-                                "name": f"custom S={context} x{calls} {path} spin={spin_us}{suffix}",
-                                "context": context,
-                                "kv_bytes": 2 * k.nbytes,
-                                "calls": calls,
-                                "path": path,
-                                "spin_us": spin_us,
-                                "matmul_between": bool(suffix),
-                                "fn": f,
-                            }
-                        )
+                variants = [("", fn)]
+                if args.matmul_between and calls > 1:
+                    variants.append((" +matmul", chained))
+                for suffix, f in variants:
+                    cases.append(
+                        {
+                            "name": f"custom S={context} x{calls} {settings}{suffix}",
+                            "context": context,
+                            "kv_bytes": 2 * k.nbytes,
+                            "calls": calls,
+                            "path": path,
+                            "spin_us": spin_us,
+                            "prewake_us": prewake_us,
+                            "matmul_between": bool(suffix),
+                            "fn": f,
+                        }
+                    )
     return cases
 
 
@@ -123,6 +130,8 @@ def run(args) -> dict:
             set_env(PATH_VARIABLE, None if case.get("path", "auto") == "auto" else case["path"])
             spin_us = case.get("spin_us", "default")
             set_env(SPIN_VARIABLE, None if spin_us == "default" else spin_us)
+            prewake_us = case.get("prewake_us", "default")
+            set_env(PREWAKE_VARIABLE, None if prewake_us == "default" else prewake_us)
             for b in range(args.block):
                 start = time.perf_counter()
                 case["fn"]()
@@ -131,8 +140,8 @@ def run(args) -> dict:
                     samples[case["name"]].append(elapsed * 1e6)
         print(f"round {r + 1}/{args.rounds}", file=sys.stderr)
     rates.append(read_rate_gbs())
-    set_env(PATH_VARIABLE, None)
-    set_env(SPIN_VARIABLE, None)
+    for name in (PATH_VARIABLE, SPIN_VARIABLE, PREWAKE_VARIABLE):
+        set_env(name, None)
     results = {}
     for case in cases:
         s = sorted(samples[case["name"]])
@@ -178,6 +187,12 @@ def main(argv=None) -> None:
         action="append",
         help=f"{SPIN_VARIABLE} values: microseconds or 'default' (default: 0 and default)",
     )
+    p.add_argument(
+        "--prewake-us",
+        action="append",
+        help=f"{PREWAKE_VARIABLE} values: how long workers woken when the op is evaluated (before "
+        "the CPU stream's thread runs it) poll for it; 0: no prewake (default: 0)",
+    )
     p.add_argument("--path", action="append", help=f"{PATH_VARIABLE} values (default: auto)")
     p.add_argument(
         "--matmul-between",
@@ -185,7 +200,7 @@ def main(argv=None) -> None:
         metavar="N",
         help="also time each --calls > 1 case with a float32 matmul between the calls: the "
         "output as (4096 / N, N) @ (N, N) gives the next query (other work between calls, as "
-        "in a decode step; N = 128: a few µs, N = 4096: 64 MB of weights)",
+        "in a decode step; N = 128: a small op, N = 4096: 64 MB of weights)",
     )
     p.add_argument("--busy-companion", action="store_true", help="one other process spins")
     p.add_argument("--json-output", type=Path, help="write the record here")
@@ -194,6 +209,7 @@ def main(argv=None) -> None:
     args.context = args.context or [1024, 4096, 16384]
     args.calls = args.calls or [1, 8]
     args.spin_us = args.spin_us or ["0", "default"]
+    args.prewake_us = args.prewake_us or ["0"]
     args.path = args.path or ["auto"]
     if args.rounds < 1 or args.block < 2:
         p.error("--rounds must be >= 1 and --block >= 2 (a block's first eval is dropped)")
@@ -201,14 +217,15 @@ def main(argv=None) -> None:
         p.error("--context and --calls must be >= 1")
     if args.matmul_between is not None and (args.matmul_between < 1 or 4096 % args.matmul_between):
         p.error("--matmul-between N: N must divide 4096 (the query's 32 x 128 values)")
-    for value in args.spin_us:
-        if value != "default":
-            try:
-                ok = 0 <= float(value) <= 1e6
-            except ValueError:
-                ok = False
-            if not ok:
-                p.error(f"--spin-us {value!r}: microseconds in [0, 1e6] or 'default'")
+    for option, values in (("--spin-us", args.spin_us), ("--prewake-us", args.prewake_us)):
+        for value in values:
+            if value != "default":
+                try:
+                    ok = 0 <= float(value) <= 1e6
+                except ValueError:
+                    ok = False
+                if not ok:
+                    p.error(f"{option} {value!r}: microseconds in [0, 1e6] or 'default'")
     if args.json_output and args.json_output.exists() and not args.force:
         p.error(f"{args.json_output} exists; pass --force to replace it")
 

@@ -7,7 +7,8 @@
 #   h200-host-cpu-eval-overhead-$TAG-mlx-0.32.4.json   tools/cpu_eval_overhead.py: MLX's own
 #                          per-eval cost (a stream round trip, one and 8 `x + 1` per eval) and
 #                          our op at S = 1024, 4096, 16384 with 1 and 8 calls per eval, the pool's
-#                          worker spin 0 (the previous pool), 50 (the default) and 200 µs, avx512
+#                          worker spin 0 (the previous pool), 50 (the default) and 200 µs, each
+#                          without and with a 300 µs prewake (ATTN_KERNELS_POOL_PREWAKE_US), avx512
 #   h200-host-cpu-qwen3-4b-attention-L1-{avx512,avx2}-$TAG-mlx-0.32.4.json   bench-operators,
 #                          1 call per eval (as the records before), S = 1024 .. 65536
 #   h200-host-cpu-qwen3-4b-attention-L1-avx512-8-calls-per-eval-$TAG-mlx-0.32.4.json
@@ -29,7 +30,7 @@ drop() { grep -v -E "$1" || true; }  # progress lines; never fails the pipeline
   make -j8 bench-cpu-kernel ARGS=handoff 2>&1 | drop "^(/|g\+\+|c\+\+|build/)"
   echo "== per-eval costs through MLX (tools/cpu_eval_overhead.py)"
   python3 tools/cpu_eval_overhead.py --rounds 16 --path avx512 \
-    --spin-us 0 --spin-us default --spin-us 200 \
+    --spin-us 0 --spin-us default --spin-us 200 --prewake-us 0 --prewake-us 300 \
     --json-output "$OUT/h200-host-cpu-eval-overhead-$TAG-mlx-0.32.4.json" 2>&1 | drop "^round"
   for run in avx512:1 avx2:1 avx512:8; do
     path=${run%:*} calls=${run#*:}

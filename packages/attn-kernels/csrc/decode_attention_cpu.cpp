@@ -159,13 +159,34 @@ void finish(const float* states, int chunks, int chunk_stride, const DecodeProbl
   }
 }
 
+// The threads a problem runs on: the pool's, or the caller alone below kMinParallelWork.
+int pool_threads(const DecodeProblem& p) {
+  const int64_t work =
+      int64_t{p.kv_rows} * p.context * p.group * p.query_len * p.head_dim;
+  return work < kMinParallelWork ? 1 : cpu_pool().size();
+}
+
+// $name in microseconds (0 to 1e6), else `fallback`; std::invalid_argument naming the variable.
+std::chrono::nanoseconds microseconds_from_env(const char* name, std::chrono::nanoseconds fallback) {
+  const char* env = std::getenv(name);
+  if (env == nullptr || *env == '\0') {
+    return fallback;
+  }
+  char* end = nullptr;
+  const double us = std::strtod(env, &end);
+  if (end == env || *end != '\0' || !(us >= 0.0) || us > 1e6) {
+    throw std::invalid_argument(std::string(name) + "=" + env +
+                                ": expected microseconds between 0 and 1000000");
+  }
+  return std::chrono::nanoseconds(static_cast<int64_t>(us * 1e3));
+}
+
 template <typename T>
 void run(const DecodeProblem& p, const Kernel& kernel) {
   const int D = p.head_dim, S = p.context;
   const int vectors = p.group * p.query_len;
   const int state_size = padded_dim(D, kernel.width) + kStateHeader;
-  const int64_t work = int64_t{p.kv_rows} * S * vectors * D;
-  const int threads = work < kMinParallelWork ? 1 : cpu_pool().size();
+  const int threads = pool_threads(p);
 
   // Split the context too until there are at least 8 units per thread, so every thread starts at
   // once and the pool's first-come hand-out evens out late starters. In-process A/B, Qwen3-4B
@@ -257,8 +278,9 @@ std::vector<CpuPath> cpu_paths_supported() {
 
 CpuPath cpu_path_from_env() {
   // The ops resolve the path when they are evaluated, on the calling thread: a bad value of the
-  // pool's variable raises there too rather than inside the dispatched task.
+  // pool's variables raises there too rather than inside the dispatched task.
   cpu_worker_spin();
+  cpu_pool_prewake();
   const char* env = std::getenv("ATTN_KERNELS_CPU_PATH");
   if (env == nullptr || *env == '\0' || std::strcmp(env, "auto") == 0) {
     return cpu_paths_supported().front();
@@ -332,16 +354,17 @@ void decode_attention_cpu(const DecodeProblem& p, CpuPath path) {
 }
 
 std::chrono::nanoseconds cpu_worker_spin() {
-  if (const char* env = std::getenv("ATTN_KERNELS_POOL_SPIN_US"); env != nullptr && *env != '\0') {
-    char* end = nullptr;
-    const double us = std::strtod(env, &end);
-    if (end == env || *end != '\0' || !(us >= 0.0) || us > 1e6) {
-      throw std::invalid_argument(std::string("ATTN_KERNELS_POOL_SPIN_US=") + env +
-                                  ": expected microseconds between 0 and 1000000");
-    }
-    return std::chrono::nanoseconds(static_cast<int64_t>(us * 1e3));
+  return microseconds_from_env("ATTN_KERNELS_POOL_SPIN_US", kDefaultWorkerSpin);
+}
+
+std::chrono::nanoseconds cpu_pool_prewake() {
+  return microseconds_from_env("ATTN_KERNELS_POOL_PREWAKE_US", std::chrono::nanoseconds(0));
+}
+
+void decode_attention_cpu_prepare(const DecodeProblem& p) {
+  if (const auto window = cpu_pool_prewake(); window.count() > 0 && pool_threads(p) > 1) {
+    cpu_pool().prewake(window);
   }
-  return kDefaultWorkerSpin;
 }
 
 ThreadPool& cpu_pool() {

@@ -71,6 +71,21 @@ class ThreadPool {
     spin_ns_.store(spin.count(), std::memory_order_relaxed);
   }
 
+  // Wakes the sleeping workers ahead of a call that another thread is about to make, so that
+  // their wake-up overlaps that thread's own (MLX: the main thread evaluates the op, the CPU
+  // stream's thread runs it); they poll until `window` from now, then sleep again.
+  void prewake(std::chrono::nanoseconds window) {
+    const int64_t until = now_ns() + window.count();
+    for (int64_t seen = poll_until_.load(std::memory_order_relaxed); seen < until &&
+         !poll_until_.compare_exchange_weak(seen, until, std::memory_order_relaxed);) {
+    }
+    // A generation with no new tasks: woken workers find nothing to claim and poll.
+    if (sleepers_.load(std::memory_order_seq_cst) > 0) {
+      generation_.fetch_add(1, std::memory_order_seq_cst);
+      wake(generation_, INT_MAX);
+    }
+  }
+
   // Runs fn(i) for every i in [0, n) and returns once all calls have finished: when the tasks
   // are done, not when every worker has woken up. A worker that wakes late (descheduled, or one
   // of many woken at once) finds nothing left and goes back to waiting; the caller does not wait
@@ -152,13 +167,24 @@ class ThreadPool {
     }
   }
 
-  // Returns once generation_ differs from `seen`: polls for the worker spin, then sleeps.
+  static int64_t now_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
+
+  // Returns once generation_ differs from `seen`: polls for the worker spin (or until a
+  // prewake's deadline, whichever is later), then sleeps.
   void wait_for_job(uint32_t seen) {
-    if (const int64_t spin = spin_ns_.load(std::memory_order_relaxed); spin > 0) {
-      const auto end = std::chrono::steady_clock::now() + std::chrono::nanoseconds(spin);
+    const int64_t start = now_ns();
+    const int64_t spin_end = start + spin_ns_.load(std::memory_order_relaxed);
+    auto polling = [&](int64_t now) {  // a prewake may extend the polling of a polling worker
+      return now < std::max(spin_end, poll_until_.load(std::memory_order_relaxed));
+    };
+    if (polling(start)) {
       for (int i = 1; generation_.load(std::memory_order_acquire) == seen; ++i) {
         pause();
-        if (i % 64 == 0 && std::chrono::steady_clock::now() >= end) {
+        if (i % 64 == 0 && !polling(now_ns())) {
           break;
         }
       }
@@ -192,6 +218,7 @@ class ThreadPool {
   std::atomic<int> sleepers_{0};  // workers in (or about to enter) the futex wait
   std::atomic<bool> caller_sleeps_{false};
   std::atomic<int64_t> spin_ns_{0};
+  std::atomic<int64_t> poll_until_{0};  // steady_clock ns: a prewake's deadline
   std::atomic<bool> stop_{false};
 };
 
