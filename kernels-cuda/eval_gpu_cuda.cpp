@@ -21,8 +21,16 @@ void DecodeAttention::eval_gpu(
   // launch, live behind the output (256-byte aligned) in its allocation: a workspace array of
   // its own cost 0.5-1.5 µs more per split call (kernels-cuda/dev/h200-mlx-workspace-ab.txt).
   const size_t partials_at = (out.nbytes() + 255) / 256 * 256;
-  out.set_data(mx::allocator::malloc(
-      plan.splits > 1 ? partials_at + plan.partial_floats * sizeof(float) : out.nbytes()));
+  const mx::array& q = inputs[0];
+  if (plan.splits == 1 && q.is_donatable() && q.flags().row_contiguous && q.size() == out.size()) {
+    // As MLX's own sdpa_vector does: an unsplit call writes over a query that nothing else holds
+    // (a decode step's q), no allocation. Safe in place: a query row is read only by the block
+    // that writes its output row, into registers, before the block's barrier ahead of finish().
+    out.copy_shared_buffer(q);
+  } else {
+    out.set_data(mx::allocator::malloc(
+        plan.splits > 1 ? partials_at + plan.partial_floats * sizeof(float) : out.nbytes()));
+  }
   problem.out = device_pointer(out);
   float* partials = plan.splits > 1
       ? reinterpret_cast<float*>(mx::gpu_ptr<char>(out) + partials_at)

@@ -48,7 +48,7 @@ size_t align256(size_t bytes) {
 void AttentionStep::eval_gpu(
     const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
   auto& out = outputs[0];
-  const auto donated = donate_caches(inputs, outputs);
+  const auto donated = donate_caches(inputs, outputs, owned_caches_);
   for (int c = 0; c < 2; ++c) {
     if (!donated[c]) {
       outputs[1 + c].set_data(mx::allocator::malloc(outputs[1 + c].nbytes()));

@@ -29,6 +29,22 @@ std::string shape_str(const mx::array& a) {
   throw std::invalid_argument("[attention_step] " + message);
 }
 
+// How many arrays share `a`'s descriptor: the first half of is_donatable(), which MLX keeps
+// private. Read through a pointer to the private member, which an explicit instantiation may
+// name (access is not checked there, [temp.spec.general]); the friend function hands it out.
+struct ArrayDescTag {
+  friend constexpr auto array_desc_member(ArrayDescTag);
+};
+template <auto Member>
+struct ArrayDescAccess {
+  friend constexpr auto array_desc_member(ArrayDescTag) { return Member; }
+};
+template struct ArrayDescAccess<&mx::array::array_desc_>;
+
+long array_holders(const mx::array& a) {
+  return (a.*array_desc_member(ArrayDescTag{})).use_count();
+}
+
 ElementType element_type(mx::Dtype t) {
   if (t == mx::float32) return ElementType::float32;
   if (t == mx::float16) return ElementType::float16;
@@ -50,6 +66,7 @@ std::vector<mx::array> attention_step(
     float rope_base,
     float scale,
     const std::string& schedule,
+    bool owned_caches,
     mx::StreamOrDevice s) {
   if (std::find(schedules().begin(), schedules().end(), schedule) == schedules().end()) {
     std::string names;
@@ -143,18 +160,19 @@ std::vector<mx::array> attention_step(
   return mx::array::make_arrays(
       {q.shape(), k_cache.shape(), v_cache.shape()},
       {dtype, dtype, dtype},
-      std::make_shared<AttentionStep>(stream, offset, eps, rope_base, scale, schedule),
+      std::make_shared<AttentionStep>(
+          stream, offset, eps, rope_base, scale, schedule, owned_caches),
       {q, k, v, q_norm_weight, k_norm_weight, k_cache, v_cache});
 }
 
 bool AttentionStep::is_equivalent(const mx::Primitive& other) const {
   auto& o = static_cast<const AttentionStep&>(other);
   return offset_ == o.offset_ && eps_ == o.eps_ && rope_base_ == o.rope_base_ &&
-         scale_ == o.scale_ && schedule_ == o.schedule_;
+         scale_ == o.scale_ && schedule_ == o.schedule_ && owned_caches_ == o.owned_caches_;
 }
 
 std::array<bool, 2> donate_caches(
-    const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+    const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs, bool owned_caches) {
   // Each output of a multi-output primitive holds its own copy of the input list, so a cache
   // that nothing else references is held once per output and is_donatable() is never true.
   // The outputs other than the one being evaluated lose their lists right after this eval
@@ -176,11 +194,17 @@ std::array<bool, 2> donate_caches(
   std::array<bool, 2> donated{};
   for (int c = 0; c < 2; ++c) {
     // MLX's is_donatable(in, out) (backend/common/utils.h) plus the condition of the Vector
-    // copy copy_gpu/copy_cpu donate under (the whole buffer, row-contiguous).
+    // copy copy_gpu/copy_cpu donate under (the whole buffer, row-contiguous). With owned caches
+    // only the array must be unshared: other references to its buffer are the caller's views
+    // (promised not to be read past offset) and MLX's hold on it for earlier steps still
+    // running on the stream (their kernels read only positions before offset and run first).
     const auto& in = inputs[5 + c];
     auto& out = outputs[1 + c];
     constexpr size_t donation_extra = 16384;
-    donated[c] = in.is_donatable() && in.itemsize() == out.itemsize() &&
+    const bool unshared = owned_caches
+        ? array_holders(in) == 1 && in.data_shared_ptr()->is_owned()
+        : in.is_donatable();
+    donated[c] = unshared && in.itemsize() == out.itemsize() &&
                  in.buffer_size() <= out.nbytes() + donation_extra &&
                  in.flags().row_contiguous && in.data_size() == in.size();
     if (donated[c]) {

@@ -21,6 +21,9 @@ namespace attn_kernels {
 // at [offset, offset + L), and out = causal attention of the normalised, rotated q over
 // [0, offset + L) in o_proj's layout. The caches are updated in place when their buffers can be
 // donated (MLX's rule, as SliceUpdate applies it); otherwise they are copied once, in this op.
+// owned_caches: the caller promises that no other array reading the caches' memory (a view of
+// them) is read past offset after this step; then a cache array nothing else holds is updated in
+// place even while an earlier step that read it still runs (MLX's rule copies it then).
 std::vector<mx::array> attention_step(
     const mx::array& q,
     const mx::array& k,
@@ -34,18 +37,26 @@ std::vector<mx::array> attention_step(
     float rope_base,
     float scale,
     const std::string& schedule = "auto",
+    bool owned_caches = false,
     mx::StreamOrDevice s = {});
 
 class AttentionStep : public mx::Primitive {
  public:
   AttentionStep(
-      mx::Stream stream, int offset, float eps, float rope_base, float scale, std::string schedule)
+      mx::Stream stream,
+      int offset,
+      float eps,
+      float rope_base,
+      float scale,
+      std::string schedule,
+      bool owned_caches)
       : mx::Primitive(stream),
         offset_(offset),
         eps_(eps),
         rope_base_(rope_base),
         scale_(scale),
-        schedule_(std::move(schedule)) {}
+        schedule_(std::move(schedule)),
+        owned_caches_(owned_caches) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
@@ -60,13 +71,15 @@ class AttentionStep : public mx::Primitive {
   int offset_;
   float eps_, rope_base_, scale_;
   std::string schedule_;
+  bool owned_caches_;
 };
 
 // Gives each output cache (outputs[1], outputs[2]) its input's buffer when MLX may donate it
 // (nothing else references it, same item size, row-contiguous, no larger than the output plus
-// MLX's slack). A cache not donated is left unallocated and counted: the caller copies it.
+// MLX's slack; with owned_caches: no other array holds it, whoever else holds its buffer). A
+// cache not donated is left unallocated and counted: the caller copies it.
 std::array<bool, 2> donate_caches(
-    const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs);
+    const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs, bool owned_caches);
 
 // How many cache copies the op has made since the process started (a diagnostic: a decode
 // loop whose caches can be donated makes none).

@@ -154,7 +154,7 @@ void AttentionStep::eval_cpu(
   out.set_data(mx::allocator::malloc(out.nbytes()));
   // The caches that must be copied before the step writes them.
   std::vector<CacheCopy> copies;
-  const auto donated = donate_caches(inputs, outputs);
+  const auto donated = donate_caches(inputs, outputs, owned_caches_);
   for (int c = 0; c < 2; ++c) {
     if (!donated[c]) {
       const auto& in = inputs[5 + c];

@@ -100,6 +100,7 @@ Returns:
       "rope_base"_a,
       "scale"_a,
       "schedule"_a = "auto",
+      "owned_caches"_a = false,
       nb::kw_only(),
       "stream"_a = nb::none(),
       "One decode step of attention after the projections (see attn_kernels.attention_step).");

@@ -49,12 +49,18 @@ def capacity_for(end):
     return -(-end // CAPACITY_STEP) * CAPACITY_STEP
 
 
-def check_step(inputs, offset, device, label, scale=None):
+def check_step(inputs, offset, device, label, scale=None, owned_caches=False):
     q, k_cache, v_cache = inputs[0], inputs[5], inputs[6]
     dtype, length = q.dtype, q.shape[1]
     before_k, before_v = to_numpy(k_cache), to_numpy(v_cache)
     out, new_k, new_v = attention_step(
-        *inputs, offset, eps=EPS, rope_base=BASE, scale=scale, stream=device
+        *inputs,
+        offset,
+        eps=EPS,
+        rope_base=BASE,
+        scale=scale,
+        owned_caches=owned_caches,
+        stream=device,
     )
     mx.eval(out, new_k, new_v)
     chain = unfused_step(*inputs, offset, EPS, BASE, scale)
@@ -161,12 +167,6 @@ def test_decode_loop_donates(device, dtype):
     chain_k, chain_v = mx.array(k_cache), mx.array(v_cache)
     mx.eval(k_cache, v_cache, chain_k, chain_v, q_w, k_w)
 
-    def address(a):
-        view = np.array(a, copy=False)
-        address = view.__array_interface__["data"][0]
-        del view
-        return address
-
     first = address(k_cache)
     offset = 0
     for step in range(8):
@@ -203,12 +203,123 @@ def test_decode_loop_donates(device, dtype):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_held_cache_is_copied(device):
-    """A cache the caller still holds is copied (counted) and left as it was."""
+@pytest.mark.parametrize("owned", [False, True], ids=["shared", "owned"])
+def test_held_cache_is_copied(device, owned):
+    """A cache the caller still holds is copied (counted) and left as it was, owned_caches or
+    not (it promises only that views of the caches are not read past the offset)."""
     inputs = make_step(3, 1, 4, 2, 1, 64, 256, mx.float16)
     copies = attention_step_cache_copies()
-    check_step(inputs, 17, device, "held")
+    check_step(inputs, 17, device, "held", owned_caches=owned)
     assert attention_step_cache_copies() == copies + 2
+
+
+def address(a):
+    view = np.array(a, copy=False)
+    address = view.__array_interface__["data"][0]
+    del view
+    return address
+
+
+def step_inputs(seed, b, hq, hkv, length, d, dtype):
+    keys = mx.random.split(mx.random.key(seed), 3)
+    q = mx.random.normal((b, length, hq * d), key=keys[0]).astype(dtype)
+    k = mx.random.normal((b, length, hkv * d), key=keys[1]).astype(dtype)
+    v = mx.random.normal((b, length, hkv * d), key=keys[2]).astype(dtype)
+    return q, k, v
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("owned", [False, True], ids=["shared", "owned"])
+def test_view_of_the_written_positions(device, owned):
+    """A buffer shared by another array but no other holder of the cache array itself: what an
+    evaluated view leaves, and what MLX leaves while an earlier step that read the cache still
+    runs. MLX's rule copies; owned_caches updates in place, and the view, which covers only
+    the positions before the offset, still reads what it read."""
+    b, hq, hkv, length, d, offset = 1, 8, 2, 3, 64, 37
+    *head, k_cache, v_cache = make_step(5, b, hq, hkv, length, d, CAPACITY_STEP, mx.float16)
+    chain = unfused_step(*head, k_cache, v_cache, offset, EPS, BASE, None)
+    mx.eval(chain)
+    views = (k_cache[:, :, :offset], v_cache[:, :, :offset])
+    mx.eval(views)
+    before = [to_numpy(x) for x in views]
+    first = address(k_cache), address(v_cache)
+    copies = attention_step_cache_copies()
+    out, k_cache, v_cache = attention_step(
+        *head,
+        k_cache,
+        v_cache,
+        offset,
+        eps=EPS,
+        rope_base=BASE,
+        owned_caches=owned,
+        stream=device,
+    )
+    mx.eval(out, k_cache, v_cache)
+    assert attention_step_cache_copies() == copies + (0 if owned else 2)
+    assert ((address(k_cache), address(v_cache)) == first) == owned
+    tol = {key: 2 * value for key, value in TOLERANCE[mx.float16].items()}
+    np.testing.assert_allclose(to_numpy(out), to_numpy(chain[0]), **tol)
+    np.testing.assert_allclose(to_numpy(k_cache), to_numpy(chain[1]), **TOLERANCE[mx.float16])
+    np.testing.assert_array_equal(to_numpy(v_cache), to_numpy(chain[2]))
+    for view, was in zip(views, before, strict=True):
+        np.testing.assert_array_equal(to_numpy(view), was)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_pipelined_loop_owned_caches(device):
+    """mlx-lm's pipelining: step n+1 is evaluated while step n still runs (a long context keeps
+    it running). MLX holds step n's buffers until it completes, so its rule copies the next
+    step's caches (on the CPU the first loop shows it: the test's precondition); with
+    owned_caches nothing is copied, every step writes the first buffers, and the outputs and
+    caches are the unfused chain's."""
+    b, hq, hkv, length, d, dtype = 1, 8, 2, 8, 64, mx.float16
+    capacity, steps = 32768, 4
+    start = capacity - steps * length - 5
+    _, _, _, q_w, k_w, k_base, v_base = make_step(9, b, hq, hkv, length, d, capacity, dtype)
+    tokens = [step_inputs(300 + i, b, hq, hkv, length, d, dtype) for i in range(steps)]
+    mx.eval(tokens)
+    copies, outs = {}, []
+    for owned in (False, True):
+        k_cache, v_cache = k_base + 0, v_base + 0  # buffers of their own
+        mx.eval(k_cache, v_cache)
+        first = address(k_cache), address(v_cache)
+        before = attention_step_cache_copies()
+        outs = []
+        for i, (q, k, v) in enumerate(tokens):
+            out, k_cache, v_cache = attention_step(
+                q,
+                k,
+                v,
+                q_w,
+                k_w,
+                k_cache,
+                v_cache,
+                start + i * length,
+                eps=EPS,
+                rope_base=BASE,
+                owned_caches=owned,
+                stream=device,
+            )
+            mx.async_eval(out)
+            outs.append(out)
+        mx.eval(outs, k_cache, v_cache)
+        copies[owned] = attention_step_cache_copies() - before
+        if owned:
+            assert (address(k_cache), address(v_cache)) == first
+    if device == mx.cpu:
+        assert copies[False] > 0, "no step was in flight: the test missed its subject"
+    assert copies[True] == 0
+    chain_k, chain_v = k_base, v_base
+    tol = {key: 2 * value for key, value in TOLERANCE[dtype].items()}
+    for i, (q, k, v) in enumerate(tokens):
+        expected, chain_k, chain_v = unfused_step(
+            q, k, v, q_w, k_w, chain_k, chain_v, start + i * length, EPS, BASE
+        )
+        np.testing.assert_allclose(
+            to_numpy(outs[i]), to_numpy(expected), **tol, err_msg=f"step {i}"
+        )
+    np.testing.assert_allclose(to_numpy(k_cache), to_numpy(chain_k), **TOLERANCE[dtype])
+    np.testing.assert_array_equal(to_numpy(v_cache), to_numpy(chain_v))
 
 
 def bad(**changes):

@@ -318,6 +318,40 @@ def test_no_score_sized_intermediates():
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("length", "s"), [(1, 1), (1, 200), (8, 100), (1, 4100), (8, 3000)])
+def test_output_over_a_donated_query(device, length, s):
+    """A query that nothing else holds (a decode step's q, made in the same graph) becomes the
+    output's buffer on CUDA in unsplit calls, as in MLX's own SDPA: the result is still right for
+    every schedule, and there the call allocates nothing beyond the query (one buffer, not two:
+    the query's size is a multiple of the allocator's rounding)."""
+    dtype = mx.bfloat16
+    mask = "causal" if length > 1 else None
+    q, k, v, _ = make_inputs(s + length, 1, 32, 8, length, s, 128, dtype, "none")
+    mx.eval(q, k, v)
+    expected = attention_f64(q * 2, k, v, mask=mask)  # * 2 is exact in bf16
+    donated = set()
+    with mx.stream(device):
+        for schedule in schedules(device):
+            mx.synchronize()
+            mx.clear_cache()
+            mx.reset_peak_memory()
+            before = mx.get_active_memory()
+            out = decode_attention_custom(q * 2, k, v, mask=mask, schedule=schedule)
+            mx.eval(out)
+            mx.synchronize()
+            extra = mx.get_peak_memory() - before
+            check(out, expected, dtype, label=f"schedule={schedule}")
+            assert extra >= out.nbytes, (schedule, extra)  # the query q * 2 at least
+            if extra < 2 * out.nbytes:
+                donated.add(schedule)
+    if device == mx.gpu and mx.cuda.is_available() and s <= 256:
+        # Unsplit here: the chapter's schedules always, split-mma up to 4 steps of 64 positions,
+        # auto (split-mma, or `split` at S = 1). `split`/`split-gqa` split from ~S = 64.
+        unsplit = {"auto", "split-mma", "chapter-8", "chapter-16", "chapter-32"}
+        assert unsplit <= donated, f"not donated: {sorted(unsplit - donated)}"
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("s", [100, 2100])
 def test_non_finite_inputs_match_readable_path(device, dtype, s):

@@ -294,9 +294,9 @@ def test_ab_decode_four_variants_rotated(tmp_path, capsys):
     validate(record)
     assert record["kind"] == "ab-decode"
     orders = [tuple(e["order"]) for e in record["execution_order"]]
-    assert len(set(orders)) == 4 and {o[0] for o in orders} == set(ab_decode.VARIANTS)
+    assert len(set(orders)) == 4 and {o[0] for o in orders} == set(ab_decode.DEFAULT_VARIANTS)
     samples = record["results"]["samples"]
-    assert set(samples) == set(ab_decode.VARIANTS)
+    assert set(samples) == set(ab_decode.DEFAULT_VARIANTS)
     for variant, rows in samples.items():
         assert [s["round"] for s in rows] == [0, 1, 2, 3]
         assert len(rows[0]["step_s"]) == 2  # output_len - 1 decode steps
@@ -345,6 +345,22 @@ def test_our_loops_queue_one_step_past_the_tokens_taken(monkeypatch):
     for variant in ("decode-attention", "composition", "mlx-lm-our-loop"):
         assert len(models.request(variant, prompt, 4)["tokens"]) == 4
     assert asked == [5, 5, 5]
+
+
+def test_unfused_variant_runs_decode_attention_per_layer():
+    """decode-attention-unfused switches the fused step off for its request (and decode-attention
+    back on), with the same greedy tokens."""
+    mx.set_default_device(mx.cpu)
+    models = bench.Models(qwen3_model.load("qwen3-tiny"))
+    prompt = bench.prompt_ids(1000, 5, mx.random.key(0))
+    tokens = {}
+    for variant in ("decode-attention-unfused", "decode-attention"):
+        tokens[variant] = models.request(variant, prompt, 4)["tokens"]
+        steps = {layer.self_attn.fused_step for layer in models.model.layers}
+        assert steps == {variant == "decode-attention"}, variant
+    assert tokens["decode-attention-unfused"] == tokens["decode-attention"]
+    args = ab_decode.parse_args(["--variants", "decode-attention-unfused,mlx-lm"])
+    assert ab_decode.bench_args(args).variant == ["decode-attention-unfused", "mlx-lm"]
 
 
 @pytest.mark.parametrize("load, busy", [(0.0, False), (99.0, True)])

@@ -1,5 +1,6 @@
 """Parity with mlx-lm's Qwen3, checkpoint round trips, the KV cache, loading errors."""
 
+import copy
 import dataclasses
 import json
 
@@ -270,3 +271,83 @@ def test_fused_step_switch(monkeypatch):
         logits.append(model(mx.array([[7]]), cache))
         assert (len(calls) > before) == enabled
     assert mx.allclose(logits[0], logits[1], atol=1e-4).item()
+
+
+@pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16], ids=["float32", "bfloat16"])
+def test_residual_in_matmul(monkeypatch, dtype):
+    """set_residual_in_matmul(True) (an experiment): decode steps of the fused step run o_proj and
+    down_proj as mx.addmm, two per layer; the prefill and a quantized model do not; the logits
+    are the plain add's (one rounding apart in bf16: the add happens before the rounding)."""
+    widen_guard(monkeypatch)
+    calls = []
+    addmm = mx.addmm
+    monkeypatch.setattr(mx, "addmm", lambda *a, **k: calls.append(1) or addmm(*a, **k))
+    model = load("qwen3-tiny", dtype=dtype, seed=9)
+    prompt = mx.random.randint(10, 990, (1, 20), key=mx.random.key(4))
+    logits = []
+    for enabled in (False, True):
+        model.set_residual_in_matmul(enabled)
+        cache = make_cache(model)
+        model(prompt, cache)
+        assert calls == []  # not in the prefill
+        steps = [model(mx.array([[t]]), cache) for t in (7, 300, 42)]
+        assert len(calls) == (3 * 2 * model.args.num_hidden_layers if enabled else 0)
+        logits.append(mx.concatenate(steps, axis=1))
+        calls.clear()
+    atol = 1e-4 if dtype == mx.float32 else 0.05  # bf16: logits ~3.5, an ulp 0.016
+    assert mx.allclose(logits[0], logits[1], atol=atol).item()
+    quantized = load("qwen3-tiny", quantize="4bit", seed=9)
+    quantized.set_residual_in_matmul(True)
+    cache = make_cache(quantized)
+    quantized(prompt, cache)
+    quantized(mx.array([[7]]), cache)
+    assert calls == []
+
+
+@pytest.mark.parametrize("copier", [copy.copy, copy.deepcopy], ids=["copy", "deepcopy"])
+def test_copied_cache_continues_apart(monkeypatch, copier):
+    """Two caches that share their arrays (a copied prompt cache) each continue on their own: the
+    fused step updates a cache in place only when no other array holds it (owned_caches keeps
+    that check), so neither continuation writes into the other's buffers."""
+    widen_guard(monkeypatch)
+    model = load("qwen3-tiny", dtype=mx.float32, seed=5)
+    prompt = mx.random.randint(10, 990, (1, 12), key=mx.random.key(6))
+    cache = make_cache(model)
+    model(prompt, cache)
+    mx.eval([c.state for c in cache])
+    other = [copier(c) for c in cache]  # copy.copy: the same arrays in a second KVCache
+    a, b = [], []
+    for t, u in ((11, 21), (12, 22), (13, 23)):  # interleaved, each step evaluated
+        a.append(model(mx.array([[t]]), cache))
+        mx.eval(a[-1])
+        b.append(model(mx.array([[u]]), other))
+        mx.eval(b[-1])
+    for tokens, got in (((11, 12, 13), a), ((21, 22, 23), b)):
+        fresh = make_cache(model)
+        model(prompt, fresh)
+        for t, logits in zip(tokens, got, strict=True):
+            expected = model(mx.array([[t]]), fresh)
+            assert mx.allclose(logits, expected, atol=1e-5).item(), tokens
+
+
+def test_add_norm_switch(monkeypatch):
+    """set_add_norm(True) (an experiment): each decode step of the fused step hands the residual
+    add and the post-attention norm to add_rms_norm, once per layer, and the prefill does not;
+    on the CPU that is the same two ops, so the logits are equal."""
+    widen_guard(monkeypatch)
+    calls = []
+    fused = model_module.add_rms_norm
+    monkeypatch.setattr(model_module, "add_rms_norm", lambda *a: calls.append(1) or fused(*a))
+    model = load("qwen3-tiny", dtype=mx.bfloat16, seed=10)
+    prompt = mx.random.randint(10, 990, (1, 20), key=mx.random.key(5))
+    logits = []
+    for enabled in (False, True):
+        model.set_add_norm(enabled)
+        cache = make_cache(model)
+        model(prompt, cache)
+        assert calls == []
+        logits.append([model(mx.array([[t]]), cache) for t in (3, 500)])
+        assert len(calls) == (2 * model.args.num_hidden_layers if enabled else 0)
+        calls.clear()
+    for a, b in zip(*logits, strict=True):
+        assert mx.array_equal(a, b).item()

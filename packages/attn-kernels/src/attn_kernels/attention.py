@@ -50,6 +50,7 @@ SCHEDULES: tuple[str, ...] = tuple(_ext.SCHEDULES)
 
 
 FLOAT_DTYPES = (mx.float32, mx.float16, mx.bfloat16)
+_decode = _ext.decode_attention  # one global lookup per call instead of two
 
 
 def _as_array(name: str, x: object) -> mx.array:
@@ -177,10 +178,26 @@ def decode_attention_custom(
     "causal" becomes a flag, so no mask tensor is built; an explicit mask is broadcast (a view) to
     (B, Hq, L, S). `schedule` picks the GPU kernel variant (one of SCHEDULES).
     """
-    # The common decode call (mx.arrays, mask None or "causal") goes straight to the op, which
-    # validates everything itself: at short contexts host time per call is what a GPU decode
-    # step waits on. On a ValueError the shared checks run again, so both entry points word it
-    # alike.
+    # The decode call (a scale, mask None or "causal") goes straight to the op, which validates
+    # everything itself in C++: at short contexts host time per call is what a GPU decode step
+    # waits on (docs/host-cost.md). Anything the op refuses (numpy inputs: TypeError; bad shapes
+    # or dtypes: ValueError) runs the general path below, which converts and words errors as the
+    # readable path does.
+    if scale is not None and (mask is None or (mask.__class__ is str and mask == "causal")):
+        try:
+            if stream is None:
+                return _decode(query, key, value, scale, None, mask is not None, schedule)
+            return _decode(
+                query, key, value, scale, None, mask is not None, schedule, stream=stream
+            )
+        except (TypeError, ValueError):
+            pass
+    return _decode_general(query, key, value, scale, mask, schedule, stream)
+
+
+def _decode_general(query, key, value, scale, mask, schedule, stream) -> mx.array:
+    """decode_attention_custom for any input the contract allows: conversion, explicit masks,
+    the default scale, and errors worded as in the readable path."""
     if not (type(query) is type(key) is type(value) is mx.array):
         query, key, value = (
             _as_array(n, a) for n, a in (("query", query), ("key", key), ("value", value))
@@ -194,9 +211,7 @@ def decode_attention_custom(
         d = query.shape[-1] if query.ndim else 0
         scale = 1.0 / math.sqrt(d) if d > 0 else 1.0  # D < 1 is refused below
     try:
-        return _ext.decode_attention(
-            query, key, value, float(scale), explicit, causal, schedule, stream=stream
-        )
+        return _decode(query, key, value, float(scale), explicit, causal, schedule, stream=stream)
     except ValueError:
         _check_shapes(query, key, value)
         raise

@@ -33,6 +33,7 @@ def attention_step(
     rope_base: float,
     scale: float | None = None,
     schedule: str = "auto",
+    owned_caches: bool = False,
     stream: mx.Stream | mx.Device | None = None,
 ) -> tuple[mx.array, mx.array, mx.array]:
     """Normalise, rotate, cache and attend in one `AttentionStep` primitive.
@@ -46,12 +47,21 @@ def attention_step(
         eps: RMSNorm epsilon. rope_base: RoPE base (non-traditional rotation, all D dims).
         scale: multiplier of the dot products (default 1/sqrt(D)).
         schedule: GPU attention schedule (as in `decode_attention_custom`).
+        owned_caches: the caller's promise that no other array sharing the caches' memory (an
+            evaluated view or slice of them) is read past `offset` after this step. Then a cache
+            array that nothing else holds is updated in place even while an earlier step that
+            read it is still running, which MLX's donation rule refuses (MLX holds the buffers of
+            a step until it completes, so under pipelined generation, when the GPU is behind,
+            the rule copies whole caches). A cache array the caller still holds is copied either
+            way. A decode loop that keeps only the returned caches (qwen3_model's KVCache) passes
+            True.
 
     Returns:
         (out, k_cache, v_cache): out (B, L, Hq·D) in q's dtype, causal attention over
         [0, offset + L); the caches with the new positions written. A cache buffer that nothing
-        else references is updated in place (MLX's donation rule); otherwise the op copies it.
-        Use the returned caches from then on.
+        else references is updated in place (MLX's donation rule; see owned_caches); otherwise
+        the op copies it (counted by attention_step_cache_copies). Use the returned caches from
+        then on.
     """
     if scale is None:
         scale = 1.0 / math.sqrt(q_norm_weight.shape[0])
@@ -68,6 +78,7 @@ def attention_step(
         float(rope_base),
         float(scale),
         schedule,
+        bool(owned_caches),
         stream=stream,
     )
     return out, k_cache, v_cache

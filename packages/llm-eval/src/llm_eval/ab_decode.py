@@ -23,7 +23,10 @@ from llm_eval import bench
 from llm_eval.progress import Progress
 from llm_eval.record import refuse_overwrite, write_record
 
-VARIANTS = ["composition", "decode-attention", "mlx-lm", "mlx-lm-our-loop"]
+DEFAULT_VARIANTS = ["composition", "decode-attention", "mlx-lm", "mlx-lm-our-loop"]
+# decode-attention-unfused (on request): the checkpoint without its fused projections and step,
+# DecodeAttention per layer (an A/B of that op inside the model).
+VARIANTS = [*DEFAULT_VARIANTS, "decode-attention-unfused"]
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -39,7 +42,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=12, help="requests per variant (default 12)")
     p.add_argument(
         "--variants",
-        default=",".join(VARIANTS),
+        default=",".join(DEFAULT_VARIANTS),
         help="comma-separated subset of " + ",".join(VARIANTS) + " (must include mlx-lm, the "
         "reference; long prompts: leave out composition, whose readable prefill needs O(L^2) "
         "memory)",

@@ -48,7 +48,9 @@ from llm_eval.record import SCHEMA_VERSION, collect_metadata, write_record
 
 VARIANTS = ("decode-attention", "composition", "mlx-lm")
 # mlx-lm's model in our generate_step: with "mlx-lm" it splits a difference into model and loop.
-ALL_VARIANTS = (*VARIANTS, "mlx-lm-our-loop")
+# decode-attention-unfused: the checkpoint without its fused projections and AttentionStep
+# (separate ops, then the DecodeAttention op per layer), for A/B measurements of that op.
+ALL_VARIANTS = (*VARIANTS, "mlx-lm-our-loop", "decode-attention-unfused")
 H200_BANDWIDTH_GBS = 4300.0  # measured copy rate (docs: the H200 notes)
 # Embedded defaults: the chapter's workload on a GPU; on a CPU a size that finishes in a minute
 # or two on two cores (MLX's bf16 CPU matmuls decode qwen3-0.6b at about a token a second).
@@ -158,7 +160,8 @@ class Models:
             )
         if variant == "mlx-lm-our-loop":
             return generate_step(prompt, self.twin, max_tokens=output_len + 1, prompt_cache=cache)
-        self.model.set_checkpoint(variant)
+        self.model.set_checkpoint(variant.removesuffix("-unfused"))
+        self.model.set_fused_step(not variant.endswith("-unfused"))
         cache = make_cache(self.model, *self.kv) if self.kv[0] else make_cache(self.model)
         return generate_step(prompt, self.model, max_tokens=output_len + 1, prompt_cache=cache)
 
@@ -309,7 +312,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--variant",
         action="append",
         choices=ALL_VARIANTS,
-        help="repeatable; default the first three (mlx-lm-our-loop: mlx-lm's model in our loop)",
+        help="repeatable; default the first three (mlx-lm-our-loop: mlx-lm's model in our loop; "
+        "decode-attention-unfused: without the fused projections and step, DecodeAttention per "
+        "layer)",
     )
     p.add_argument("--input-len", type=int, metavar="N", help="prompt tokens")
     p.add_argument("--output-len", type=int, metavar="N", help="generated tokens (>= 2)")

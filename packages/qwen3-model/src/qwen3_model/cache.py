@@ -41,7 +41,10 @@ class KVCache:
 
     def advance(self, keys: mx.array, values: mx.array, length: int) -> None:
         """Take the buffers an AttentionStep returned (positions up to offset + length written).
-        Holding only these lets the next step update them in place."""
+        Holding only these lets the next step update them in place, also while this one still
+        runs (attention_step's owned_caches: the cache reads only [0, offset) of its buffers, so
+        positions past it may be written under any view of them; a cache array held elsewhere,
+        e.g. a copied prompt cache, is still copied)."""
         self.keys, self.values = keys, values
         self.offset += length
 

@@ -22,6 +22,7 @@ from attn_kernels import (
 )
 from attn_kernels.guard import use_fused, use_fused_quantized
 
+from qwen3_model.add_norm import add_rms_norm
 from qwen3_model.cache import KVCache
 from qwen3_model.configs import ModelArgs
 from qwen3_model.sharding import shard
@@ -82,6 +83,17 @@ class FusedLinear:
         return x @ self.arrays["weight"].T
 
 
+def project_out(layer: nn.Module, x: mx.array, residual: mx.array | None, in_matmul: bool):
+    """residual + layer(x); with in_matmul, for a plain bf16/float Linear and a decode-sized x
+    (at most 8 positions), one mx.addmm: the add rides in the matmul (one kernel fewer; an
+    experiment, Model.set_residual_in_matmul)."""
+    if residual is None:
+        return layer(x)
+    if in_matmul and type(layer) is nn.Linear and "bias" not in layer and x.shape[-2] <= 8:
+        return mx.addmm(residual, x, layer.weight.T)
+    return residual + layer(x)
+
+
 class Attention(nn.Module):
     def __init__(self, args: ModelArgs, checkpoint: str):
         super().__init__()
@@ -103,6 +115,8 @@ class Attention(nn.Module):
         self.eps = args.rms_norm_eps
         self.qkv = None  # FusedLinear of q/k/v (fuse_projections)
         self.fused_step = True  # decode-attention: fused projections and AttentionStep
+        self.residual_in_matmul = False  # with the step: o_proj and down_proj as mx.addmm
+        self.add_norm = False  # with the step: residual add + post-attention norm in one kernel
 
     def fuse_projections(self) -> None:
         self.qkv = FusedLinear([self.q_proj, self.k_proj, self.v_proj])
@@ -117,7 +131,8 @@ class Attention(nn.Module):
             return q, k, v
         return self.q_proj(x), self.k_proj(x), self.v_proj(x)
 
-    def __call__(self, x: mx.array, mask=None, cache=None) -> mx.array:
+    def __call__(self, x: mx.array, mask=None, cache=None, residual=None) -> mx.array:
+        """Attention's output after o_proj, plus `residual` when given."""
         b, length, _ = x.shape
         offset = cache.offset if cache is not None else 0
         decode = self.checkpoint == "decode-attention"
@@ -148,9 +163,12 @@ class Attention(nn.Module):
                 rope_base=self.rope_base,
                 scale=self.scale,
                 schedule=self.schedule,
+                # The cache holds only the returned buffers and reads [0, offset) of them, so
+                # they stay in place while the previous step still runs (pipelined generation).
+                owned_caches=True,
             )
             cache.advance(keys, values, length)
-            return self.o_proj(out)
+            return project_out(self.o_proj, out, residual, self.residual_in_matmul)
         q = self.q_norm(q.reshape(b, length, self.n_heads, -1)).transpose(0, 2, 1, 3)
         k = self.k_norm(k.reshape(b, length, self.n_kv_heads, -1)).transpose(0, 2, 1, 3)
         v = v.reshape(b, length, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
@@ -167,7 +185,8 @@ class Attention(nn.Module):
             )
         else:
             out = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask)
-        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(b, length, -1))
+        out = out.transpose(0, 2, 1, 3).reshape(b, length, -1)
+        return project_out(self.o_proj, out, residual, False)
 
     def _attend_quantized(self, q, k, v, mask, cache) -> mx.array:
         """The guard over a quantized cache. Fallback: the cache dequantised, then mx.fast
@@ -200,15 +219,19 @@ class MLP(nn.Module):
     def fuse_projections(self) -> None:
         self.gate_up = FusedLinear([self.gate_proj, self.up_proj])
 
-    def __call__(self, x: mx.array, fused: bool = False) -> mx.array:
+    def __call__(
+        self, x: mx.array, fused: bool = False, residual=None, in_matmul: bool = False
+    ) -> mx.array:
+        """down_proj's output, plus `residual` when given (in_matmul: see project_out)."""
         if (
             fused
             and self.gate_up is not None
             and self.gate_up.fuses([self.gate_proj, self.up_proj])
         ):
             gate, up = mx.split(self.gate_up(x), [self.gate_up.sizes[0]], axis=-1)
-            return self.down_proj(swiglu(gate, up))
-        return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
+            return project_out(self.down_proj, swiglu(gate, up), residual, in_matmul)
+        hidden = swiglu(self.gate_proj(x), self.up_proj(x))
+        return project_out(self.down_proj, hidden, residual, False)
 
 
 class TransformerBlock(nn.Module):
@@ -220,10 +243,17 @@ class TransformerBlock(nn.Module):
         self.post_attention_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
 
     def __call__(self, x: mx.array, mask=None, cache=None) -> mx.array:
-        h = x + self.self_attn(self.input_layernorm(x), mask, cache)
         attn = self.self_attn
         fused = attn.fused_step and attn.checkpoint == "decode-attention"
-        return h + self.mlp(self.post_attention_layernorm(h), fused)
+        in_matmul = fused and attn.residual_in_matmul
+        if fused and attn.add_norm and x.shape[1] <= 8:
+            norm = self.post_attention_layernorm
+            y = attn(self.input_layernorm(x), mask, cache)
+            h, normed = add_rms_norm(x, y, norm.weight, norm.eps)
+        else:
+            h = attn(self.input_layernorm(x), mask, cache, residual=x)
+            normed = self.post_attention_layernorm(h)
+        return self.mlp(normed, fused, residual=h, in_matmul=in_matmul)
 
 
 class Qwen3Model(nn.Module):
@@ -293,6 +323,21 @@ class Model(nn.Module):
         RoPE, slice updates, then DecodeAttention), for A/B measurements."""
         for layer in self.layers:
             layer.self_attn.fused_step = enabled
+
+    def set_residual_in_matmul(self, enabled: bool) -> None:
+        """An experiment on the fused step's kernel count (docs/fused-step.md): with the fused
+        step, o_proj and down_proj of decode-sized inputs as mx.addmm (the residual add inside
+        the matmul) instead of a matmul and an add. Off by default: unmeasured."""
+        for layer in self.layers:
+            layer.self_attn.residual_in_matmul = enabled
+
+    def set_add_norm(self, enabled: bool) -> None:
+        """An experiment on the fused step's kernel count (docs/fused-step.md): with the fused
+        step, the residual add after attention and the post-attention RMSNorm of decode-sized
+        inputs as one kernel on CUDA (qwen3_model.add_norm; elsewhere the same two ops). Off by
+        default: unmeasured."""
+        for layer in self.layers:
+            layer.self_attn.add_norm = enabled
 
     def shard(self, group: mx.distributed.Group | None = None) -> None:
         """Tensor-parallel in place over `group` (mlx-lm's layout; see sharding.py). The sharded
