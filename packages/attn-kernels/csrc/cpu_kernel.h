@@ -5,6 +5,7 @@
 // merges the partial results.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -31,6 +32,20 @@ double measure_read_bandwidth(size_t bytes, int repeats);
 // Threads the pool runs (the caller included): $ATTN_KERNELS_NUM_THREADS, else the CPUs this
 // process may run on (affinity mask and cgroup CPU quota), not every CPU of the host.
 int cpu_threads();
+
+// How long the pool's workers poll for the next call after their last task before they sleep:
+// $ATTN_KERNELS_POOL_SPIN_US (microseconds), else the default (decode_attention_cpu.cpp).
+// std::invalid_argument naming the variable when it is not a number in [0, 1e6].
+std::chrono::nanoseconds cpu_worker_spin();
+
+// How long workers woken ahead of a call poll for it: $ATTN_KERNELS_POOL_PREWAKE_US, default 0
+// (no prewake). Same errors as cpu_worker_spin.
+std::chrono::nanoseconds cpu_pool_prewake();
+
+// Called where the op is evaluated, before its task is dispatched to the CPU stream's thread:
+// with a prewake window set and a problem big enough for the pool, wakes the pool's workers so
+// that their wake-up overlaps the stream thread's.
+void decode_attention_cpu_prepare(const DecodeProblem& problem);
 
 class ThreadPool;
 // The CPU kernels' one pool of cpu_threads() threads (the bf16 and the quantized kernel share it).

@@ -175,7 +175,9 @@ void DecodeAttention::eval_cpu(
       make_problem(inputs, scale_, causal_, [](const mx::array& a) { return a.data<void>(); });
   problem.out = out.data<void>();
   // The path is resolved here, not in the task: a bad ATTN_KERNELS_CPU_PATH raises to the caller.
-  encoder.dispatch([problem, path = cpu_path_from_env()]() { decode_attention_cpu(problem, path); });
+  const CpuPath path = cpu_path_from_env();
+  decode_attention_cpu_prepare(problem);
+  encoder.dispatch([problem, path]() { decode_attention_cpu(problem, path); });
 }
 
 }  // namespace attn_kernels

@@ -114,9 +114,15 @@ int cgroup_cpu_limit() {
 // ~110 µs to wake on this project's VM (a no-op parallel_for), and between decode calls it always
 // sleeps. Through MLX, Qwen3-4B shapes: one thread was faster up to S = 512 (200 vs 216-270 µs
 // at 128, 373-428 vs 415-445 at 512), two from 1024 on (687-741 vs 812-1146); 2^22 = S 1024 there.
-// Spinning workers won back-to-back but lost once other ops ran between calls (vCPUs that spun
-// woke even later), so the pool sleeps.
+// (Workers that spun instead of sleeping won back to back but lost once other ops ran between
+// calls on this VM: vCPUs that spun woke even later. They now poll for a bounded time first.)
 constexpr int64_t kMinParallelWork = int64_t{1} << 22;
+// How long the pool's workers poll for the next call before they sleep
+// (ATTN_KERNELS_POOL_SPIN_US overrides it; 0: sleep at once, the previous behaviour): about what
+// a wake-up costs (50-65 µs on the 16-core H200 host), so polling wastes at most that per worker
+// and call. On 2 vCPUs it was within the noise (docs/cpu-kernel.md); tools/h200_cpu_overhead.sh
+// compares 0, 50 and 200 µs on 16 cores.
+constexpr std::chrono::nanoseconds kDefaultWorkerSpin = std::chrono::microseconds(50);
 // Context chunks are at least this long, so merging stays negligible.
 constexpr int kMinChunk = 256;
 
@@ -153,13 +159,34 @@ void finish(const float* states, int chunks, int chunk_stride, const DecodeProbl
   }
 }
 
+// The threads a problem runs on: the pool's, or the caller alone below kMinParallelWork.
+int pool_threads(const DecodeProblem& p) {
+  const int64_t work =
+      int64_t{p.kv_rows} * p.context * p.group * p.query_len * p.head_dim;
+  return work < kMinParallelWork ? 1 : cpu_pool().size();
+}
+
+// $name in microseconds (0 to 1e6), else `fallback`; std::invalid_argument naming the variable.
+std::chrono::nanoseconds microseconds_from_env(const char* name, std::chrono::nanoseconds fallback) {
+  const char* env = std::getenv(name);
+  if (env == nullptr || *env == '\0') {
+    return fallback;
+  }
+  char* end = nullptr;
+  const double us = std::strtod(env, &end);
+  if (end == env || *end != '\0' || !(us >= 0.0) || us > 1e6) {
+    throw std::invalid_argument(std::string(name) + "=" + env +
+                                ": expected microseconds between 0 and 1000000");
+  }
+  return std::chrono::nanoseconds(static_cast<int64_t>(us * 1e3));
+}
+
 template <typename T>
 void run(const DecodeProblem& p, const Kernel& kernel) {
   const int D = p.head_dim, S = p.context;
   const int vectors = p.group * p.query_len;
   const int state_size = padded_dim(D, kernel.width) + kStateHeader;
-  const int64_t work = int64_t{p.kv_rows} * S * vectors * D;
-  const int threads = work < kMinParallelWork ? 1 : cpu_pool().size();
+  const int threads = pool_threads(p);
 
   // Split the context too until there are at least 8 units per thread, so every thread starts at
   // once and the pool's first-come hand-out evens out late starters. In-process A/B, Qwen3-4B
@@ -250,6 +277,10 @@ std::vector<CpuPath> cpu_paths_supported() {
 }
 
 CpuPath cpu_path_from_env() {
+  // The ops resolve the path when they are evaluated, on the calling thread: a bad value of the
+  // pool's variables raises there too rather than inside the dispatched task.
+  cpu_worker_spin();
+  cpu_pool_prewake();
   const char* env = std::getenv("ATTN_KERNELS_CPU_PATH");
   if (env == nullptr || *env == '\0' || std::strcmp(env, "auto") == 0) {
     return cpu_paths_supported().front();
@@ -322,8 +353,29 @@ void decode_attention_cpu(const DecodeProblem& p, CpuPath path) {
   }
 }
 
+std::chrono::nanoseconds cpu_worker_spin() {
+  return microseconds_from_env("ATTN_KERNELS_POOL_SPIN_US", kDefaultWorkerSpin);
+}
+
+std::chrono::nanoseconds cpu_pool_prewake() {
+  return microseconds_from_env("ATTN_KERNELS_POOL_PREWAKE_US", std::chrono::nanoseconds(0));
+}
+
+void decode_attention_cpu_prepare(const DecodeProblem& p) {
+  if (const auto window = cpu_pool_prewake(); window.count() > 0 && pool_threads(p) > 1) {
+    cpu_pool().prewake(window);
+  }
+}
+
 ThreadPool& cpu_pool() {
   static ThreadPool instance(cpu_threads());
+  // Read at every call, as ATTN_KERNELS_CPU_PATH is, so one process can compare settings. A bad
+  // value raised when the op was evaluated (cpu_path_from_env); here it keeps the default.
+  try {
+    instance.set_worker_spin(cpu_worker_spin());
+  } catch (const std::invalid_argument&) {
+    instance.set_worker_spin(kDefaultWorkerSpin);
+  }
   return instance;
 }
 

@@ -2,7 +2,10 @@
 // worker thread per stream, so an op that wants every core brings its own threads.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <climits>
 #include <cstdint>
 #include <functional>
 #include <mutex>
@@ -13,27 +16,26 @@
 #include <linux/futex.h>
 #include <sys/syscall.h>
 #include <unistd.h>
-
-#include <climits>
 #endif
 
 namespace attn_kernels {
 
-// Sleeps while `word` holds `value`; wakes every sleeper on `word`. Linux: the futex system calls
-// themselves. libstdc++ 12's std::atomic::wait/notify_all (tried first) let a sleeping worker
-// wait 0.8-10 ms for its wake-up on this project's VM, against 6-14 µs for a condition variable.
+// Sleeps while `word` holds `value`; wakes up to `count` sleepers on `word`. Linux: the futex
+// system calls themselves. libstdc++ 12's std::atomic::wait/notify_all (tried first) let a
+// sleeping worker wait 0.8-10 ms for its wake-up on this project's VM, against 6-14 µs for a
+// condition variable.
 inline void sleep_while(const std::atomic<uint32_t>& word, uint32_t value) {
 #if defined(__linux__)
-  while (word.load(std::memory_order_acquire) == value) {
+  while (word.load(std::memory_order_seq_cst) == value) {
     syscall(SYS_futex, &word, FUTEX_WAIT_PRIVATE, value, nullptr, nullptr, 0);
   }
 #else
-  word.wait(value, std::memory_order_acquire);
+  word.wait(value, std::memory_order_seq_cst);
 #endif
 }
-inline void wake_all(std::atomic<uint32_t>& word) {
+inline void wake(std::atomic<uint32_t>& word, int count) {
 #if defined(__linux__)
-  syscall(SYS_futex, &word, FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
+  syscall(SYS_futex, &word, FUTEX_WAKE_PRIVATE, count, nullptr, nullptr, 0);
 #else
   word.notify_all();
 #endif
@@ -50,8 +52,8 @@ class ThreadPool {
 
   ~ThreadPool() {
     stop_.store(true, std::memory_order_relaxed);
-    generation_.fetch_add(1, std::memory_order_release);
-    wake_all(generation_);
+    generation_.fetch_add(1, std::memory_order_seq_cst);
+    wake(generation_, INT_MAX);
     for (auto& w : workers_) {
       w.join();
     }
@@ -62,9 +64,31 @@ class ThreadPool {
 
   int size() const { return static_cast<int>(workers_.size()) + 1; }
 
+  // How long a worker keeps polling for the next job after its last task before it sleeps (0:
+  // sleep at once). A call that finds workers still polling starts them without a system call
+  // or a wake-up; the price is that much CPU time per worker after every call.
+  void set_worker_spin(std::chrono::nanoseconds spin) {
+    spin_ns_.store(spin.count(), std::memory_order_relaxed);
+  }
+
+  // Wakes the sleeping workers ahead of a call that another thread is about to make, so that
+  // their wake-up overlaps that thread's own (MLX: the main thread evaluates the op, the CPU
+  // stream's thread runs it); they poll until `window` from now, then sleep again.
+  void prewake(std::chrono::nanoseconds window) {
+    const int64_t until = now_ns() + window.count();
+    for (int64_t seen = poll_until_.load(std::memory_order_relaxed); seen < until &&
+         !poll_until_.compare_exchange_weak(seen, until, std::memory_order_relaxed);) {
+    }
+    // A generation with no new tasks: woken workers find nothing to claim and poll.
+    if (sleepers_.load(std::memory_order_seq_cst) > 0) {
+      generation_.fetch_add(1, std::memory_order_seq_cst);
+      wake(generation_, INT_MAX);
+    }
+  }
+
   // Runs fn(i) for every i in [0, n) and returns once all calls have finished: when the tasks
   // are done, not when every worker has woken up. A worker that wakes late (descheduled, or one
-  // of many woken at once) finds nothing left and goes back to sleep; the caller does not wait
+  // of many woken at once) finds nothing left and goes back to waiting; the caller does not wait
   // for it.
   void parallel_for(int n, const std::function<void(int)>& fn) {
     if (n <= 0) {
@@ -80,10 +104,15 @@ class ThreadPool {
     job_ = &fn;
     done_.store(0, std::memory_order_relaxed);
     tasks_.store(static_cast<uint64_t>(n) << kIndexBits, std::memory_order_release);
-    // One futex wake for every sleeping worker: with a condition variable each woken worker took
-    // the mutex in turn before it could start.
-    generation_.fetch_add(1, std::memory_order_release);
-    wake_all(generation_);
+    // Polling workers see the new generation by themselves; sleeping ones need the futex call,
+    // one for all of them (with a condition variable each woken worker took the mutex in turn),
+    // and no more of them than there are tasks beside the caller's. The seq_cst pair
+    // (generation_ here, sleepers_ in wait_for_job) means a worker about to sleep either is
+    // counted here or sees the new generation in its futex call.
+    generation_.fetch_add(1, std::memory_order_seq_cst);
+    if (const int sleeping = sleepers_.load(std::memory_order_seq_cst); sleeping > 0) {
+      wake(generation_, std::min(sleeping, n - 1));
+    }
     run_tasks();
     // Spin for the tasks still running rather than sleep: a sleeping caller took 50-90 µs to be
     // woken on this project's VM, a third of a call at S = 1024 (Qwen3-4B shapes); the spin is
@@ -92,8 +121,12 @@ class ThreadPool {
     for (int spin = 0; spin < kMaxSpins && done_.load(std::memory_order_acquire) != all; ++spin) {
       pause();
     }
-    for (uint32_t d; (d = done_.load(std::memory_order_acquire)) != all;) {
-      sleep_while(done_, d);
+    if (done_.load(std::memory_order_acquire) != all) {
+      caller_sleeps_.store(true, std::memory_order_seq_cst);
+      for (uint32_t d; (d = done_.load(std::memory_order_seq_cst)) != all;) {
+        sleep_while(done_, d);
+      }
+      caller_sleeps_.store(false, std::memory_order_relaxed);
     }
   }
 
@@ -125,16 +158,48 @@ class ThreadPool {
         return;
       }
       (*job_)(static_cast<int>(index));
-      if (done_.fetch_add(1, std::memory_order_acq_rel) + 1 == count) {
-        wake_all(done_);
+      // The futex call only when the caller has stopped spinning (seq_cst pair with
+      // caller_sleeps_ in parallel_for).
+      if (done_.fetch_add(1, std::memory_order_seq_cst) + 1 == count &&
+          caller_sleeps_.load(std::memory_order_seq_cst)) {
+        wake(done_, INT_MAX);
       }
+    }
+  }
+
+  static int64_t now_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
+
+  // Returns once generation_ differs from `seen`: polls for the worker spin (or until a
+  // prewake's deadline, whichever is later), then sleeps.
+  void wait_for_job(uint32_t seen) {
+    const int64_t start = now_ns();
+    const int64_t spin_end = start + spin_ns_.load(std::memory_order_relaxed);
+    auto polling = [&](int64_t now) {  // a prewake may extend the polling of a polling worker
+      return now < std::max(spin_end, poll_until_.load(std::memory_order_relaxed));
+    };
+    if (polling(start)) {
+      for (int i = 1; generation_.load(std::memory_order_acquire) == seen; ++i) {
+        pause();
+        if (i % 64 == 0 && !polling(now_ns())) {
+          break;
+        }
+      }
+    }
+    while (generation_.load(std::memory_order_acquire) == seen) {
+      sleepers_.fetch_add(1, std::memory_order_seq_cst);
+      sleep_while(generation_, seen);
+      sleepers_.fetch_sub(1, std::memory_order_relaxed);
     }
   }
 
   void worker_loop() {
     uint32_t seen = 0;
     for (;;) {
-      sleep_while(generation_, seen);
+      wait_for_job(seen);
       seen = generation_.load(std::memory_order_acquire);
       if (stop_.load(std::memory_order_relaxed)) {
         return;
@@ -150,6 +215,10 @@ class ThreadPool {
   std::atomic<uint64_t> tasks_{0};
   std::atomic<uint32_t> done_{0};  // tasks of the current job finished
   std::atomic<uint32_t> generation_{0};
+  std::atomic<int> sleepers_{0};  // workers in (or about to enter) the futex wait
+  std::atomic<bool> caller_sleeps_{false};
+  std::atomic<int64_t> spin_ns_{0};
+  std::atomic<int64_t> poll_until_{0};  // steady_clock ns: a prewake's deadline
   std::atomic<bool> stop_{false};
 };
 

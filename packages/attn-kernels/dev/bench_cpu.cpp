@@ -1,10 +1,12 @@
 // Kernel-only timing of the CPU paths (no MLX, no Python): decode_attention_cpu on Qwen3-4B
 // shapes (bf16, Hq=32, Hkv=8, D=128, L=1), K/V either hot (one set, reused) or cold (sets
 // rotated over ~600 MB so every call streams from DRAM), the paths interleaved call by call in
-// one process; one KV head on one thread (the kernel's own rate); and the thread pool's hand-off (an empty parallel_for over every thread, workers
-// asleep before each call as between decode steps, and back to back). From the repository root:
+// one process; one KV head on one thread (the kernel's own rate); and the thread pool's hand-off
+// (an empty parallel_for over every thread, workers asleep before each call as between decode
+// steps, and back to back; workers sleeping at once after a call, and polling for
+// ATTN_KERNELS_POOL_SPIN_US or the default first). From the repository root:
 //
-//   make bench-cpu-kernel ARGS="[PATH...]"
+//   make bench-cpu-kernel ARGS="[PATH...]"      ARGS=handoff: the hand-off alone
 //
 // PATH: avx512, avx2, portable, neon (default: every path this CPU runs). ATTN_KERNELS_NUM_THREADS
 // caps the threads as in the extension. Prints one line per (state, S, path): median and min µs,
@@ -32,31 +34,41 @@ double median(std::vector<double> v) {
 
 // The pool's hand-off: one task per thread, each spinning for 50 µs; the call's time beyond 50 µs
 // is what it costs to get every thread going (and to learn they are done), from sleeping workers
-// (2 ms between calls, as between decode steps) and back to back.
-void handoff(int threads) {
+// (2 ms between calls, as between decode steps) and back to back, with the workers sleeping at
+// once after a call (spin 0, the previous pool) and polling for `spin` first.
+void handoff(int threads, std::chrono::nanoseconds spin) {
   ThreadPool pool(threads);
   auto task = [](int) {
     const auto end = Clock::now() + std::chrono::microseconds(50);
     while (Clock::now() < end) {
     }
   };
-  std::vector<double> asleep, back_to_back;
-  for (int i = 0; i < 400; ++i) {
-    const bool sleep = i % 2 == 0;
-    if (sleep) std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    const auto start = Clock::now();
-    pool.parallel_for(threads, task);
-    const double us = std::chrono::duration<double>(Clock::now() - start).count() * 1e6 - 50;
-    (sleep ? asleep : back_to_back).push_back(us);
+  for (const auto worker_spin : {std::chrono::nanoseconds(0), spin}) {
+    pool.set_worker_spin(worker_spin);
+    std::vector<double> asleep, back_to_back;
+    for (int i = 0; i < 400; ++i) {
+      const bool sleep = i % 2 == 0;
+      if (sleep) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      const auto start = Clock::now();
+      pool.parallel_for(threads, task);
+      const double us = std::chrono::duration<double>(Clock::now() - start).count() * 1e6 - 50;
+      (sleep ? asleep : back_to_back).push_back(us);
+    }
+    std::printf("pool hand-off, %d threads x 50 us tasks, worker spin %4.0f us: +%.1f us from "
+                "sleep, +%.1f us back to back (medians of 200)\n", threads,
+                worker_spin.count() / 1e3, median(asleep), median(back_to_back));
   }
-  std::printf("pool hand-off, %d threads x 50 us tasks: +%.1f us from sleep, +%.1f us back to back "
-              "(medians of 200)\n", threads, median(asleep), median(back_to_back));
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   std::vector<CpuPath> paths;
+  const bool handoff_only = argc == 2 && argv[1] == std::string("handoff");
+  if (handoff_only) {
+    handoff(cpu_threads(), cpu_worker_spin());
+    return 0;
+  }
   for (int a = 1; a < argc; ++a) {
     for (CpuPath path : cpu_paths_supported()) {
       if (argv[a] == std::string(cpu_path_name(path))) paths.push_back(path);
@@ -65,7 +77,7 @@ int main(int argc, char** argv) {
   if (paths.empty()) paths = cpu_paths_supported();
   const double read_gbs = measure_read_bandwidth(size_t{1} << 30, 5) / 1e9;
   std::printf("threads %d, read rate %.1f GB/s (2^30 bytes, best of 5)\n", cpu_threads(), read_gbs);
-  handoff(cpu_threads());
+  handoff(cpu_threads(), cpu_worker_spin());
   for (const bool cold : {false, true}) {
     for (const int S : {1024, 4096, 16384, 65536}) {
       const double set_bytes = 4.0 * dev::kHkv * S * dev::kD;

@@ -2,7 +2,8 @@
 // (or those named on the command line), the CPU test grid (dtypes, L, GQA, contexts around the
 // block and vector sizes, no/causal/explicit/boolean masks), odd head dims, strided K/V, a
 // context long enough to be split over threads, and the non-finite cases (NaN or inf in q, k,
-// v, scale or mask). Exit status 0 when every case passes. This is how arm64 (NEON) is checked
+// v, scale or mask), with the pool's workers sleeping at once and polling between calls in
+// turn. Exit status 0 when every case passes. This is how arm64 (NEON) is checked
 // in CI: `make test-arm64` cross-compiles it and runs it under qemu-user (one seed: emulated, the
 // float64 reference dominates). Usage: cpu_kernel_check [--seeds N] [PATH...]. Natively:
 //
@@ -324,6 +325,9 @@ int main(int argc, char** argv) {
 
   std::vector<int> failed(paths.size());
   for (size_t n = 0; n < cases.size(); ++n) {
+    // The pool's workers sleep at once after one case and poll for the next after another, so
+    // split contexts run through both hand-offs (woken from the futex, and found polling).
+    setenv("ATTN_KERNELS_POOL_SPIN_US", n % 2 == 0 ? "0" : "200", 1);
     for (uint32_t seed = 1; seed <= seeds; ++seed) {
       run_case(cases[n], paths, seed + 7 * uint32_t(n), failed);
     }

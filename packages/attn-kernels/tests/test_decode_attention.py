@@ -412,6 +412,39 @@ def test_cpu_path_choice():
             os.environ.pop("ATTN_KERNELS_CPU_PATH")
 
 
+def test_cpu_pool_settings():
+    """ATTN_KERNELS_POOL_SPIN_US (how long the pool's workers poll before sleeping) and
+    ATTN_KERNELS_POOL_PREWAKE_US (workers woken when the op is evaluated) change no result: a
+    shape big enough for the pool, evaluated back to back and one at a time, against float64
+    under each setting; a value that is not microseconds in [0, 1e6] is refused with a
+    ValueError naming the variable, at evaluation."""
+    rng = np.random.default_rng(23)
+    # 8 KV rows x 1100 positions x 4 query vectors x 128 > 2^22 multiply-adds: split over the pool.
+    q, k, v = (
+        mx.array(rng.standard_normal(shape).astype(np.float32))
+        for shape in ((1, 32, 1, 128), (1, 8, 1100, 128), (1, 8, 1100, 128))
+    )
+    expected = attention_f64(q, k, v)
+    variables = ("ATTN_KERNELS_POOL_SPIN_US", "ATTN_KERNELS_POOL_PREWAKE_US")
+    try:
+        for spin, prewake in [("0", "0"), ("0.5", "0"), ("200", "0"), ("0", "300"), ("50", "300")]:
+            os.environ.update(dict(zip(variables, (spin, prewake), strict=True)))
+            outs = [decode_attention_custom(q, k, v, stream=mx.cpu) for _ in range(3)]
+            mx.eval(outs)
+            outs.append(decode_attention_custom(q, k, v, stream=mx.cpu))
+            for out in outs:
+                np.testing.assert_allclose(to_numpy(out), expected, **TOLERANCE[mx.float32])
+        for variable in variables:
+            for bad in ["fast", "-1", "2e6", "nan"]:
+                os.environ[variable] = bad
+                with pytest.raises(ValueError, match=f"{variable}={bad}"):
+                    mx.eval(decode_attention_custom(q, k, v, stream=mx.cpu))
+                os.environ[variable] = "0"
+    finally:
+        for variable in variables:
+            os.environ.pop(variable, None)
+
+
 @pytest.mark.skipif(
     platform.machine() != "x86_64" or sys.platform != "linux" or shutil.which("objdump") is None,
     reason="the AVX-512 path (and its prefetch) is built on x86-64 Linux only; needs objdump",
