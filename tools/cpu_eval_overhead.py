@@ -18,7 +18,7 @@ of llm-eval's records. --busy-companion keeps one other process spinning through
 whose idle vCPUs halt, part of a wake-up is the hypervisor's). Usage (repository root):
 
     uv run --package llm-eval python tools/cpu_eval_overhead.py [--rounds 12] [--block 5] \\
-        [--context 1024 ...] [--calls 1 --calls 8] [--spin-us 0 --spin-us default] \\
+        [--context 1024 ...] [--calls 1 --calls 8] [--spin-us 0 --spin-us 50] \\
         [--path avx512 ...] [--json-output FILE]
 """
 
@@ -208,7 +208,7 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     args.context = args.context or [1024, 4096, 16384]
     args.calls = args.calls or [1, 8]
-    args.spin_us = args.spin_us or ["0", "default"]
+    args.spin_us = args.spin_us or ["0", "50"]
     args.prewake_us = args.prewake_us or ["0"]
     args.path = args.path or ["auto"]
     if args.rounds < 1 or args.block < 2:

@@ -30,7 +30,7 @@ drop() { grep -v -E "$1" || true; }  # progress lines; never fails the pipeline
   make -j8 bench-cpu-kernel ARGS=handoff 2>&1 | drop "^(/|g\+\+|c\+\+|build/)"
   echo "== per-eval costs through MLX (tools/cpu_eval_overhead.py)"
   python3 tools/cpu_eval_overhead.py --rounds 16 --path avx512 \
-    --spin-us 0 --spin-us default --spin-us 200 --prewake-us 0 --prewake-us 300 \
+    --spin-us 0 --spin-us 50 --spin-us 200 --prewake-us 0 --prewake-us 300 \
     --json-output "$OUT/h200-host-cpu-eval-overhead-$TAG-mlx-0.32.4.json" 2>&1 | drop "^round"
   for run in avx512:1 avx2:1 avx512:8; do
     path=${run%:*} calls=${run#*:}

@@ -119,10 +119,10 @@ int cgroup_cpu_limit() {
 constexpr int64_t kMinParallelWork = int64_t{1} << 22;
 // How long the pool's workers poll for the next call before they sleep
 // (ATTN_KERNELS_POOL_SPIN_US overrides it; 0: sleep at once, the previous behaviour): about what
-// a wake-up costs (50-65 µs on the 16-core H200 host), so polling wastes at most that per worker
-// and call. On 2 vCPUs it was within the noise (docs/cpu-kernel.md); tools/h200_cpu_overhead.sh
-// compares 0, 50 and 200 µs on 16 cores.
-constexpr std::chrono::nanoseconds kDefaultWorkerSpin = std::chrono::microseconds(50);
+// 0 until a measurement shows polling helps: on 2 vCPUs 50 µs was within the noise, and polling
+// workers take cores from the ops that follow attention in a decode step (docs/cpu-kernel.md;
+// tools/h200_cpu_overhead.sh compares 0, 50 and 200 µs on 16 cores).
+constexpr std::chrono::nanoseconds kDefaultWorkerSpin = std::chrono::microseconds(0);
 // Context chunks are at least this long, so merging stays negligible.
 constexpr int kMinChunk = 256;
 
