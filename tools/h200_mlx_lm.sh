@@ -6,14 +6,20 @@
 # records.tar holding the records (their names carry "+", which the device tool refuses; the tar
 # is rewritten after each record, so a call cut short keeps what finished).
 # If a request hangs, Python's stacks go to log.txt after $WATCHDOG_S seconds (default 240).
+# Arguments, when given, replace the default mlx-lm-decode arguments (--output stays), e.g. the
+# fused step of mlx-lm's Qwen3 attention as a third variant:
+#   tools/h200_mlx_lm.sh --model qwen3-4b --workload 32+97 --workload 8192+65 --rounds 4 --fused-step
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"
 source tools/h200.sh
 set +e
 export PYTHONUNBUFFERED=1
 mkdir -p /tmp/records
-python3 - --model qwen3-4b --model llama-3-8b --quantize 4bit --workload 32+97 \
-  --workload 8192+65 --rounds "${ROUNDS:-6}" --output /tmp/records 2>&1 <<PY |
+if [ $# -eq 0 ]; then
+  set -- --model qwen3-4b --model llama-3-8b --quantize 4bit --workload 32+97 \
+    --workload 8192+65 --rounds "${ROUNDS:-6}"
+fi
+python3 - "$@" --output /tmp/records 2>&1 <<PY |
 import faulthandler, sys
 faulthandler.dump_traceback_later(${WATCHDOG_S:-240}, exit=False)
 from llm_eval.mlx_lm_decode import main

@@ -61,3 +61,48 @@ def test_arguments_are_checked(tmp_path, capsys):
     with pytest.raises(SystemExit):
         mlx_lm_decode.parse_args(["--output", str(tmp_path / "a.json")])
     assert "not a folder" in capsys.readouterr().err
+
+
+TINY_QWEN3 = dict(
+    model_type="qwen3",
+    hidden_size=128,
+    num_hidden_layers=2,
+    intermediate_size=256,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=128,
+    rms_norm_eps=1e-6,
+    vocab_size=512,
+    max_position_embeddings=4096,
+    rope_theta=1e6,
+    tie_word_embeddings=True,
+)
+
+
+def test_fused_step_variant(tmp_path, monkeypatch, capsys):
+    """--fused-step: three variants rotated in one process; mlx-lm+kernel+step's decode steps
+    run as attention_step (its attention function is reached by the prefill only)."""
+    monkeypatch.setitem(mlx_lm_decode.MODELS, "tiny-qwen3", TINY_QWEN3)
+    argv = ["--model", "tiny-qwen3", "--quantize", "none", "--device", "cpu", "--rounds", "3"]
+    argv += ["--bandwidth-gbs", "10", "--output", str(tmp_path), "--workload", "12+5"]
+    mlx_lm_decode.main([*argv, "--fused-step"])
+    (path,) = tmp_path.glob("cpu-*core-tiny-qwen3-bf16-mlx-lm-decode-12+5-*.json")
+    record = json.loads(path.read_text())
+    validate(record)
+    variants = ["mlx-lm", "mlx-lm+kernel", "mlx-lm+kernel+step"]
+    assert record["config"]["variants"] == variants
+    assert [sorted(o["order"]) for o in record["execution_order"]] == [sorted(variants)] * 3
+    assert len({tuple(o["order"]) for o in record["execution_order"]}) == 3  # rotated
+    samples = record["results"]["samples"]
+    assert all(len(samples[v]) == 3 for v in variants)
+    # Per layer: the last prompt token and 5 + 1 generated ones fused; the 11-token prefill
+    # through mlx-lm's attention function.
+    kernel = {tuple(s["attention_calls"].items()) for s in samples["mlx-lm+kernel"]}
+    step = {tuple(s["attention_calls"].items()) for s in samples["mlx-lm+kernel+step"]}
+    assert kernel == {(("fused", 12), ("fused_quantized", 0), ("fused_step", 0), ("mlx_lm", 2))}
+    assert step == {(("fused", 0), ("fused_quantized", 0), ("fused_step", 12), ("mlx_lm", 2))}
+    results = record["results"]
+    assert results["first_divergence"] is None and results["first_divergence_fused_step"] is None
+    assert "vs_mlx_lm" in results["medians"]["mlx-lm+kernel+step"]
+    out = capsys.readouterr().out
+    assert "mlx-lm+kernel+step: attention calls per request: fused 0" in out

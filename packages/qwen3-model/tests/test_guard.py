@@ -5,9 +5,9 @@ import mlx.core as mx
 import pytest
 import qwen3_model.model as model_module
 from attn_kernels import guard
-from attn_kernels.guard import LIMITS
+from attn_kernels.guard import LIMITS, STEP_BACKENDS
 from qwen3_model import KVCache, ModelArgs
-from qwen3_model.model import STEP_BACKENDS, Attention
+from qwen3_model.model import Attention
 
 # Qwen3's head dim and dtype (the measured ones), few heads: the guard sees L, S, D, dtype, mask.
 ARGS = ModelArgs(256, 1, 512, 4, 2, 128, 1000)

@@ -69,6 +69,9 @@ LIMITS: dict[str, Limits] = {
 # "causal" only.
 QUANTIZED_LIMITS: dict[str, tuple[int, int]] = {"cpu": (1, 32768), "cuda": (0, 0), "metal": (0, 0)}
 
+# Backends whose AttentionStep kernel has run (Metal's launcher has not run on a Mac yet).
+STEP_BACKENDS = ("cpu", "cuda")
+
 
 def backend() -> str:
     """ "cpu", "cuda" or "metal": where the default device runs."""
@@ -102,6 +105,28 @@ def use_fused(
     if isinstance(mask, mx.array):
         return query_len <= limits.max_masked_query and context <= limits.max_masked_context
     return False
+
+
+def use_step(
+    query_len: int,
+    context: int,
+    head_dim: int,
+    mask,
+    backend: str | None = None,
+    *,
+    dtype: mx.Dtype | None = None,
+) -> bool:
+    """True where a decode step with a plain K/V cache goes through `attention_step` (q/k norm,
+    RoPE, cache write and attention in one op): inside use_fused's region, mask None or "causal"
+    (the op is causal), on a backend in STEP_BACKENDS. Used by qwen3_model and
+    attn_kernels.mlx_lm's fused step alike."""
+    where = _default_backend() if backend is None else backend
+    causal = mask is None or (isinstance(mask, str) and mask == "causal")
+    return (
+        causal
+        and where in STEP_BACKENDS
+        and use_fused(query_len, context, head_dim, mask, where, dtype=dtype)
+    )
 
 
 def use_fused_quantized(

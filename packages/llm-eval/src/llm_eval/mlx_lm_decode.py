@@ -10,6 +10,10 @@ EOS, so nothing stops a request early. Kernel requests keep their attention call
     mlx-lm-decode --model qwen3-4b --model llama-3-8b --quantize 4bit \\
         --workload 32+97 --workload 8192+65 --rounds 6
 
+--fused-step adds a third variant, mlx-lm+kernel+step: enable(fused_step=True), which runs the
+decode steps of mlx-lm's Qwen3 attention as one attention_step (other architectures: the same as
+mlx-lm+kernel).
+
 One record per model and workload, under benchmark_results/ (the nearest such folder upwards) or
 --output DIR, named like bench's records.
 """
@@ -32,7 +36,8 @@ from llm_eval import bench
 from llm_eval.progress import Progress
 from llm_eval.record import SCHEMA_VERSION, collect_metadata, write_record
 
-VARIANTS = ["mlx-lm", "mlx-lm+kernel"]
+BASELINE, KERNEL, STEP = "mlx-lm", "mlx-lm+kernel", "mlx-lm+kernel+step"
+VARIANTS = [BASELINE, KERNEL]
 # mlx-lm config.json values of the published checkpoints (random weights here).
 MODELS = {
     "qwen3-4b": qwen3_model.CONFIGS["qwen3-4b"].to_dict(),
@@ -89,7 +94,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, metavar="N", help="weights and prompts")
     p.add_argument("--output", type=Path, metavar="DIR", help="folder for the records")
     p.add_argument("--no-record", action="store_true", help="print the tables only")
+    p.add_argument(
+        "--fused-step",
+        action="store_true",
+        help=f"a third variant, {STEP}: attn_kernels.mlx_lm.enable(fused_step=True) (mlx-lm's "
+        "Qwen3 decode steps as one attention_step each)",
+    )
     args = p.parse_args(argv)
+    args.variants = [*VARIANTS, STEP] if args.fused_step else list(VARIANTS)
     args.model = list(dict.fromkeys(args.model or ["qwen3-4b"]))
     args.workload = list(dict.fromkeys(args.workload or [(32, 97)]))
     if args.rounds < 1:
@@ -132,13 +144,15 @@ def kv_bytes_per_position(config: dict) -> int:
     return 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * head_dim * 2
 
 
-def request(model, tokenizer, prompt: mx.array, generated: int, kernel: bool) -> dict:
+def request(model, tokenizer, prompt: mx.array, generated: int, variant: str) -> dict:
     """One stream_generate request, timed as bench times its loops."""
     import attn_kernels.mlx_lm as attention
     from mlx_lm.generate import generation_stream, stream_generate
 
+    kernel = variant != BASELINE
     mx.reset_peak_memory()
-    with attention.enabled() if kernel else contextlib.nullcontext():
+    context = attention.enabled(fused_step=variant == STEP) if kernel else contextlib.nullcontext()
+    with context:
         responses = stream_generate(model, tokenizer, prompt, max_tokens=generated)
         steps = ((r.token, None) for r in responses)
         sample = bench.timed(steps, prompt.size, generated, (generation_stream,))
@@ -154,26 +168,29 @@ def run_workload(args, name, model, tokenizer, w, progress: Progress) -> dict:
     config = MODELS[name]
     weight_bytes = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
     kv_per_position = kv_bytes_per_position(config)
-    progress.restart(len(VARIANTS))
-    for v in VARIANTS:  # compilation, allocator: the prompt and one decode step
-        request(model, tokenizer, prompt, 2, v != "mlx-lm")
+    variants = args.variants
+    progress.restart(len(variants))
+    for v in variants:  # compilation, allocator: the prompt and one decode step
+        request(model, tokenizer, prompt, 2, v)
         progress.step(f"{name} {prompt_len}+{generated} warm-up {v}")
-    samples = {v: [] for v in VARIANTS}
+    samples = {v: [] for v in variants}
     order_log = []
-    progress.restart(args.rounds * len(VARIANTS))
+    progress.restart(args.rounds * len(variants))
     for r in range(args.rounds):
-        order = bench.variant_order(VARIANTS, r)
+        order = bench.variant_order(variants, r)
         order_log.append({"round": r, "order": order})
         for v in order:
-            sample = {"round": r, **request(model, tokenizer, prompt, generated, v != "mlx-lm")}
+            sample = {"round": r, **request(model, tokenizer, prompt, generated, v)}
             bench.add_reads(sample, weight_bytes, kv_per_position, args.bandwidth_gbs)
             samples[v].append(sample)
             progress.step(
                 f"{name} {prompt_len}+{generated} round {r + 1}/{args.rounds} {v}: "
                 f"{sample['decode_tok_s']:.2f} tok/s"
             )
-    first = [s["tokens"] for s in (samples["mlx-lm"][0], samples["mlx-lm+kernel"][0])]
-    differ = [i for i, (a, b) in enumerate(zip(*first, strict=True)) if a != b]
+    divergence = {v: first_divergence(samples[BASELINE][0], samples[v][0]) for v in variants[1:]}
+    results = {}
+    if STEP in divergence:
+        results["first_divergence_fused_step"] = divergence[STEP]
     return {
         "schema_version": SCHEMA_VERSION,
         "kind": "mlx-lm-decode",
@@ -190,7 +207,7 @@ def run_workload(args, name, model, tokenizer, w, progress: Progress) -> dict:
             "warmup": 1,
             "device": args.device,
             "bandwidth_gbs": args.bandwidth_gbs,
-            "variants": VARIANTS,
+            "variants": variants,
             "loop": "mlx_lm.stream_generate (greedy; tokenizer: word-level, no EOS)",
         },
         "execution_order": order_log,
@@ -199,11 +216,19 @@ def run_workload(args, name, model, tokenizer, w, progress: Progress) -> dict:
             "kv_bytes_per_position": kv_per_position,
             "samples": samples,
             "medians": bench.summarise(samples),
-            # Greedy tokens of the first round, mlx-lm against mlx-lm+kernel: the attention
-            # paths round differently in bf16, so a near-tie can flip on random weights.
-            "first_divergence": differ[0] if differ else None,
+            # Greedy tokens of the first round, mlx-lm against mlx-lm+kernel (and, with
+            # --fused-step, against mlx-lm+kernel+step): the attention paths round differently in
+            # bf16, so a near-tie can flip on random weights.
+            "first_divergence": divergence[KERNEL],
+            **results,
         },
     }
+
+
+def first_divergence(theirs: dict, ours: dict) -> int | None:
+    """The first position where two requests' greedy tokens differ (None: identical)."""
+    pairs = enumerate(zip(theirs["tokens"], ours["tokens"], strict=True))
+    return next((i for i, (a, b) in pairs if a != b), None)
 
 
 def format_table(record: dict) -> str:
@@ -224,14 +249,18 @@ def format_table(record: dict) -> str:
             f"({m['rounds_at_or_above_mlx_lm']}/{c['rounds']}) | {m['median_step_ms']:.2f} | "
             f"{gbs} |"
         )
-    calls = {tuple(s["attention_calls"].items()) for s in res["samples"]["mlx-lm+kernel"]}
-    divergence = res["first_divergence"]
-    lines.append(
-        "attention calls per kernel request: "
-        + "; ".join(", ".join(f"{k} {n}" for k, n in c) for c in sorted(calls))
-        + "; greedy tokens "
-        + ("identical" if divergence is None else f"differ from token {divergence}")
-    )
+    divergences = {KERNEL: res["first_divergence"]}
+    if "first_divergence_fused_step" in res:
+        divergences[STEP] = res["first_divergence_fused_step"]
+    for v, divergence in divergences.items():
+        calls = {tuple(s["attention_calls"].items()) for s in res["samples"][v]}
+        lines.append(
+            f"{v}: attention calls per request: "
+            + "; ".join(", ".join(f"{k} {n}" for k, n in c) for c in sorted(calls))
+            + "; greedy tokens "
+            + ("identical" if divergence is None else f"differ from token {divergence}")
+            + " to mlx-lm's"
+        )
     return "\n".join(lines)
 
 

@@ -20,7 +20,7 @@ from attn_kernels import (
     guard,
     scaled_dot_product_attention,
 )
-from attn_kernels.guard import use_fused, use_fused_quantized
+from attn_kernels.guard import use_fused, use_fused_quantized, use_step
 
 from qwen3_model.add_norm import add_rms_norm
 from qwen3_model.cache import KVCache
@@ -28,10 +28,6 @@ from qwen3_model.configs import ModelArgs
 from qwen3_model.sharding import shard
 
 CHECKPOINTS = ("composition", "decode-attention")
-
-# Backends with an AttentionStep kernel (inside the guard, a step with a KVCache goes through it;
-# Metal's launcher has not run on a Mac yet).
-STEP_BACKENDS = ("cpu", "cuda")
 
 
 class FusedLinear:
@@ -138,16 +134,14 @@ class Attention(nn.Module):
         decode = self.checkpoint == "decode-attention"
         step = decode and self.fused_step
         q, k, v = self.project(x, step)
-        plain_cache = cache is None or isinstance(cache, KVCache)
-        where = guard.backend()  # once per call: the guard and the step switch both need it
-        # The dispatch guard: the fused kernels only where they were measured to beat mx.fast.
-        fused = (
-            decode
-            and plain_cache
-            and use_fused(length, offset + length, self.head_dim, mask, where, dtype=q.dtype)
-        )
-        causal = mask is None or (isinstance(mask, str) and mask == "causal")
-        if fused and step and causal and cache is not None and where in STEP_BACKENDS:
+        where = guard.backend()  # once per call: both of the guard's questions need it
+        # The dispatch guard: the fused kernels only where they were measured to beat mx.fast;
+        # with a KVCache on a backend with a step kernel, one AttentionStep (guard.use_step).
+        if (
+            step
+            and isinstance(cache, KVCache)
+            and use_step(length, offset + length, self.head_dim, mask, where, dtype=q.dtype)
+        ):
             # Norms, RoPE, the cache write and attention: one AttentionStep.
             keys, values = cache.reserve(k.dtype, b, self.n_kv_heads, length, self.head_dim)
             out, keys, values = attention_step(
@@ -169,6 +163,12 @@ class Attention(nn.Module):
             )
             cache.advance(keys, values, length)
             return project_out(self.o_proj, out, residual, self.residual_in_matmul)
+        plain_cache = cache is None or isinstance(cache, KVCache)
+        fused = (
+            decode
+            and plain_cache
+            and use_fused(length, offset + length, self.head_dim, mask, where, dtype=q.dtype)
+        )
         q = self.q_norm(q.reshape(b, length, self.n_heads, -1)).transpose(0, 2, 1, 3)
         k = self.k_norm(k.reshape(b, length, self.n_kv_heads, -1)).transpose(0, 2, 1, 3)
         v = v.reshape(b, length, self.n_kv_heads, -1).transpose(0, 2, 1, 3)

@@ -19,6 +19,10 @@ K and V head dims that differ). A QuantizedKVCache's decode steps run
 `decode_attention_quantized` where the guard's quantized region accepts them (CPU: L = 1,
 S <= 32768, the measured head dim and dtype), mlx-lm's quantized path elsewhere. docs/mlx-lm.md has the table and the
 records. mlx-lm itself is optional: this module imports without it, enable() needs it.
+
+enable(fused_step=True) also replaces mlx-lm's Qwen3 `Attention.__call__`: decode steps the guard
+accepts (guard.use_step) with a plain KVCache run q/k norm, RoPE, the cache write and attention as
+one `attention_step` on the cache's buffers (step.py); everything else runs mlx-lm's method.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import mlx.core as mx
 
 from attn_kernels.attention import decode_attention_custom
 from attn_kernels.guard import use_fused, use_fused_quantized
+from attn_kernels.mlx_lm import step
 from attn_kernels.quantized import decode_attention_quantized
 
 NAME = "scaled_dot_product_attention"
@@ -40,7 +45,9 @@ _lock = threading.Lock()
 _enabled = False
 _original = None  # mlx-lm's function, kept after disable() for stray references to ours
 _rotating = None  # mlx_lm.models.cache.RotatingKVCache
-_calls = {"fused": 0, "fused_quantized": 0, "mlx_lm": 0}
+_calls = {"fused": 0, "fused_quantized": 0, "fused_step": 0, "mlx_lm": 0}
+_qwen3_attention = None  # mlx_lm.models.qwen3.Attention while its __call__ is the fused step's
+_qwen3_call = None  # mlx-lm's own Attention.__call__, put back by disable()
 
 
 def _mlx_lm_modules():
@@ -124,30 +131,49 @@ def _rebind(old, new) -> int:
     return count
 
 
-def enable() -> None:
+def enable(fused_step: bool = False) -> None:
     """Send mlx-lm's decode attention through the fused kernel (idempotent). Starts calls()
-    from zero when it was disabled."""
+    from zero when it was disabled.
+
+    fused_step: also run the decode steps of mlx-lm's Qwen3 attention as one `attention_step`
+    (q/k norm, RoPE, cache write, attention) where the guard accepts them. False (the default)
+    leaves mlx-lm's Qwen3 attention as it is, or puts it back if an earlier call replaced it."""
     global _enabled, _original, _rotating
     base, cache = _mlx_lm_modules()
     with _lock:
-        if _enabled:
-            return
-        _calls.update(fused=0, fused_quantized=0, mlx_lm=0)
-        current = base.scaled_dot_product_attention
-        if current is not scaled_dot_product_attention:
-            _original = current
-        _rotating = cache.RotatingKVCache
-        _rebind(_original, scaled_dot_product_attention)
-        _enabled = True
+        if not _enabled:
+            _calls.update(fused=0, fused_quantized=0, fused_step=0, mlx_lm=0)
+            current = base.scaled_dot_product_attention
+            if current is not scaled_dot_product_attention:
+                _original = current
+            _rotating = cache.RotatingKVCache
+            _rebind(_original, scaled_dot_product_attention)
+            _enabled = True
+        _set_fused_step(fused_step, cache.KVCache)
+
+
+def _set_fused_step(on: bool, kv_cache: type | None = None) -> None:
+    global _qwen3_attention, _qwen3_call
+    if on and _qwen3_attention is None:
+        from mlx_lm.models import qwen3
+
+        _qwen3_call = qwen3.Attention.__call__
+        qwen3.Attention.__call__ = step.fused_call(_qwen3_call, kv_cache, _calls)
+        _qwen3_attention = qwen3.Attention
+    elif not on and _qwen3_attention is not None:
+        _qwen3_attention.__call__ = _qwen3_call
+        _qwen3_attention = None
 
 
 def disable() -> None:
-    """Give every name that holds the fused entry point mlx-lm's function back (idempotent)."""
+    """Give every name that holds the fused entry point mlx-lm's function back, and mlx-lm's
+    Qwen3 attention its own method (idempotent)."""
     global _enabled
     with _lock:
         if not _enabled:
             return
         _enabled = False
+        _set_fused_step(False)
         _rebind(scaled_dot_product_attention, _original)
 
 
@@ -155,19 +181,28 @@ def is_enabled() -> bool:
     return _enabled
 
 
+def fused_step_enabled() -> bool:
+    """Whether mlx-lm's Qwen3 attention runs the fused step (enable(fused_step=True))."""
+    return _qwen3_attention is not None
+
+
 def calls() -> dict[str, int]:
-    """Attention calls since enable(): {"fused": ..., "fused_quantized": ..., "mlx_lm": ...}
-    (decode_attention_custom, decode_attention_quantized, mlx-lm's own path)."""
+    """Attention calls since enable(): {"fused": ..., "fused_quantized": ..., "fused_step": ...,
+    "mlx_lm": ...} (decode_attention_custom, decode_attention_quantized, attention_step in
+    mlx-lm's Qwen3 attention, mlx-lm's own attention function)."""
     return dict(_calls)
 
 
 @contextlib.contextmanager
-def enabled() -> Iterator[None]:
-    """enable() for the block; disable() after it unless it was enabled before."""
-    was = _enabled
-    enable()
+def enabled(fused_step: bool = False) -> Iterator[None]:
+    """enable(fused_step) for the block; afterwards the state before it (disabled, or enabled
+    with or without the fused step)."""
+    was, had_step = _enabled, fused_step_enabled()
+    enable(fused_step)
     try:
         yield
     finally:
-        if not was:
+        if was:
+            enable(had_step)
+        else:
             disable()
