@@ -39,11 +39,11 @@ struct Kernel {
   int resident;  // blocks an SM holds at once
 };
 
-template <typename T, int BITS, int LPR, int VALUES, int POSITIONS>
+template <typename T, int BITS, int LPR, int VALUES, int POSITIONS, bool PIPELINED>
 const Kernel& kernel_for(unsigned smem) {
   static const Kernel kernel = [smem] {
-    const void* symbol =
-        reinterpret_cast<const void*>(&attend_quantized<T, BITS, LPR, VALUES, POSITIONS>);
+    const void* symbol = reinterpret_cast<const void*>(
+        &attend_quantized<T, BITS, LPR, VALUES, POSITIONS, PIPELINED>);
     cudaFunction_t f;
     if (cudaGetFuncBySymbol(&f, symbol) != cudaSuccess) {
       throw std::runtime_error("[decode_attention_quantized] cudaGetFuncBySymbol failed");
@@ -59,20 +59,21 @@ const Kernel& kernel_for(unsigned smem) {
 }
 
 // Lanes per row cover D (a multiple of 32, at most 256) with VALUES values each.
-template <typename T, int BITS, int VALUES, int POSITIONS = 2>
+template <typename T, int BITS, int VALUES, int POSITIONS = 2, bool PIPELINED = false>
 const Kernel& kernel_for(int lpr, unsigned smem) {
   constexpr int kFewest = 32 / VALUES;
   switch (lpr) {
-    case kFewest: return kernel_for<T, BITS, kFewest, VALUES, POSITIONS>(smem);
-    case 2 * kFewest: return kernel_for<T, BITS, 2 * kFewest, VALUES, POSITIONS>(smem);
-    case 4 * kFewest: return kernel_for<T, BITS, 4 * kFewest, VALUES, POSITIONS>(smem);
-    default: return kernel_for<T, BITS, 8 * kFewest, VALUES, POSITIONS>(smem);
+    case kFewest: return kernel_for<T, BITS, kFewest, VALUES, POSITIONS, PIPELINED>(smem);
+    case 2 * kFewest: return kernel_for<T, BITS, 2 * kFewest, VALUES, POSITIONS, PIPELINED>(smem);
+    case 4 * kFewest: return kernel_for<T, BITS, 4 * kFewest, VALUES, POSITIONS, PIPELINED>(smem);
+    default: return kernel_for<T, BITS, 8 * kFewest, VALUES, POSITIONS, PIPELINED>(smem);
   }
 }
 
 // The kernel variant: "8x2" (the SIMT kernel: 8 values per lane, 2 positions per step; the
-// default), or for A/B runs, ATTN_QUANTIZED_VARIANT=16x2 or 8x4 (bf16 only), mma (the tensor-core
-// kernel where it applies, else 8x2), mma1, mma2 or mma4 (that many sub-steps of loads in flight;
+// default), or for A/B runs, ATTN_QUANTIZED_VARIANT=16x2, 8x4 or 8x2p (8x2 with the next step's
+// rows loaded while this step computes; these three bf16 only), mma (the tensor-core kernel
+// where it applies, else 8x2), mma1, mma2 or mma4 (that many sub-steps of loads in flight;
 // other than mma's default only for bf16, D = 128, group 64). The mma kernel is not the default:
 // on the H200 it timed the same as 8x2 at every context (docs/quantized-kv.md: neither kernel is
 // where the time goes), and its accuracy change has not run there yet.
@@ -102,6 +103,10 @@ const Kernel& kernel_for(int bits, int lpr, const std::string& variant, unsigned
     }
     if (variant == "8x4") {
       return bits == 8 ? kernel_for<T, 8, 8, 4>(lpr, smem) : kernel_for<T, 4, 8, 4>(lpr, smem);
+    }
+    if (variant == "8x2p") {
+      return bits == 8 ? kernel_for<T, 8, 8, 2, true>(lpr, smem)
+                       : kernel_for<T, 4, 8, 2, true>(lpr, smem);
     }
   }
   return bits == 8 ? kernel_for<T, 8, 8>(lpr, smem) : kernel_for<T, 4, 8>(lpr, smem);

@@ -196,12 +196,27 @@ __device__ void finish(const QuantizedProblem& p, float* smem, float* partials, 
   }
 }
 
+// The rows a walker reads in one step (8x2p's prefetch), scales and biases as stored.
+template <typename T, int POSITIONS, int kWords>
+struct Rows {
+  uint32_t kw[POSITIONS][kWords], vw[POSITIONS][kWords];
+  T ks[POSITIONS], kb[POSITIONS], vs[POSITIONS], vb[POSITIONS];
+};
+
+// Blocks per SM that the registers are sized for. 8x2: 4 (128 registers). 8x2p holds a second
+// step's rows (16 more registers at 8 bits): at 128 it spills 62/116 bytes, at 3 (168) none.
+__host__ __device__ constexpr int blocks_per_sm(int values, int positions, bool pipelined) {
+  return values == 8 && positions == 2 ? (pipelined ? 3 : 4) : 2;
+}
+
 // grid (kv_rows * tiles, splits), kThreads threads; shared memory: kWarps * kVectors states.
 // VALUES: values of a row per lane (8 or 16; fewer values take fewer registers, so more blocks
 // fit an SM, at one more shuffle level per score). POSITIONS: positions per walker and step
-// (loads in flight, one rescale).
-template <typename T, int BITS, int LPR, int VALUES, int POSITIONS>
-__global__ void __launch_bounds__(kThreads, VALUES == 8 && POSITIONS == 2 ? 4 : 2)
+// (loads in flight, one rescale). PIPELINED ("8x2p"): the next step's rows are loaded before this
+// step computes, so a walker has a step of loads in flight while it computes (without it,
+// nothing is in flight across steps: the loop is bound by memory latency).
+template <typename T, int BITS, int LPR, int VALUES, int POSITIONS, bool PIPELINED = false>
+__global__ void __launch_bounds__(kThreads, blocks_per_sm(VALUES, POSITIONS, PIPELINED))
     attend_quantized(QuantizedProblem p, float* partials, int chunk, unsigned slot) {
   ATTN_SHARED_FLOATS(smem);
   constexpr int kValues = VALUES;
@@ -254,7 +269,30 @@ __global__ void __launch_bounds__(kThreads, VALUES == 8 && POSITIONS == 2 ? 4 : 
     l[v] = 0.0f;
   }
 
-  for (int base = begin; base < end; base += POSITIONS * kWalkers) {
+  // 8x2p: a step's rows as loaded, scales and biases as stored (converted where used, so that a
+  // prefetch does not wait for its loads where it is issued). Positions past the chunk read row
+  // `begin`, which exists (their weight is zero).
+  auto prefetch = [&](Rows<T, POSITIONS, kWords>& rows, int base) {
+#pragma unroll
+    for (int t = 0; t < POSITIONS; ++t) {
+      const int j = base + t * kWalkers + walker, at = j < end ? j : begin;
+      load_words<kWords>(rows.kw[t], k_codes + at * p.k_strides[0][2], first_word,
+                         p.k_strides[0][3], k_vector, active);
+      load_words<kWords>(rows.vw[t], v_codes + at * p.v_strides[0][2], first_word,
+                         p.v_strides[0][3], v_vector, active);
+      rows.ks[t] = active ? k_scales[at * p.k_strides[1][2]] : T();
+      rows.kb[t] = active ? k_biases[at * p.k_strides[2][2]] : T();
+      rows.vs[t] = active ? v_scales[at * p.v_strides[1][2]] : T();
+      rows.vb[t] = active ? v_biases[at * p.v_strides[2][2]] : T();
+    }
+  };
+  constexpr int kStep = POSITIONS * kWalkers;
+  Rows<T, POSITIONS, kWords> next;
+  if constexpr (PIPELINED) {
+    if (begin < end) prefetch(next, begin);
+  }
+
+  for (int base = begin; base < end; base += kStep) {
     int j[POSITIONS];
     bool in[POSITIONS];
 #pragma unroll
@@ -264,17 +302,29 @@ __global__ void __launch_bounds__(kThreads, VALUES == 8 && POSITIONS == 2 ? 4 : 
     }
     uint32_t kw[POSITIONS][kWords], vw[POSITIONS][kWords];
     float ks[POSITIONS], kb[POSITIONS], vs[POSITIONS], vb[POSITIONS];
+    if constexpr (PIPELINED) {
+      const Rows<T, POSITIONS, kWords> rows = next;
+      if (base + kStep < end) prefetch(next, base + kStep);  // in flight during this step
 #pragma unroll
-    for (int t = 0; t < POSITIONS; ++t) {
-      const int at = in[t] ? j[t] : begin;  // a row that exists; its weight is zero
-      load_words<kWords>(kw[t], k_codes + at * p.k_strides[0][2], first_word, p.k_strides[0][3],
-                       k_vector, active);
-      load_words<kWords>(vw[t], v_codes + at * p.v_strides[0][2], first_word, p.v_strides[0][3],
-                       v_vector, active);
-      ks[t] = active ? to_float(k_scales[at * p.k_strides[1][2]]) : 0.0f;
-      kb[t] = active ? to_float(k_biases[at * p.k_strides[2][2]]) : 0.0f;
-      vs[t] = active ? to_float(v_scales[at * p.v_strides[1][2]]) : 0.0f;
-      vb[t] = active ? to_float(v_biases[at * p.v_strides[2][2]]) : 0.0f;
+      for (int t = 0; t < POSITIONS; ++t) {
+#pragma unroll
+        for (int k = 0; k < kWords; ++k) kw[t][k] = rows.kw[t][k], vw[t][k] = rows.vw[t][k];
+        ks[t] = to_float(rows.ks[t]), kb[t] = to_float(rows.kb[t]);
+        vs[t] = to_float(rows.vs[t]), vb[t] = to_float(rows.vb[t]);
+      }
+    } else {
+#pragma unroll
+      for (int t = 0; t < POSITIONS; ++t) {
+        const int at = in[t] ? j[t] : begin;  // a row that exists; its weight is zero
+        load_words<kWords>(kw[t], k_codes + at * p.k_strides[0][2], first_word, p.k_strides[0][3],
+                           k_vector, active);
+        load_words<kWords>(vw[t], v_codes + at * p.v_strides[0][2], first_word, p.v_strides[0][3],
+                           v_vector, active);
+        ks[t] = active ? to_float(k_scales[at * p.k_strides[1][2]]) : 0.0f;
+        kb[t] = active ? to_float(k_biases[at * p.k_strides[2][2]]) : 0.0f;
+        vs[t] = active ? to_float(v_scales[at * p.v_strides[1][2]]) : 0.0f;
+        vb[t] = active ? to_float(v_biases[at * p.v_strides[2][2]]) : 0.0f;
+      }
     }
     float score[POSITIONS][kVectors];
 #pragma unroll

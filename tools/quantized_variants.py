@@ -6,7 +6,8 @@ came from is timed in alternation with ours (same samples, same process) and the
 
     ATTN_QUANTIZED_VARIANT=mma python3 tools/quantized_variants.py --baseline
 
-(The default variant is 8x2, the SIMT kernel.)
+(The default variant is 8x2, the SIMT kernel; 8x2p is 8x2 with the next step's rows prefetched;
+16x2, 8x4 and mma, mma1, mma4 as listed in the kernel's variant().)
 """
 
 import argparse

@@ -2,14 +2,15 @@
 //
 //   run_decode_attention_quantized DIR
 //
-// DIR holds config.txt ("B Hq Hkv L S D bits group_size causal mask_kind splits capacity mma")
+// DIR holds config.txt ("B Hq Hkv L S D bits group_size causal mask_kind splits capacity kind")
 // where mask_kind is 0 (none) or 1 (float32, (B, Hq, L, S) contiguous), q.bin (float32, (B, Hq,
 // L, D) contiguous), kc.bin, ks.bin, kb.bin, vc.bin, vs.bin, vb.bin (mx.quantize's arrays, float32
 // scales and biases, each (B, Hkv, capacity, ·) contiguous, capacity in config line 2) and
 // mask.bin; it receives out.bin, float32 (B, Hq, L, D). The launch follows plan_quantized()
-// with the split count given. mma 0 runs the SIMT kernel (8x2) on float32 storage; mma 1 the
-// tensor-core kernel (decode_attention_quantized_mma.cuh) on half storage: queries, scales and
-// biases rounded to f16, the output f16 (written back as float32).
+// with the split count given. kind 0 runs the SIMT kernel (8x2) on float32 storage, kind 2 its
+// pipelined variant (8x2p); kind 1 the tensor-core kernel (decode_attention_quantized_mma.cuh) on
+// half storage: queries, scales and biases rounded to f16, the output f16 (written back as
+// float32).
 #include <cstdio>
 #include <fstream>
 #include <iterator>
@@ -40,14 +41,19 @@ std::vector<T> read(const std::string& path) {
 
 using Kernel = void (*)(QuantizedProblem, float*, int, unsigned);
 
-template <int BITS>
+template <int BITS, bool PIPELINED>
 Kernel kernel_for(int lpr) {
   switch (lpr) {
-    case 4: return &attend_quantized<float, BITS, 4, 8, 2>;
-    case 8: return &attend_quantized<float, BITS, 8, 8, 2>;
-    case 16: return &attend_quantized<float, BITS, 16, 8, 2>;
-    default: return &attend_quantized<float, BITS, 32, 8, 2>;
+    case 4: return &attend_quantized<float, BITS, 4, 8, 2, PIPELINED>;
+    case 8: return &attend_quantized<float, BITS, 8, 8, 2, PIPELINED>;
+    case 16: return &attend_quantized<float, BITS, 16, 8, 2, PIPELINED>;
+    default: return &attend_quantized<float, BITS, 32, 8, 2, PIPELINED>;
   }
+}
+
+template <int BITS>
+Kernel kernel_for(int lpr, bool pipelined) {
+  return pipelined ? kernel_for<BITS, true>(lpr) : kernel_for<BITS, false>(lpr);
 }
 
 template <int BITS, int D>
@@ -82,9 +88,10 @@ int main(int argc, char** argv) {
   }
   const std::string dir = argv[1];
   std::ifstream config(dir + "/config.txt");
-  int b, hq, hkv, L, S, D, bits, group_size, causal, mask_kind, splits, capacity, mma;
+  int b, hq, hkv, L, S, D, bits, group_size, causal, mask_kind, splits, capacity, kind;
   config >> b >> hq >> hkv >> L >> S >> D >> bits >> group_size >> causal >> mask_kind >> splits >>
-      capacity >> mma;
+      capacity >> kind;
+  const bool mma = kind == 1, pipelined = kind == 2;
   const auto q = read<float>(dir + "/q.bin"), mask = read<float>(dir + "/mask.bin");
   const auto kc = read<uint32_t>(dir + "/kc.bin"), vc = read<uint32_t>(dir + "/vc.bin");
   const auto ks = read<float>(dir + "/ks.bin"), kb = read<float>(dir + "/kb.bin");
@@ -146,7 +153,8 @@ int main(int argc, char** argv) {
   gridDim.y = splits;
   const Kernel kernel = mma ? (bits == 8 ? mma_kernel_for<8>(D, group_size)
                                          : mma_kernel_for<4>(D, group_size))
-                            : (bits == 8 ? kernel_for<8>(lpr) : kernel_for<4>(lpr));
+                            : (bits == 8 ? kernel_for<8>(lpr, pipelined)
+                                         : kernel_for<4>(lpr, pipelined));
   for (unsigned y = 0; y < gridDim.y; ++y) {
     for (unsigned x = 0; x < gridDim.x; ++x) {
       emu::Block block(kThreads, kWarps * vpb * partial_stride(D));
@@ -168,6 +176,7 @@ int main(int argc, char** argv) {
   }
   std::ofstream(dir + "/out.bin", std::ios::binary)
       .write(reinterpret_cast<const char*>(out.data()), out.size() * sizeof(float));
-  std::printf("splits %d chunk %d %s\n", splits, chunk, mma ? "mma" : "simt");
+  std::printf("splits %d chunk %d %s\n", splits, chunk,
+              mma ? "mma" : pipelined ? "simt pipelined" : "simt");
   return 0;
 }

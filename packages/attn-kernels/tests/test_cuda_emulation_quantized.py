@@ -1,7 +1,7 @@
 """The CUDA quantized-KV kernels' device code (kernels-cuda/decode_attention_quantized_kernel.cuh:
-the SIMT kernel; decode_attention_quantized_mma.cuh: the tensor-core kernel, its mma.sync emulated
-with shuffles), run on the CPU under kernels-cuda/emulation/cuda_emu.h, against float64 attention
-over the dequantised cache.
+the SIMT kernel and its pipelined variant 8x2p; decode_attention_quantized_mma.cuh: the
+tensor-core kernel, its mma.sync emulated with shuffles), run on the CPU under
+kernels-cuda/emulation/cuda_emu.h, against float64 attention over the dequantised cache.
 
 What this proves: the kernel's indexing, code unpacking, group scales and biases, GQA tiles,
 lane-group and warp reductions (shuffles among 32 emulated threads), the block and split merges
@@ -49,7 +49,29 @@ def test_cuda_quantized_kernel_under_emulation(
     emulator, tmp_path, b, hq, hkv, length, s, d, bits, group_size, causal, masked, splits
 ):
     case = (b, hq, hkv, length, s, d, bits, group_size, causal, masked, splits)
-    run_case(emulator, tmp_path, case, mma=False)
+    run_case(emulator, tmp_path, case, kind="8x2")
+
+
+# 8x2p (the next step's rows prefetched): chunks of many steps and of less than one, a last step
+# cut short, lanes past D (96), causal, a mask, both bit widths. Its arithmetic is 8x2's, so with
+# the same splits the outputs are the same bits.
+PIPELINED_CASES = [
+    (1, 4, 1, 1, 1000, 128, 4, 64, False, False, 4),
+    (1, 4, 2, 3, 333, 96, 8, 32, True, False, 5),
+    (1, 8, 2, 2, 300, 128, 8, 32, False, True, 3),
+]
+
+
+@pytest.mark.parametrize(
+    ("b", "hq", "hkv", "length", "s", "d", "bits", "group_size", "causal", "masked", "splits"),
+    PIPELINED_CASES,
+)
+def test_cuda_quantized_pipelined_kernel_under_emulation(
+    emulator, tmp_path, b, hq, hkv, length, s, d, bits, group_size, causal, masked, splits
+):
+    case = (b, hq, hkv, length, s, d, bits, group_size, causal, masked, splits)
+    pipelined = run_case(emulator, tmp_path, case, kind="8x2p")
+    np.testing.assert_array_equal(pipelined, run_case(emulator, tmp_path, case, kind="8x2"))
 
 
 # The mma kernel: D 64, 128, 256; tiles of 8 vectors (GQA 16 at L = 2: two tiles); contexts
@@ -77,10 +99,14 @@ def test_cuda_quantized_mma_kernel_under_emulation(
     emulator, tmp_path, b, hq, hkv, length, s, d, bits, group_size, causal, masked, splits
 ):
     case = (b, hq, hkv, length, s, d, bits, group_size, causal, masked, splits)
-    run_case(emulator, tmp_path, case, mma=True)
+    run_case(emulator, tmp_path, case, kind="mma")
 
 
-def run_case(emulator, tmp_path, case, mma):
+KINDS = {"8x2": 0, "mma": 1, "8x2p": 2}  # the runner's config code of each kernel
+
+
+def run_case(emulator, tmp_path, case, kind):
+    mma = kind == "mma"
     b, hq, hkv, length, s, d, bits, group_size, causal, masked, splits = case
     capacity = s + 7  # K/V are views of a longer cache buffer
     keys = mx.random.split(mx.random.key(s + d + bits + splits), 4)
@@ -94,7 +120,7 @@ def run_case(emulator, tmp_path, case, mma):
         mask[0, 1, 0, :] = -mx.inf  # a row with nothing visible: zeros
     (tmp_path / "config.txt").write_text(
         f"{b} {hq} {hkv} {length} {s} {d} {bits} {group_size} {int(causal)} {int(masked)} "
-        f"{splits} {capacity} {int(mma)}\n"
+        f"{splits} {capacity} {KINDS[kind]}\n"
     )
     (tmp_path / "q.bin").write_bytes(np.array(q).tobytes())
     (tmp_path / "mask.bin").write_bytes(np.array(mask).tobytes() if masked else b"\0" * 4)
@@ -119,3 +145,4 @@ def run_case(emulator, tmp_path, case, mma):
     np.testing.assert_allclose(out, expected, atol=tolerance, rtol=tolerance)
     if masked:
         assert np.all(out[0, 1, 0] == 0.0)
+    return out
