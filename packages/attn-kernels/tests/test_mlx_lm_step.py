@@ -309,3 +309,23 @@ def test_plain_kv_cache_only():
         model(prompt_ids(12), cache=cache)
         model(mx.array([[3]]), cache=cache)
         assert kernel.calls()["fused_step"] == 0
+
+
+@pytest.mark.usefixtures("any_head_dim_and_dtype")
+def test_mask_none_with_several_queries_is_not_causal(steps):
+    """mlx-lm's method with mask=None and L > 1 lets every query see every key; the fused step is
+    causal, so such a call must run mlx-lm's method (bit-equal), while L = 1 with None is fused."""
+    model = qwen3_model()
+    attention = model.model.layers[0].self_attn
+    prefill = mx.random.normal((1, 10, model.args.hidden_size), key=mx.random.key(2))
+    x = mx.random.normal((1, 4, model.args.hidden_size), key=mx.random.key(3))
+    outputs = []
+    for fused_step in (False, True):
+        cache = KVCache()
+        with kernel.enabled(fused_step=fused_step):
+            attention(prefill, "causal", cache)
+            outputs.append(attention(x, None, cache))
+            outputs.append(attention(x[:, :1], None, cache))
+    assert mx.array_equal(outputs[0], outputs[2]).item()
+    assert [s[:2] for s in steps] == [(1, 14)]
+    assert mx.allclose(outputs[1], outputs[3], atol=1e-4, rtol=1e-4).item()

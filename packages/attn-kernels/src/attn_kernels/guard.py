@@ -117,11 +117,11 @@ def use_step(
     dtype: mx.Dtype | None = None,
 ) -> bool:
     """True where a decode step with a plain K/V cache goes through `attention_step` (q/k norm,
-    RoPE, cache write and attention in one op): inside use_fused's region, mask None or "causal"
-    (the op is causal), on a backend in STEP_BACKENDS. Used by qwen3_model and
-    attn_kernels.mlx_lm's fused step alike."""
+    RoPE, cache write and attention in one op): inside use_fused's region, mask "causal" or None
+    with one query (the op is causal; None with L > 1 lets every query see every key), on a
+    backend in STEP_BACKENDS. Used by qwen3_model and attn_kernels.mlx_lm's fused step alike."""
     where = _default_backend() if backend is None else backend
-    causal = mask is None or (isinstance(mask, str) and mask == "causal")
+    causal = (isinstance(mask, str) and mask == "causal") or (mask is None and query_len == 1)
     return (
         causal
         and where in STEP_BACKENDS
