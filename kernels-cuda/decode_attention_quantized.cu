@@ -80,7 +80,13 @@ const Kernel& kernel_for(int lpr, unsigned smem) {
 const std::string& variant(ElementType dtype) {
   static const std::string chosen = [] {
     const char* env = std::getenv("ATTN_QUANTIZED_VARIANT");
-    return std::string(env ? env : "8x2");
+    const std::string name = env ? env : "8x2";
+    // A typo must not time the default under another name.
+    for (const char* known : {"8x2", "16x2", "8x4", "8x2p", "mma", "mma1", "mma2", "mma4"}) {
+      if (name == known) return name;
+    }
+    throw std::invalid_argument("ATTN_QUANTIZED_VARIANT='" + name +
+                                "': use 8x2, 16x2, 8x4, 8x2p, mma, mma1, mma2 or mma4");
   }();
   static const std::string plain = chosen.rfind("mma", 0) == 0 ? std::string("mma") : "8x2";
   return dtype == ElementType::bfloat16 ? chosen : plain;
@@ -90,7 +96,14 @@ const std::string& variant(ElementType dtype) {
 int split_blocks_per_sm() {
   static const int blocks = [] {
     const char* env = std::getenv("ATTN_QUANTIZED_SPLIT_BLOCKS");
-    return env ? std::clamp(std::atoi(env), 1, 8) : 2;
+    if (!env) return 2;
+    char* end = nullptr;
+    const long n = std::strtol(env, &end, 10);
+    if (end == env || *end != '\0' || n < 1 || n > 8) {
+      throw std::invalid_argument(std::string("ATTN_QUANTIZED_SPLIT_BLOCKS='") + env +
+                                  "': use a whole number from 1 to 8");
+    }
+    return static_cast<int>(n);
   }();
   return blocks;
 }

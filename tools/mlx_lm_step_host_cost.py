@@ -79,11 +79,16 @@ def main() -> None:
     samples = {v: [] for v in VARIANTS}
     orders = implementation_orders(list(VARIANTS))
     execution = []
+    warmup_calls = {}
     for name, context in VARIANTS.items():  # warm-up, and the proof each variant ran its path
         with context():
             build_sample(attn, x, cache, buffers, args.context, args.calls)
             calls = kernel.calls() if name != "mlx-lm" else None
         print(f"{name}: attention calls in the warm-up {calls}")
+        path = {"mlx-lm+kernel": "fused", "mlx-lm+kernel+step": "fused_step"}.get(name)
+        if path and not calls[path]:
+            raise SystemExit(f"{name} did not take its path (calls {calls}): outside the guard?")
+        warmup_calls[name] = calls
     for r in range(args.rounds):
         order = list(orders[r % len(orders)])
         execution.append({"round": r, "order": order})
@@ -113,7 +118,13 @@ def main() -> None:
             "schema_version": SCHEMA_VERSION,
             "kind": "mlx-lm-step-host-cost",
             "metadata": collect_metadata(device),
-            "config": {**vars(args), "layer": QWEN3_4B_LAYER, "dtype": "bfloat16", "L": 1},
+            "config": {
+                **vars(args),
+                "layer": QWEN3_4B_LAYER,
+                "dtype": "bfloat16",
+                "L": 1,
+                "warmup_calls": warmup_calls,
+            },
             "execution_order": execution,
             "results": results,
         }

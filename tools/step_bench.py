@@ -246,7 +246,13 @@ def rotated(variants, r):
 
 
 def main(argv=None):
-    args = parse_args(argv)
+    try:
+        run(parse_args(argv))
+    finally:  # pick() swaps the model module's step op: leave the library's in place
+        model_module.attention_step = FUSED_STEP
+
+
+def run(args):
     device = args.device
     mx.set_default_device(mx.gpu if device == "gpu" else mx.cpu)
     stream = stream_for(mx.default_device())

@@ -115,11 +115,11 @@ int cgroup_cpu_limit() {
 // sleeps. Through MLX, Qwen3-4B shapes: one thread was faster up to S = 512 (200 vs 216-270 µs
 // at 128, 373-428 vs 415-445 at 512), two from 1024 on (687-741 vs 812-1146); 2^22 = S 1024 there.
 // (Workers that spun instead of sleeping won back to back but lost once other ops ran between
-// calls on this VM: vCPUs that spun woke even later. They now poll for a bounded time first.)
+// calls on this VM: vCPUs that spun woke even later. Bounded polling is an option, below.)
 constexpr int64_t kMinParallelWork = int64_t{1} << 22;
 // How long the pool's workers poll for the next call before they sleep
-// (ATTN_KERNELS_POOL_SPIN_US overrides it; 0: sleep at once, the previous behaviour): about what
-// 0 until a measurement shows polling helps: on 2 vCPUs 50 µs was within the noise, and polling
+// (ATTN_KERNELS_POOL_SPIN_US overrides it). 0, sleep at once, until a measurement shows polling
+// helps: on 2 vCPUs 50 µs was within the noise, and polling
 // workers take cores from the ops that follow attention in a decode step (docs/cpu-kernel.md;
 // tools/h200_cpu_overhead.sh compares 0, 50 and 200 µs on 16 cores).
 constexpr std::chrono::nanoseconds kDefaultWorkerSpin = std::chrono::microseconds(0);

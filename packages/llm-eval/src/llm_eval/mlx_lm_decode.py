@@ -258,8 +258,11 @@ def format_table(record: dict) -> str:
             f"{v}: attention calls per request: "
             + "; ".join(", ".join(f"{k} {n}" for k, n in c) for c in sorted(calls))
             + "; greedy tokens "
-            + ("identical" if divergence is None else f"differ from token {divergence}")
-            + " to mlx-lm's"
+            + (
+                "identical to mlx-lm's"
+                if divergence is None
+                else f"differ from mlx-lm's at token {divergence}"
+            )
         )
     return "\n".join(lines)
 

@@ -327,15 +327,16 @@ class Model(nn.Module):
     def set_residual_in_matmul(self, enabled: bool) -> None:
         """An experiment on the fused step's kernel count (docs/fused-step.md): with the fused
         step, o_proj and down_proj of decode-sized inputs as mx.addmm (the residual add inside
-        the matmul) instead of a matmul and an add. Off by default: unmeasured."""
+        the matmul) instead of a matmul and an add. Off: on the H200 (c4fc9c8) it launched more
+        kernels, not fewer (MLX's AddMM goes to cuBLASLt)."""
         for layer in self.layers:
             layer.self_attn.residual_in_matmul = enabled
 
     def set_add_norm(self, enabled: bool) -> None:
         """An experiment on the fused step's kernel count (docs/fused-step.md): with the fused
         step, the residual add after attention and the post-attention RMSNorm of decode-sized
-        inputs as one kernel on CUDA (qwen3_model.add_norm; elsewhere the same two ops). Off by
-        default: unmeasured."""
+        inputs as one kernel on CUDA (qwen3_model.add_norm; elsewhere the same two ops). Off: on
+        the H200 (c4fc9c8) it saved a kernel per layer but decoded slower."""
         for layer in self.layers:
             layer.self_attn.add_norm = enabled
 
