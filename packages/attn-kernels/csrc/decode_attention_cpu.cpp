@@ -277,9 +277,10 @@ std::vector<CpuPath> cpu_paths_supported() {
 }
 
 CpuPath cpu_path_from_env() {
-  // The ops resolve the path when they are evaluated, on the calling thread: a bad value of the
-  // pool's variables raises there too rather than inside the dispatched task.
-  cpu_worker_spin();
+  // The ops resolve the path when they are evaluated, on the calling thread: the pool's
+  // variables are read there too (a bad value raises there, not inside the dispatched task, and
+  // the CPU stream's thread never reads the environment while Python may be writing it).
+  cpu_pool().set_worker_spin(cpu_worker_spin());
   cpu_pool_prewake();
   const char* env = std::getenv("ATTN_KERNELS_CPU_PATH");
   if (env == nullptr || *env == '\0' || std::strcmp(env, "auto") == 0) {
@@ -368,14 +369,10 @@ void decode_attention_cpu_prepare(const DecodeProblem& p) {
 }
 
 ThreadPool& cpu_pool() {
+  // Its worker spin is set where an op resolves its path (cpu_path_from_env), at every
+  // evaluation, as ATTN_KERNELS_CPU_PATH is read, so one process can compare settings.
   static ThreadPool instance(cpu_threads());
-  // Read at every call, as ATTN_KERNELS_CPU_PATH is, so one process can compare settings. A bad
-  // value raised when the op was evaluated (cpu_path_from_env); here it keeps the default.
-  try {
-    instance.set_worker_spin(cpu_worker_spin());
-  } catch (const std::invalid_argument&) {
-    instance.set_worker_spin(kDefaultWorkerSpin);
-  }
+  [[maybe_unused]] static const bool spin_set = (instance.set_worker_spin(kDefaultWorkerSpin), true);
   return instance;
 }
 
