@@ -167,7 +167,8 @@ int pool_threads(const DecodeProblem& p) {
 }
 
 // $name in microseconds (0 to 1e6), else `fallback`; std::invalid_argument naming the variable.
-std::chrono::nanoseconds microseconds_from_env(const char* name, std::chrono::nanoseconds fallback) {
+std::chrono::nanoseconds microseconds_from_env(const char* name,
+                                               std::chrono::nanoseconds fallback) {
   const char* env = std::getenv(name);
   if (env == nullptr || *env == '\0') {
     return fallback;
@@ -372,7 +373,8 @@ ThreadPool& cpu_pool() {
   // Its worker spin is set where an op resolves its path (cpu_path_from_env), at every
   // evaluation, as ATTN_KERNELS_CPU_PATH is read, so one process can compare settings.
   static ThreadPool instance(cpu_threads());
-  [[maybe_unused]] static const bool spin_set = (instance.set_worker_spin(kDefaultWorkerSpin), true);
+  [[maybe_unused]] static const bool spin_set =
+      (instance.set_worker_spin(kDefaultWorkerSpin), true);
   return instance;
 }
 
