@@ -329,3 +329,21 @@ def test_mask_none_with_several_queries_is_not_causal(steps):
     assert mx.array_equal(outputs[0], outputs[2]).item()
     assert [s[:2] for s in steps] == [(1, 14)]
     assert mx.allclose(outputs[1], outputs[3], atol=1e-4, rtol=1e-4).item()
+
+
+@pytest.mark.skipif(not mx.cuda.is_available(), reason="needs MLX's CUDA backend")
+def test_fused_step_on_cuda(steps):
+    """On CUDA, inside the guard's own region (bf16, D=128): every decode step through the step
+    op's CUDA kernels, and its logits no farther from float32 arithmetic than mlx-lm's chain."""
+    mx.set_default_device(mx.gpu)
+    model = qwen3_model(mx.bfloat16, head_dim=128)
+    prompt, count = prompt_ids(12), 10
+    (theirs, their_logits, _), (ours, our_logits, _), calls = run_both(model, prompt, count)
+    reference = qwen3_model(mx.bfloat16, head_dim=128)
+    reference.set_dtype(mx.float32)
+    # Each run against float32 arithmetic on its own tokens (a bf16 near-tie may part them).
+    our_error = max_difference(our_logits, teacher_forced(reference, prompt, ours))
+    their_error = max_difference(their_logits, teacher_forced(reference, prompt, theirs))
+    assert our_error <= 1.1 * their_error
+    assert calls["fused_step"] == LAYERS * count
+    assert steps == [(1, 12 + i, 256) for i in range(count) for _ in range(LAYERS)]
