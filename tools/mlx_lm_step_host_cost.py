@@ -20,6 +20,7 @@ import time
 
 import attn_kernels.mlx_lm as kernel
 import mlx.core as mx
+import qwen3_model
 from llm_eval.operators import implementation_orders
 from llm_eval.record import SCHEMA_VERSION, collect_metadata, write_record
 from mlx_lm.models import qwen3
@@ -30,20 +31,8 @@ VARIANTS = {
     "mlx-lm+kernel": kernel.enabled,
     "mlx-lm+kernel+step": lambda: kernel.enabled(fused_step=True),
 }
-QWEN3_4B_LAYER = dict(
-    model_type="qwen3",
-    hidden_size=2560,
-    num_hidden_layers=1,
-    intermediate_size=9728,
-    num_attention_heads=32,
-    num_key_value_heads=8,
-    head_dim=128,
-    rms_norm_eps=1e-6,
-    vocab_size=1000,
-    max_position_embeddings=40960,
-    rope_theta=1e6,
-    tie_word_embeddings=True,
-)
+# One Qwen3-4B layer (the built-in config; the vocabulary does not matter here).
+QWEN3_4B_LAYER = {**qwen3_model.CONFIGS["qwen3-4b"].to_dict(), "num_hidden_layers": 1}
 
 
 def build_sample(attn, x, cache, buffers, context: int, calls: int) -> float:
