@@ -68,14 +68,16 @@ def fused_call(original: Callable, kv_cache: type, calls: dict) -> Callable:
             return original(self, x, mask, cache)
         b, length, _ = x.shape
         offset = cache.offset
+        # The guard before the projections, so that prefill and long contexts go straight to
+        # mlx-lm's method without projections built twice.
+        dtype = x.dtype
+        if not use_step(length, offset + length, head_dim, mask, dtype=dtype):
+            return original(self, x, mask, cache)
         # Lazy: if the step is not taken below, these nodes are dropped unevaluated.
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        dtype = q.dtype
-        same = (k, v, self.q_norm.weight, self.k_norm.weight)
-        if (
-            any(a.dtype != dtype for a in same)
-            or (cache.keys is not None and cache.keys.dtype != dtype)
-            or not use_step(length, offset + length, head_dim, mask, dtype=dtype)
+        same = (q, k, v, self.q_norm.weight, self.k_norm.weight)
+        if any(a.dtype != dtype for a in same) or (
+            cache.keys is not None and cache.keys.dtype != dtype
         ):
             return original(self, x, mask, cache)
         keys, values = grow(cache, b, self.n_kv_heads, length, head_dim, dtype)
