@@ -13,6 +13,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "cpu_scalar.h"
 #include "decode_attention.h"
 #include "decode_attention_quantized.h"
 #include "thread_pool.h"
@@ -33,65 +34,11 @@ static_assert(std::endian::native == std::endian::little,
               "mx.quantize's uint32 words are read as bytes: code i of a row is byte i (8-bit) or "
               "nibble i (4-bit, low nibble first)");
 
-struct BFloat16 {
-  uint16_t bits;
-};
-struct Float16 {
-  uint16_t bits;
-};
-
-ALWAYS_INLINE float to_float(float x) {
-  return x;
-}
-ALWAYS_INLINE float to_float(BFloat16 x) {
-  return std::bit_cast<float>(static_cast<uint32_t>(x.bits) << 16);
-}
-ALWAYS_INLINE float to_float(Float16 x) {
-  const uint32_t sign = (x.bits & 0x8000u) << 16, exp = (x.bits >> 10) & 0x1f, man = x.bits & 0x3ff;
-  if (exp == 0x1f) return std::bit_cast<float>(sign | 0x7f800000u | (man << 13));
-  if (exp == 0) {
-    const float v = std::ldexp(static_cast<float>(man), -24);
-    return sign ? -v : v;
-  }
-  return std::bit_cast<float>(sign | ((exp + 112) << 23) | (man << 13));
-}
-ALWAYS_INLINE float to_float(bool x) {
-  return x ? 0.0f : -std::numeric_limits<float>::infinity();
-}
-
-ALWAYS_INLINE void store(float* dst, float x) {
-  *dst = x;
-}
-ALWAYS_INLINE void store(BFloat16* dst, float x) {
-  if (std::isnan(x)) {
-    dst->bits = 0x7fc0;
-    return;
-  }
-  uint32_t u = std::bit_cast<uint32_t>(x);
-  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
-  dst->bits = static_cast<uint16_t>(u >> 16);
-}
-ALWAYS_INLINE void store(Float16* dst, float x) {
-  // Round-to-nearest-even float -> half.
-  const uint32_t u = std::bit_cast<uint32_t>(x), sign = (u >> 16) & 0x8000u;
-  const uint32_t abs = u & 0x7fffffffu;
-  if (abs >= 0x7f800000u) {
-    dst->bits = static_cast<uint16_t>(sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0u));
-    return;
-  }
-  if (abs >= 0x477ff000u) {
-    dst->bits = static_cast<uint16_t>(sign | 0x7c00u);
-    return;
-  }
-  if (abs < 0x38800000u) {
-    const float v = std::bit_cast<float>(abs) * 16777216.0f;  // 2^24: subnormal units
-    dst->bits = static_cast<uint16_t>(sign | static_cast<uint32_t>(std::nearbyint(v)));
-    return;
-  }
-  uint32_t h = abs - 0x38000000u;
-  h += 0xfffu + ((h >> 13) & 1u);
-  dst->bits = static_cast<uint16_t>(sign | (h >> 13));
-}
+// The element types and their scalar conversions: the bf16 kernel's.
+using cpu::BFloat16;
+using cpu::Float16;
+using cpu::store;
+using cpu::to_float;
 
 constexpr int kLanes = 16;  // floats per vector value
 constexpr int kBlock = 16;  // positions per online-softmax step (one rescale each)
