@@ -51,6 +51,12 @@ class ThreadPool;
 // The CPU kernels' one pool of cpu_threads() threads (the bf16 and the quantized kernel share it).
 ThreadPool& cpu_pool();
 
+// How the CPU kernels (bf16 and quantized) split a call: the threads `multiply_adds` of work runs
+// on (the pool's, or the caller alone when waking workers would cost more), and the context
+// chunks per KV head that give those threads enough units to start at once.
+int cpu_threads_for(int64_t multiply_adds);
+int cpu_context_chunks(int kv_rows, int context, int threads);
+
 namespace cpu {
 
 // One compiled copy of the kernel body.

@@ -161,9 +161,7 @@ void finish(const float* states, int chunks, int chunk_stride, const DecodeProbl
 
 // The threads a problem runs on: the pool's, or the caller alone below kMinParallelWork.
 int pool_threads(const DecodeProblem& p) {
-  const int64_t work =
-      int64_t{p.kv_rows} * p.context * p.group * p.query_len * p.head_dim;
-  return work < kMinParallelWork ? 1 : cpu_pool().size();
+  return cpu_threads_for(int64_t{p.kv_rows} * p.context * p.group * p.query_len * p.head_dim);
 }
 
 // $name in microseconds (0 to 1e6), else `fallback`; std::invalid_argument naming the variable.
@@ -189,15 +187,7 @@ void run(const DecodeProblem& p, const Kernel& kernel) {
   const int state_size = padded_dim(D, kernel.width) + kStateHeader;
   const int threads = pool_threads(p);
 
-  // Split the context too until there are at least 8 units per thread, so every thread starts at
-  // once and the pool's first-come hand-out evens out late starters. In-process A/B, Qwen3-4B
-  // shapes, 2 threads, 8 vs 4 units per thread: 0.95/0.89 of the time at S = 1024, 0.97/0.98
-  // at 4096; 16 per thread: 1.05/1.03 at 1024.
-  int chunks = 1;
-  if (threads > 1 && p.kv_rows < 8 * threads) {
-    const int wanted = (8 * threads + p.kv_rows - 1) / p.kv_rows;
-    chunks = std::max(1, std::min(wanted, S / kMinChunk));
-  }
+  const int chunks = cpu_context_chunks(p.kv_rows, S, threads);
   const int chunk_len = (S + chunks - 1) / chunks;
   const int units = p.kv_rows * chunks;
   // states[kv_row][chunk][vector]: one (max, denominator, accumulator) each, every float written
@@ -367,6 +357,20 @@ void decode_attention_cpu_prepare(const DecodeProblem& p) {
   if (const auto window = cpu_pool_prewake(); window.count() > 0 && pool_threads(p) > 1) {
     cpu_pool().prewake(window);
   }
+}
+
+int cpu_threads_for(int64_t multiply_adds) {
+  return multiply_adds < kMinParallelWork ? 1 : cpu_pool().size();
+}
+
+// Split the context too until there are at least 8 units per thread, so every thread starts at
+// once and the pool's first-come hand-out evens out late starters. In-process A/B, Qwen3-4B
+// shapes, 2 threads, 8 vs 4 units per thread: 0.95/0.89 of the time at S = 1024, 0.97/0.98 at
+// 4096; 16 per thread: 1.05/1.03 at 1024.
+int cpu_context_chunks(int kv_rows, int context, int threads) {
+  if (threads <= 1 || kv_rows >= 8 * threads) return 1;
+  const int wanted = (8 * threads + kv_rows - 1) / kv_rows;
+  return std::max(1, std::min(wanted, context / kMinChunk));
 }
 
 ThreadPool& cpu_pool() {

@@ -315,23 +315,14 @@ void finish(const float* states, int chunks, int chunk_stride, int D, T* out) {
   for (int d = 0; d < D; ++d) store(out + d, acc[d] * inv);
 }
 
-// The bf16 kernel's thresholds (decode_attention_cpu.cpp): one thread below 2^22 multiply-adds
-// (waking a sleeping worker costs ~110 µs on this project's VM), and context chunks of at least
-// 256 positions so that a few heads still give every thread eight units.
-constexpr int64_t kMinParallelWork = int64_t{1} << 22;
-constexpr int kMinChunk = 256;
-
 template <typename T>
 void run(const QuantizedProblem& p, Chunk attend) {
   const int D = p.head_dim, S = p.context, vectors = p.group * p.query_len;
   const int state_size = D + kHeader;
   const int64_t work = int64_t{p.kv_rows} * S * vectors * D;
-  const int threads = work < kMinParallelWork ? 1 : cpu_pool().size();
-  int chunks = 1;
-  if (threads > 1 && p.kv_rows < 8 * threads) {
-    const int wanted = (8 * threads + p.kv_rows - 1) / p.kv_rows;
-    chunks = std::max(1, std::min(wanted, S / kMinChunk));
-  }
+  // The bf16 kernel's split (decode_attention_cpu.cpp).
+  const int threads = cpu_threads_for(work);
+  const int chunks = cpu_context_chunks(p.kv_rows, S, threads);
   const int chunk_len = (S + chunks - 1) / chunks;
   const int units = p.kv_rows * chunks;
   // states[kv_row][chunk][vector]
