@@ -39,21 +39,27 @@ struct Kernel {
   int resident;  // blocks an SM holds at once
 };
 
+// A kernel's driver handle (MLX's libmlx carries its own CUDA runtime) and how many of its
+// blocks of kThreads threads an SM holds with `smem` bytes of shared memory.
+Kernel resolve(const void* symbol, unsigned smem) {
+  cudaFunction_t f;
+  if (cudaGetFuncBySymbol(&f, symbol) != cudaSuccess) {
+    throw std::runtime_error("[decode_attention_quantized] cudaGetFuncBySymbol failed");
+  }
+  int blocks = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, symbol, kThreads, smem) !=
+      cudaSuccess) {
+    blocks = 1;
+  }
+  return Kernel{reinterpret_cast<CUfunction>(f), std::max(blocks, 1)};
+}
+
 template <typename T, int BITS, int LPR, int VALUES, int POSITIONS, bool PIPELINED>
 const Kernel& kernel_for(unsigned smem) {
   static const Kernel kernel = [smem] {
     const void* symbol = reinterpret_cast<const void*>(
         &attend_quantized<T, BITS, LPR, VALUES, POSITIONS, PIPELINED>);
-    cudaFunction_t f;
-    if (cudaGetFuncBySymbol(&f, symbol) != cudaSuccess) {
-      throw std::runtime_error("[decode_attention_quantized] cudaGetFuncBySymbol failed");
-    }
-    int blocks = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, symbol, kThreads, smem) !=
-        cudaSuccess) {
-      blocks = 1;
-    }
-    return Kernel{reinterpret_cast<CUfunction>(f), std::max(blocks, 1)};
+    return resolve(symbol, smem);
   }();
   return kernel;
 }
@@ -130,16 +136,7 @@ const Kernel& mma_kernel_for(unsigned smem) {
   static const Kernel kernel = [smem] {
     const void* symbol =
         reinterpret_cast<const void*>(&attend_quantized_mma<T, BITS, D, GS, U>);
-    cudaFunction_t f;
-    if (cudaGetFuncBySymbol(&f, symbol) != cudaSuccess) {
-      throw std::runtime_error("[decode_attention_quantized] cudaGetFuncBySymbol failed");
-    }
-    int blocks = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, symbol, kThreads, smem) !=
-        cudaSuccess) {
-      blocks = 1;
-    }
-    return Kernel{reinterpret_cast<CUfunction>(f), std::max(blocks, 1)};
+    return resolve(symbol, smem);
   }();
   return kernel;
 }
