@@ -126,6 +126,7 @@ def collect_metadata(device: str) -> dict:
         "versions": {
             "python": sys.version.split()[0],
             "mlx": mx.__version__,
+            "mlx_backends": _mlx_backends(),
             "mlx_lm": _version("mlx-lm"),
             "numpy": _version("numpy"),
             "attn_kernels": _version("attn-kernels"),
@@ -133,6 +134,15 @@ def collect_metadata(device: str) -> dict:
             "compiler": _compiler_version(),
         },
     }
+
+
+# The wheels that carry libmlx: one version of mlx is a CPU-only, a CUDA or a Metal build, and a
+# CPU stream's eval costs differently in each (docs/cpu-kernel.md, "The 16-core host").
+_MLX_BACKENDS = ("mlx-cpu", "mlx-cuda-13", "mlx-cuda-12", "mlx-metal")
+
+
+def _mlx_backends() -> list[str]:
+    return [f"{name} {v}" for name in _MLX_BACKENDS if (v := _version(name))]
 
 
 def _compiler_version() -> str | None:
