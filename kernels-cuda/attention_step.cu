@@ -1,8 +1,7 @@
 // AttentionStep's preprocessing on NVIDIA GPUs: per (token, head), one warp normalises the q or k
-// row (RMSNorm in MLX's roundings; not without qk_norm), rotates it (RoPE, non-traditional) and
-// stores it (q to the
-// attention's scratch, k into the cache) and copies v into the cache. The attention over the
-// cache is DecodeAttention's kernel (decode_attention.cu). No MLX headers here.
+// row (RMSNorm in MLX's roundings; only with qk_norm), rotates it (RoPE, non-traditional) and
+// stores it (q to the attention's scratch, k into the cache) and copies v into the cache. The
+// attention over the cache is DecodeAttention's kernel (decode_attention.cu). No MLX headers here.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>

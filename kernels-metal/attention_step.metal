@@ -1,8 +1,9 @@
 // AttentionStep's preprocessing for Apple GPUs: one SIMD group (one threadgroup of 32 threads)
 // per (token, head) of the Hq + Hkv heads normalises the q or k row (RMSNorm with mx.fast's
-// roundings; not without qk_norm, then the weight buffers are not read), rotates it (RoPE, non-traditional: dimension j pairs with j + D/2) and stores it:
-// q to the attention's scratch (B, Hq, L, D), k into the cache at position offset + i; a k head's
-// group also copies v into the cache. The attention is decode_attention.metal's kernel. Plus a
+// roundings; only with qk_norm, otherwise the weight buffers are not read), rotates it (RoPE,
+// non-traditional: dimension j pairs with j + D/2) and stores it: q to the attention's scratch
+// (B, Hq, L, D), k into the cache at position offset + i; a k head's group also copies v into
+// the cache. The attention is decode_attention.metal's kernel. Plus a
 // strided copy (an undonated cache; the heads-first output reordered when L > 1).
 //
 // Storage types as in decode_attention.metal (bfloat16 as ushort bits). Helper names carry a

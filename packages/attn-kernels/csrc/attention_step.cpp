@@ -190,8 +190,8 @@ std::vector<mx::array> attention_step(
 bool AttentionStep::is_equivalent(const mx::Primitive& other) const {
   auto& o = static_cast<const AttentionStep&>(other);
   return offset_ == o.offset_ && qk_norm_ == o.qk_norm_ && eps_ == o.eps_ &&
-         rope_base_ == o.rope_base_ &&
-         scale_ == o.scale_ && schedule_ == o.schedule_ && owned_caches_ == o.owned_caches_;
+         rope_base_ == o.rope_base_ && scale_ == o.scale_ && schedule_ == o.schedule_ &&
+         owned_caches_ == o.owned_caches_;
 }
 
 std::array<bool, 2> donate_caches(
