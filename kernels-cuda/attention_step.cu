@@ -1,7 +1,7 @@
 // AttentionStep's preprocessing on NVIDIA GPUs: per (token, head), one warp normalises the q or k
-// row (RMSNorm in MLX's roundings), rotates it (RoPE, non-traditional) and stores it (q to the
-// attention's scratch, k into the cache) and copies v into the cache. The attention over the
-// cache is DecodeAttention's kernel (decode_attention.cu). No MLX headers here.
+// row (RMSNorm in MLX's roundings; only with qk_norm), rotates it (RoPE, non-traditional) and
+// stores it (q to the attention's scratch, k into the cache) and copies v into the cache. The
+// attention over the cache is DecodeAttention's kernel (decode_attention.cu). No MLX headers here.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -53,7 +53,7 @@ __global__ void step_preprocess(StepProblem p) {
   }
 #pragma unroll
   for (int m = 16; m > 0; m /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, m);
-  const float r = rsqrtf(sum / D + p.eps);
+  const float r = p.qk_norm ? rsqrtf(sum / D + p.eps) : 1.0f;
   T* dst;
   int64_t ds;
   if (is_q) {
@@ -69,10 +69,12 @@ __global__ void step_preprocess(StepProblem p) {
     const int j = lane + 32 * t;
     if (j >= half) break;
     // mx.fast.rms_norm's roundings: x·r to T, times the weight in T (exact in float, then
-    // rounded once more), then RoPE in float32, rounded once.
-    const float a = to_float(from_float<T>(to_float(w[j]) * to_float(from_float<T>(lo[t] * r))));
-    const float c =
-        to_float(from_float<T>(to_float(w[j + half]) * to_float(from_float<T>(hi[t] * r))));
+    // rounded once more), then RoPE in float32, rounded once. Without qk_norm: x as given.
+    float a = lo[t], c = hi[t];
+    if (p.qk_norm) {
+      a = to_float(from_float<T>(to_float(w[j]) * to_float(from_float<T>(a * r))));
+      c = to_float(from_float<T>(to_float(w[j + half]) * to_float(from_float<T>(c * r))));
+    }
     double sn, cs;
     sincos(static_cast<double>(rope_angle(position, j, half, p.log2_base)), &sn, &cs);
     const float sf = static_cast<float>(sn), cf = static_cast<float>(cs);

@@ -35,12 +35,14 @@ void AttentionStep::eval_gpu(
       outputs[1 + c].set_data(mx::allocator::malloc(outputs[1 + c].nbytes()));
     }
   }
-  StepProblem step = make_step_problem(inputs, outputs, offset_, eps_, rope_base_);
+  StepProblem step = make_step_problem(inputs, outputs, offset_, qk_norm_, eps_, rope_base_);
   step.q = mx::gpu_ptr<void>(inputs[0]);
   step.k = mx::gpu_ptr<void>(inputs[1]);
   step.v = mx::gpu_ptr<void>(inputs[2]);
-  step.q_weight = mx::gpu_ptr<void>(inputs[3]);
-  step.k_weight = mx::gpu_ptr<void>(inputs[4]);
+  if (qk_norm_) {
+    step.q_weight = mx::gpu_ptr<void>(inputs[kQNormInput]);
+    step.k_weight = mx::gpu_ptr<void>(inputs[kKNormInput]);
+  }
   step.k_cache = mx::gpu_ptr<void>(outputs[1]);
   step.v_cache = mx::gpu_ptr<void>(outputs[2]);
 
@@ -66,7 +68,7 @@ void AttentionStep::eval_gpu(
 
   for (int c = 0; c < 2; ++c) {
     if (!donated[c]) {
-      const auto& in = inputs[5 + c];
+      const auto& in = inputs[kKCacheInput + c];
       cuda::StridedCopy copy{mx::gpu_ptr<void>(in), mx::gpu_ptr<void>(outputs[1 + c]), {}, {}, 0};
       for (int a = 0; a < 4; ++a) {
         copy.shape[a] = in.shape(a);
@@ -83,8 +85,10 @@ void AttentionStep::eval_gpu(
   // caches are named as outputs by both nodes (also the attend node, which only reads them), so
   // the next writer of a cache waits for this step's reads, and no cache is counted as bytes
   // read into the graph (MLX's commit heuristic).
-  for (int i = 0; i < 5; ++i) {
-    encoder.set_input_array(inputs[i]);
+  for (int i = 0; i < static_cast<int>(inputs.size()); ++i) {
+    if (i != kKCacheInput && i != kVCacheInput) {  // q, k, v and the norm weights
+      encoder.set_input_array(inputs[i]);
+    }
   }
   for (auto& o : outputs) {
     encoder.set_output_array(o);

@@ -1,8 +1,9 @@
 // AttentionStep's preprocessing for Apple GPUs: one SIMD group (one threadgroup of 32 threads)
 // per (token, head) of the Hq + Hkv heads normalises the q or k row (RMSNorm with mx.fast's
-// roundings), rotates it (RoPE, non-traditional: dimension j pairs with j + D/2) and stores it:
-// q to the attention's scratch (B, Hq, L, D), k into the cache at position offset + i; a k head's
-// group also copies v into the cache. The attention is decode_attention.metal's kernel. Plus a
+// roundings; only with qk_norm, otherwise the weight buffers are not read), rotates it (RoPE,
+// non-traditional: dimension j pairs with j + D/2) and stores it: q to the attention's scratch
+// (B, Hq, L, D), k into the cache at position offset + i; a k head's group also copies v into
+// the cache. The attention is decode_attention.metal's kernel. Plus a
 // strided copy (an undonated cache; the heads-first output reordered when L > 1).
 //
 // Storage types as in decode_attention.metal (bfloat16 as ushort bits). Helper names carry a
@@ -80,7 +81,7 @@ template <typename T>
     hi[t] = j < half_d ? step_to_float(x[(j + half_d) * s[2]]) : 0.0f;
     sum += lo[t] * lo[t] + hi[t] * hi[t];
   }
-  const float r = rsqrt(simd_sum(sum) / D + p.eps);
+  const float r = p.qk_norm ? rsqrt(simd_sum(sum) / D + p.eps) : 1.0f;
 
   device T* dst;
   attn_i64 ds;
@@ -95,8 +96,12 @@ template <typename T>
     const int j = int(lane) + 32 * t;
     if (j < half_d) {
       // mx.fast.rms_norm's roundings: x·r to T, times the weight in T; RoPE in float, once.
-      const float a = step_round<T>(step_to_float(w[j]) * step_round<T>(lo[t] * r));
-      const float c = step_round<T>(step_to_float(w[j + half_d]) * step_round<T>(hi[t] * r));
+      // Without qk_norm: x as given.
+      float a = lo[t], c = hi[t];
+      if (p.qk_norm) {
+        a = step_round<T>(step_to_float(w[j]) * step_round<T>(a * r));
+        c = step_round<T>(step_to_float(w[j + half_d]) * step_round<T>(c * r));
+      }
       // The angle as MLX's RoPE forms it: float32 frequency 2^(-j/(D/2) · log2 base) times the
       // position in float32.
       const float frequency = exp2(-(float(j) / float(half_d)) * p.log2_base);

@@ -9,8 +9,10 @@
 // contiguous. See packages/attn-kernels/csrc/step_problem.h (the CPU/CUDA twin).
 struct AttentionStepParams {
   int batch, length, q_heads, kv_heads, head_dim, offset;
+  int qk_norm;  // 1: RMS-normalise q and k (weights at buffers 3, 4); 0: rotate them as given
   float eps;
   float log2_base;
+  int padding;  // the strides start 8-byte aligned, explicitly on both sides
   attn_i64 q_strides[3];
   attn_i64 k_strides[3];
   attn_i64 v_strides[3];

@@ -54,7 +54,7 @@ void AttentionStep::eval_gpu(
       outputs[1 + c].set_data(mx::allocator::malloc(outputs[1 + c].nbytes()));
     }
   }
-  const StepProblem s = make_step_problem(inputs, outputs, offset_, eps_, rope_base_);
+  const StepProblem s = make_step_problem(inputs, outputs, offset_, qk_norm_, eps_, rope_base_);
   AttentionStepParams p{};
   p.batch = s.batch;
   p.length = s.length;
@@ -62,6 +62,7 @@ void AttentionStep::eval_gpu(
   p.kv_heads = s.kv_heads;
   p.head_dim = s.head_dim;
   p.offset = s.offset;
+  p.qk_norm = s.qk_norm ? 1 : 0;
   p.eps = s.eps;
   p.log2_base = s.log2_base;
   for (int i = 0; i < 3; ++i) {
@@ -94,7 +95,7 @@ void AttentionStep::eval_gpu(
   };
   for (int c = 0; c < 2; ++c) {
     if (!donated[c]) {
-      const auto& in = inputs[5 + c];
+      const auto& in = inputs[kKCacheInput + c];
       StridedCopyParams params{};
       for (int a = 0; a < 4; ++a) {
         params.shape[a] = in.shape(a);
@@ -106,9 +107,12 @@ void AttentionStep::eval_gpu(
   }
 
   encoder.set_compute_pipeline_state(d.get_kernel("attention_step_preprocess_" + type, library));
-  for (int i = 0; i < 5; ++i) {
+  for (int i = 0; i < 3; ++i) {
     encoder.set_input_array(inputs[i], i);
   }
+  // The norm weights; without qk_norm the kernel does not read slots 3 and 4 (q fills them).
+  encoder.set_input_array(inputs[qk_norm_ ? kQNormInput : 0], 3);
+  encoder.set_input_array(inputs[qk_norm_ ? kKNormInput : 0], 4);
   encoder.set_output_array(out, 5, q_at);
   encoder.set_output_array(outputs[1], 6);
   encoder.set_output_array(outputs[2], 7);

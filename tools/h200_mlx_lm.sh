@@ -6,9 +6,9 @@
 # records.tar holding the records (their names carry "+", which the device tool refuses; the tar
 # is rewritten after each record, so a call cut short keeps what finished).
 # If a request hangs, Python's stacks go to log.txt after $WATCHDOG_S seconds (default 240).
-# Arguments, when given, replace the default mlx-lm-decode arguments (--output stays), e.g. the
-# fused step of mlx-lm's Qwen3 attention as a third variant:
-#   tools/h200_mlx_lm.sh --model qwen3-4b --workload 32+97 --workload 8192+65 --rounds 4 --fused-step
+# Arguments, when given, replace the default mlx-lm-decode arguments (--output stays), e.g.
+# enable(fused_step=False) (the attention call alone) as a third variant:
+#   tools/h200_mlx_lm.sh --model qwen3-4b --workload 32+97 --workload 8192+65 --rounds 4 --attention-only
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"
 source tools/h200.sh

@@ -1,6 +1,6 @@
 """Host time to build one call of mlx-lm's Qwen3 attention module (its projections, the attention
-and o_proj; nothing evaluated): mlx-lm as it is, with attn_kernels.mlx_lm.enable(), and with
-enable(fused_step=True) (docs/mlx-lm.md). A decode step of mlx-lm is bound by the host on the
+and o_proj; nothing evaluated): mlx-lm as it is, with attn_kernels.mlx_lm.enable(fused_step=False)
+(the attention call alone) and with enable() (the fused step) (docs/mlx-lm.md). A decode step of mlx-lm is bound by the host on the
 H200, so this is the part the fused step is meant to shorten.
 
 One Qwen3-4B-shaped attention layer (hidden 2560, 32 query heads, 8 KV heads, D=128, bf16), one
@@ -28,8 +28,8 @@ from mlx_lm.models.cache import KVCache
 
 VARIANTS = {
     "mlx-lm": contextlib.nullcontext,
+    "mlx-lm+kernel-attention-only": lambda: kernel.enabled(fused_step=False),
     "mlx-lm+kernel": kernel.enabled,
-    "mlx-lm+kernel+step": lambda: kernel.enabled(fused_step=True),
 }
 # One Qwen3-4B layer (the built-in config; the vocabulary does not matter here).
 QWEN3_4B_LAYER = {**qwen3_model.CONFIGS["qwen3-4b"].to_dict(), "num_hidden_layers": 1}
@@ -74,7 +74,7 @@ def main() -> None:
             build_sample(attn, x, cache, buffers, args.context, args.calls)
             calls = kernel.calls() if name != "mlx-lm" else None
         print(f"{name}: attention calls in the warm-up {calls}")
-        path = {"mlx-lm+kernel": "fused", "mlx-lm+kernel+step": "fused_step"}.get(name)
+        path = {"mlx-lm+kernel-attention-only": "fused", "mlx-lm+kernel": "fused_step"}.get(name)
         if path and not calls[path]:
             raise SystemExit(f"{name} did not take its path (calls {calls}): outside the guard?")
         warmup_calls[name] = calls

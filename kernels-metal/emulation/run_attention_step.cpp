@@ -4,9 +4,9 @@
 //   run_attention_step DIR
 //
 // DIR holds params.bin (AttentionStepParams), config.txt ("dtype groups scale"), q.bin, k.bin,
-// v.bin, q_norm.bin, k_norm.bin, k_cache.bin, v_cache.bin (raw storage: float32, float16 or
-// bfloat16 bits; caches as the params' strides describe, contiguous here) and receives out.bin
-// (B, L, Hq·D) and the updated k_cache.bin, v_cache.bin.
+// v.bin, q_norm.bin and k_norm.bin (only with params.qk_norm), k_cache.bin, v_cache.bin (raw
+// storage: float32, float16 or bfloat16 bits; caches as the params' strides describe, contiguous
+// here) and receives out.bin (B, L, Hq·D) and the updated k_cache.bin, v_cache.bin.
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -40,7 +40,11 @@ const T* as(const std::vector<char>& bytes) {
 template <typename T, int G>
 void run(const std::string& dir, const AttentionStepParams& p, float scale) {
   const auto q = read_file(dir + "/q.bin"), k = read_file(dir + "/k.bin"), v = read_file(dir + "/v.bin");
-  const auto qw = read_file(dir + "/q_norm.bin"), kw = read_file(dir + "/k_norm.bin");
+  std::vector<char> qw, kw;  // without qk_norm: null pointers, which the kernel must not read
+  if (p.qk_norm) {
+    qw = read_file(dir + "/q_norm.bin");
+    kw = read_file(dir + "/k_norm.bin");
+  }
   auto k_cache = read_file(dir + "/k_cache.bin"), v_cache = read_file(dir + "/v_cache.bin");
   const size_t q_elems = size_t(p.batch) * p.q_heads * p.length * p.head_dim;
   std::vector<T> q_out(q_elems), heads_first(q_elems), out(q_elems);
@@ -50,7 +54,9 @@ void run(const std::string& dir, const AttentionStepParams& p, float scale) {
   // One 32-thread threadgroup per (token, head).
   simt::dispatch(p.batch * p.length * (p.q_heads + p.kv_heads), simt::kSimdWidth,
                  [&](int group, int thread) {
-                   attention_step_preprocess<T>(as<T>(q), as<T>(k), as<T>(v), as<T>(qw), as<T>(kw),
+                   attention_step_preprocess<T>(as<T>(q), as<T>(k), as<T>(v),
+                                                p.qk_norm ? as<T>(qw) : nullptr,
+                                                p.qk_norm ? as<T>(kw) : nullptr,
                                                 q_out.data(), kc, vc, p, group, thread);
                  });
 

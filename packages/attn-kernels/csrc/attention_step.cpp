@@ -57,8 +57,8 @@ std::vector<mx::array> attention_step(
     const mx::array& q,
     const mx::array& k,
     const mx::array& v,
-    const mx::array& q_norm_weight,
-    const mx::array& k_norm_weight,
+    const std::optional<mx::array>& q_norm_weight,
+    const std::optional<mx::array>& k_norm_weight,
     const mx::array& k_cache,
     const mx::array& v_cache,
     int offset,
@@ -79,9 +79,18 @@ std::vector<mx::array> attention_step(
     os << "q must be float32, float16 or bfloat16, got " << dtype;
     fail(os.str());
   }
-  const std::pair<const char*, const mx::array*> all[] = {
-      {"q", &q}, {"k", &k}, {"v", &v}, {"q_norm_weight", &q_norm_weight},
-      {"k_norm_weight", &k_norm_weight}, {"k_cache", &k_cache}, {"v_cache", &v_cache}};
+  if (q_norm_weight.has_value() != k_norm_weight.has_value()) {
+    fail(std::string(q_norm_weight ? "k_norm_weight" : "q_norm_weight") +
+         " is None while " + (q_norm_weight ? "q_norm_weight" : "k_norm_weight") +
+         " is not: pass both norm weights or neither");
+  }
+  const bool qk_norm = q_norm_weight.has_value();
+  std::vector<std::pair<const char*, const mx::array*>> all = {
+      {"q", &q}, {"k", &k}, {"v", &v}, {"k_cache", &k_cache}, {"v_cache", &v_cache}};
+  if (qk_norm) {
+    all.push_back({"q_norm_weight", &*q_norm_weight});
+    all.push_back({"k_norm_weight", &*k_norm_weight});
+  }
   for (auto [name, a] : all) {
     if (a->dtype() != dtype) {
       std::ostringstream os;
@@ -95,25 +104,30 @@ std::vector<mx::array> attention_step(
            shape_str(*a));
     }
   }
-  for (auto [name, a] : {std::pair{"q_norm_weight", &q_norm_weight}, {"k_norm_weight", &k_norm_weight}}) {
-    if (a->ndim() != 1) {
-      fail(std::string(name) + " must have shape (head_dim,), got " + shape_str(*a));
-    }
-  }
   for (auto [name, a] : {std::pair{"k_cache", &k_cache}, {"v_cache", &v_cache}}) {
     if (a->ndim() != 4) {
       fail(std::string(name) + " must have shape (batch, kv_heads, capacity, head_dim), got " +
            shape_str(*a));
     }
   }
-  const int head_dim = q_norm_weight.shape(0);
-  if (k_norm_weight.shape(0) != head_dim) {
-    fail("q_norm_weight and k_norm_weight must have the same size, got " +
-         shape_str(q_norm_weight) + " and " + shape_str(k_norm_weight));
+  if (qk_norm) {
+    for (auto [name, a] :
+         {std::pair{"q_norm_weight", &*q_norm_weight}, {"k_norm_weight", &*k_norm_weight}}) {
+      if (a->ndim() != 1) {
+        fail(std::string(name) + " must have shape (head_dim,), got " + shape_str(*a));
+      }
+    }
+    if (k_norm_weight->shape(0) != q_norm_weight->shape(0)) {
+      fail("q_norm_weight and k_norm_weight must have the same size, got " +
+           shape_str(*q_norm_weight) + " and " + shape_str(*k_norm_weight));
+    }
   }
+  // head_dim: the norm weights' size, or without norms the caches'.
+  const int head_dim = qk_norm ? q_norm_weight->shape(0) : k_cache.shape(3);
   if (head_dim < 2 || head_dim % 2 != 0 || head_dim > kMaxHeadDim) {
-    fail("head_dim (the norm weights' size) must be even and in [2, " +
-         std::to_string(kMaxHeadDim) + "], got " + std::to_string(head_dim));
+    fail(std::string("head_dim (the ") + (qk_norm ? "norm weights'" : "caches' last") +
+         " size) must be even and in [2, " + std::to_string(kMaxHeadDim) + "], got " +
+         std::to_string(head_dim));
   }
   if (k_cache.shape() != v_cache.shape()) {
     fail("k_cache and v_cache must have the same shape, got " + shape_str(k_cache) + " and " +
@@ -152,23 +166,32 @@ std::vector<mx::array> attention_step(
     fail("offset + length must fit the caches: offset " + std::to_string(offset) + ", length " +
          std::to_string(length) + ", capacity " + std::to_string(capacity));
   }
-  if (!(eps > 0.0f) || !(rope_base > 0.0f)) {
-    fail("eps and rope_base must be positive, got " + std::to_string(eps) + " and " +
-         std::to_string(rope_base));
+  if (qk_norm && !(eps > 0.0f)) {
+    fail("eps must be positive, got " + std::to_string(eps));
+  }
+  if (!(rope_base > 0.0f)) {
+    fail("rope_base must be positive, got " + std::to_string(rope_base));
+  }
+  std::vector<mx::array> inputs = {q, k, v, k_cache, v_cache};
+  if (qk_norm) {
+    inputs.push_back(*q_norm_weight);
+    inputs.push_back(*k_norm_weight);
   }
   auto stream = mx::to_stream(s);
   return mx::array::make_arrays(
       {q.shape(), k_cache.shape(), v_cache.shape()},
       {dtype, dtype, dtype},
       std::make_shared<AttentionStep>(
-          stream, offset, eps, rope_base, scale, schedule, owned_caches),
-      {q, k, v, q_norm_weight, k_norm_weight, k_cache, v_cache});
+          stream, offset, qk_norm, qk_norm ? eps : 0.0f, rope_base, scale, schedule,
+          owned_caches),
+      std::move(inputs));
 }
 
 bool AttentionStep::is_equivalent(const mx::Primitive& other) const {
   auto& o = static_cast<const AttentionStep&>(other);
-  return offset_ == o.offset_ && eps_ == o.eps_ && rope_base_ == o.rope_base_ &&
-         scale_ == o.scale_ && schedule_ == o.schedule_ && owned_caches_ == o.owned_caches_;
+  return offset_ == o.offset_ && qk_norm_ == o.qk_norm_ && eps_ == o.eps_ &&
+         rope_base_ == o.rope_base_ && scale_ == o.scale_ && schedule_ == o.schedule_ &&
+         owned_caches_ == o.owned_caches_;
 }
 
 std::array<bool, 2> donate_caches(
@@ -198,7 +221,7 @@ std::array<bool, 2> donate_caches(
     // only the array must be unshared: other references to its buffer are the caller's views
     // (promised not to be read past offset) and MLX's hold on it for earlier steps still
     // running on the stream (their kernels read only positions before offset and run first).
-    const auto& in = inputs[5 + c];
+    const auto& in = inputs[kKCacheInput + c];
     auto& out = outputs[1 + c];
     constexpr size_t donation_extra = 16384;
     const bool unshared = owned_caches
@@ -224,13 +247,15 @@ StepProblem make_step_problem(
     const std::vector<mx::array>& inputs,
     const std::vector<mx::array>& outputs,
     int offset,
+    bool qk_norm,
     float eps,
     float rope_base) {
   const auto& q = inputs[0];
   const auto& k_cache = outputs[1];
   StepProblem p{};
   p.dtype = element_type(q.dtype());
-  p.head_dim = inputs[3].shape(0);
+  p.head_dim = k_cache.shape(3);
+  p.qk_norm = qk_norm;
   p.batch = q.shape(0);
   p.length = q.shape(1);
   p.q_heads = q.shape(2) / p.head_dim;

@@ -1,9 +1,11 @@
 // AttentionStep: one decode step of attention after the q/k/v projections, as one primitive:
-// q/k RMSNorm, RoPE, the K/V cache write and grouped attention over the cache.
+// q/k RMSNorm (Qwen3; none for Llama or Qwen2), RoPE, the K/V cache write and grouped attention
+// over the cache.
 #pragma once
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -16,7 +18,8 @@
 namespace attn_kernels {
 
 // q (B, L, Hq·D), k, v (B, L, Hkv·D): the new tokens' projections; q_norm_weight, k_norm_weight
-// (D,); k_cache, v_cache (B, Hkv, capacity, D), positions [0, offset) already written. Returns
+// (D,), both or neither (then q and k are rotated as given, eps unused); k_cache, v_cache
+// (B, Hkv, capacity, D), positions [0, offset) already written. Returns
 // {out (B, L, Hq·D), k_cache', v_cache'}: the caches with the new k (normalised, rotated) and v
 // at [offset, offset + L), and out = causal attention of the normalised, rotated q over
 // [0, offset + L) in o_proj's layout. The caches are updated in place when their buffers can be
@@ -28,8 +31,8 @@ std::vector<mx::array> attention_step(
     const mx::array& q,
     const mx::array& k,
     const mx::array& v,
-    const mx::array& q_norm_weight,
-    const mx::array& k_norm_weight,
+    const std::optional<mx::array>& q_norm_weight,
+    const std::optional<mx::array>& k_norm_weight,
     const mx::array& k_cache,
     const mx::array& v_cache,
     int offset,
@@ -40,11 +43,15 @@ std::vector<mx::array> attention_step(
     bool owned_caches = false,
     mx::StreamOrDevice s = {});
 
+// The primitive's inputs: q, k, v, the caches, then the norm weights when it normalises.
+constexpr int kKCacheInput = 3, kVCacheInput = 4, kQNormInput = 5, kKNormInput = 6;
+
 class AttentionStep : public mx::Primitive {
  public:
   AttentionStep(
       mx::Stream stream,
       int offset,
+      bool qk_norm,
       float eps,
       float rope_base,
       float scale,
@@ -52,6 +59,7 @@ class AttentionStep : public mx::Primitive {
       bool owned_caches)
       : mx::Primitive(stream),
         offset_(offset),
+        qk_norm_(qk_norm),
         eps_(eps),
         rope_base_(rope_base),
         scale_(scale),
@@ -64,11 +72,12 @@ class AttentionStep : public mx::Primitive {
   const char* name() const override { return "AttentionStep"; }
   bool is_equivalent(const mx::Primitive& other) const override;
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
-    return {inputs[0].shape(), inputs[5].shape(), inputs[6].shape()};
+    return {inputs[0].shape(), inputs[kKCacheInput].shape(), inputs[kVCacheInput].shape()};
   }
 
  private:
   int offset_;
+  bool qk_norm_;  // RMS-normalise q and k (the weights are inputs 5 and 6)
   float eps_, rope_base_, scale_;
   std::string schedule_;
   bool owned_caches_;
@@ -86,11 +95,12 @@ std::array<bool, 2> donate_caches(
 uint64_t attention_step_cache_copies();
 
 // The StepProblem of evaluated inputs and allocated outputs, pointers left for the backend
-// (CPU: data(), CUDA: gpu_ptr) to fill.
+// (CPU: data(), CUDA: gpu_ptr) to fill (the norm weights' only where qk_norm).
 StepProblem make_step_problem(
     const std::vector<mx::array>& inputs,
     const std::vector<mx::array>& outputs,
     int offset,
+    bool qk_norm,
     float eps,
     float rope_base);
 

@@ -13,7 +13,7 @@ namespace {
 
 // The step's elementwise part on the CPU, in MLX's order of roundings: RMSNorm rounds x·r to
 // the dtype and multiplies by the weight in the dtype (as mx.fast.rms_norm), RoPE rotates that
-// in float32 and rounds once.
+// in float32 and rounds once. Without a weight (no q/k norm) the row is rotated as given.
 template <typename T>
 void norm_rope_row(
     const T* x, int64_t stride, const T* w, float eps, const float* cos_t, const float* sin_t,
@@ -25,9 +25,11 @@ void norm_rope_row(
     y[d] = xd;
     sum += xd * xd;
   }
-  const float r = 1.0f / std::sqrt(sum / D + eps);
-  for (int d = 0; d < D; ++d) {
-    y[d] = static_cast<float>(w[d] * static_cast<T>(y[d] * r));
+  if (w != nullptr) {
+    const float r = 1.0f / std::sqrt(sum / D + eps);
+    for (int d = 0; d < D; ++d) {
+      y[d] = static_cast<float>(w[d] * static_cast<T>(y[d] * r));
+    }
   }
   const int half = D / 2;
   for (int j = 0; j < half; ++j) {
@@ -51,8 +53,9 @@ void preprocess_cpu(const StepProblem& p) {
   auto q = static_cast<const T*>(p.q);
   auto k = static_cast<const T*>(p.k);
   auto v = static_cast<const T*>(p.v);
-  auto qw = static_cast<const T*>(p.q_weight);
-  auto kw = static_cast<const T*>(p.k_weight);
+  // Null without qk_norm: norm_rope_row then only rotates.
+  auto qw = p.qk_norm ? static_cast<const T*>(p.q_weight) : nullptr;
+  auto kw = p.qk_norm ? static_cast<const T*>(p.k_weight) : nullptr;
   auto q_out = static_cast<T*>(p.q_out);
   auto k_cache = static_cast<T*>(p.k_cache);
   auto v_cache = static_cast<T*>(p.v_cache);
@@ -157,7 +160,7 @@ void AttentionStep::eval_cpu(
   const auto donated = donate_caches(inputs, outputs, owned_caches_);
   for (int c = 0; c < 2; ++c) {
     if (!donated[c]) {
-      const auto& in = inputs[5 + c];
+      const auto& in = inputs[kKCacheInput + c];
       auto& out = outputs[1 + c];
       out.set_data(mx::allocator::malloc(out.nbytes()));
       copies.push_back({in.data<void>(), out.data<void>(), in.strides(), in.shape()});
@@ -170,12 +173,14 @@ void AttentionStep::eval_cpu(
   for (auto& o : outputs) {
     encoder.set_output_array(o);
   }
-  StepProblem step = make_step_problem(inputs, outputs, offset_, eps_, rope_base_);
+  StepProblem step = make_step_problem(inputs, outputs, offset_, qk_norm_, eps_, rope_base_);
   step.q = inputs[0].data<void>();
   step.k = inputs[1].data<void>();
   step.v = inputs[2].data<void>();
-  step.q_weight = inputs[3].data<void>();
-  step.k_weight = inputs[4].data<void>();
+  if (qk_norm_) {
+    step.q_weight = inputs[kQNormInput].data<void>();
+    step.k_weight = inputs[kKNormInput].data<void>();
+  }
   step.k_cache = outputs[1].data<void>();
   step.v_cache = outputs[2].data<void>();
   // The CPU path is resolved here: a bad ATTN_KERNELS_CPU_PATH raises to the caller.

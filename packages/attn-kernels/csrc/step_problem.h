@@ -11,7 +11,8 @@ namespace attn_kernels {
 
 // One decode step's new tokens: q (B, L, Hq·D), k and v (B, L, Hkv·D) as the projections lay
 // them out (element strides of batch, position and feature; slices of a fused q/k/v projection
-// are fine). Each q and k head is RMS-normalised (weights q_weight/k_weight of D), rotated by
+// are fine). Each q and k head is RMS-normalised (weights q_weight/k_weight of D; only where
+// qk_norm, as Qwen3 does: Llama and Qwen2 have no q/k norm, and the weights are null), rotated by
 // RoPE at position offset + i (non-traditional: dimension j pairs with j + D/2) and stored:
 // q into q_out (B, Hq, L, D) contiguous, k and v into the caches (B, Hkv, capacity, D, element
 // strides kc_strides/vc_strides) at position offset + i.
@@ -26,7 +27,8 @@ struct StepProblem {
   void* v_cache;
   ElementType dtype;
   int batch, length, q_heads, kv_heads, head_dim, offset;
-  float eps;
+  bool qk_norm;
+  float eps;  // RMSNorm's (unused without qk_norm)
   float log2_base;  // log2 of the RoPE base
   int64_t q_strides[3], k_strides[3], v_strides[3];
   int64_t kc_strides[4], vc_strides[4];

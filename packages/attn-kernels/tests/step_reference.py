@@ -10,15 +10,19 @@ from reference import to_numpy
 
 
 def unfused_step(q, k, v, q_w, k_w, k_cache, v_cache, offset, eps, base, scale=None):
-    """The op sequence the fused step replaces, as mlx-lm's Qwen3 runs it."""
+    """The op sequence the fused step replaces, as mlx-lm's Qwen3 runs it (q_w, k_w None: as
+    its Llama and Qwen2 run it, no q/k norm)."""
     b, length, _ = q.shape
-    d = q_w.shape[0]
+    d = k_cache.shape[-1]
 
     def heads(x):
         return x.reshape(b, length, -1, d).transpose(0, 2, 1, 3)
 
+    def norm(x, w):
+        return x if w is None else mx.fast.rms_norm(x.reshape(b, length, -1, d), w, eps)
+
     qh = mx.fast.rope(
-        heads(mx.fast.rms_norm(q.reshape(b, length, -1, d), q_w, eps).reshape(q.shape)),
+        heads(norm(q, q_w).reshape(q.shape)),
         d,
         traditional=False,
         base=base,
@@ -26,7 +30,7 @@ def unfused_step(q, k, v, q_w, k_w, k_cache, v_cache, offset, eps, base, scale=N
         offset=offset,
     )
     kh = mx.fast.rope(
-        heads(mx.fast.rms_norm(k.reshape(b, length, -1, d), k_w, eps).reshape(k.shape)),
+        heads(norm(k, k_w).reshape(k.shape)),
         d,
         traditional=False,
         base=base,
@@ -54,17 +58,19 @@ def rope_angles(positions, d, base):
 
 
 def step_f64(q, k, v, q_w, k_w, k_cache, v_cache, offset, eps, base, scale=None):
-    """float64: per-head RMSNorm, RoPE (dimension j pairs with j + D/2), cache write, causal
-    grouped attention over [0, offset + L). Returns (out (B, L, Hq·D), k_cache, v_cache)."""
+    """float64: per-head RMSNorm (none where q_w, k_w are None), RoPE (dimension j pairs with
+    j + D/2), cache write, causal grouped attention over [0, offset + L). Returns
+    (out (B, L, Hq·D), k_cache, v_cache)."""
     b, length, _ = q.shape
-    d = q_w.shape[0]
+    d = k_cache.shape[-1]
     half = d // 2
     theta = rope_angles(np.arange(offset, offset + length), d, base)  # (L, D/2)
     cos, sin = np.cos(theta)[None, :, None, :], np.sin(theta)[None, :, None, :]
 
     def norm_rope(x, w):
         x = to_numpy(x).reshape(b, length, -1, d)
-        x = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * to_numpy(w)
+        if w is not None:
+            x = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * to_numpy(w)
         x1, x2 = x[..., :half], x[..., half:]
         return np.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
 

@@ -1,5 +1,6 @@
 """attention_step (AttentionStep) against the unfused chain (mx.fast RMSNorm and RoPE, slice
-update, decode_attention_custom) and a float64 step, on every backend here; cache donation."""
+update, decode_attention_custom) and a float64 step, on every backend here, with q/k norms
+(Qwen3) and without (Llama, Qwen2); cache donation."""
 
 import itertools
 
@@ -121,6 +122,67 @@ def test_matches_chain(device, dtype, heads, length, offset):
     capacity = capacity_for(offset + length)
     inputs = make_step(offset + length, 1, hq, hkv, length, 128, capacity, dtype)
     check_step(inputs, offset, device, f"D=128 Hq={hq} Hkv={hkv} L={length} offset={offset}")
+
+
+def without_norms(inputs):
+    """The same step for a model without q/k norm (Llama, Qwen2): both weights None."""
+    q, k, v, _, _, k_cache, v_cache = inputs
+    return q, k, v, None, None, k_cache, v_cache
+
+
+# The norm-free step over a representative part of GRID: every dtype and length, two GQA
+# shapes, offsets at the first token, mid-block and on both sides of the capacity boundary.
+NORM_FREE_GRID = [
+    (dtype, heads, length, offset)
+    for dtype, heads, length in itertools.product(DTYPES, [(8, 2), (32, 8)], [1, 3, 8])
+    for offset in sorted({0, 100, CAPACITY_STEP - length, CAPACITY_STEP, 300})
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    "dtype,heads,length,offset",
+    NORM_FREE_GRID,
+    ids=[f"{str(t).split('.')[-1]}-hq{h[0]}-hkv{h[1]}-L{n}-o{o}" for t, h, n, o in NORM_FREE_GRID],
+)
+def test_without_norms_matches_chain(device, dtype, heads, length, offset):
+    hq, hkv = heads
+    capacity = capacity_for(offset + length)
+    inputs = without_norms(make_step(offset + length, 1, hq, hkv, length, 128, capacity, dtype))
+    label = f"no norm D=128 Hq={hq} Hkv={hkv} L={length} offset={offset}"
+    check_step(inputs, offset, device, label)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda t: str(t).split(".")[-1])
+@pytest.mark.parametrize("d", [64, 80])
+@pytest.mark.parametrize("length", [1, 5])
+def test_without_norms_head_dims_and_batch(device, dtype, d, length):
+    """No q/k norm at D = 64 and 80, batch 2, a scale other than 1/sqrt(D), and an eps the
+    normalising op would refuse (0: unused without norms)."""
+    inputs = without_norms(make_step(d + length, 2, 8, 2, length, d, 512, dtype))
+    out, _, _ = attention_step(*inputs, 7, eps=0.0, rope_base=BASE, scale=0.1, stream=device)
+    mx.eval(out)
+    check_step(inputs, 260, device, f"no norm D={d} L={length} B=2", scale=0.1)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_norms_change_the_result(device):
+    """The flag reaches the kernel: the same projections with unit norm weights (RMSNorm still
+    rescales each head) and without norms give different outputs and keys, each its oracle's."""
+    inputs = make_step(11, 1, 8, 2, 1, 64, 256, mx.float32)
+    q, k, v, _, _, k_cache, v_cache = inputs
+    ones = mx.ones((64,), mx.float32)
+    normed = (q, k, v, ones, ones, k_cache, v_cache)
+    results = []
+    for args in (normed, without_norms(inputs)):
+        out, new_k, _ = attention_step(*args, 40, eps=EPS, rope_base=BASE, stream=device)
+        expected, exp_k, _ = step_f64(*args, 40, EPS, BASE)
+        np.testing.assert_allclose(to_numpy(out), expected, atol=4e-5, rtol=4e-5)
+        np.testing.assert_allclose(to_numpy(new_k)[:, :, 40], exp_k[:, :, 40], atol=2e-4)
+        results.append((to_numpy(out), to_numpy(new_k)[:, :, 40]))
+    assert np.abs(results[0][1] - results[1][1]).max() > 0.1
+    assert np.abs(results[0][0] - results[1][0]).max() > 1e-3
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -389,5 +451,34 @@ def test_bad_inputs(changes, message):
 def test_bad_schedule_and_constants():
     with pytest.raises(ValueError, match="unknown schedule 'fast'"):
         attention_step(**bad(), eps=EPS, rope_base=BASE, schedule="fast")
-    with pytest.raises(ValueError, match="eps and rope_base must be positive"):
+    with pytest.raises(ValueError, match="eps must be positive"):
         attention_step(**bad(), eps=0.0, rope_base=BASE)
+    with pytest.raises(ValueError, match="eps is needed with the norm weights"):
+        attention_step(**bad(), rope_base=BASE)
+    for norms in ({}, dict(q_norm_weight=None, k_norm_weight=None)):
+        with pytest.raises(ValueError, match="rope_base must be positive"):
+            attention_step(**bad(**norms), eps=EPS, rope_base=-1.0)
+
+
+@pytest.mark.parametrize("missing", ["q_norm_weight", "k_norm_weight"])
+def test_one_norm_weight_alone(missing):
+    """Both norm weights or neither: the error names the one that is None."""
+    given = "k_norm_weight" if missing == "q_norm_weight" else "q_norm_weight"
+    with pytest.raises(ValueError, match=f"{missing} is None while {given} is not"):
+        attention_step(**bad(**{missing: None}), eps=EPS, rope_base=BASE)
+
+
+@pytest.mark.parametrize(
+    "changes,message",
+    [
+        (dict(k_cache=mx.zeros((1, 2, 256, 63)), v_cache=mx.zeros((1, 2, 256, 63))), "even"),
+        (dict(q=mx.zeros((1, 2, 250), mx.float16)), "not a multiple of head_dim"),
+        (dict(k_cache=mx.zeros((1, 2, 256), mx.float16)), "k_cache must have shape"),
+    ],
+)
+def test_bad_inputs_without_norms(changes, message):
+    """Without norm weights head_dim is the caches' last size, checked as the weights' is."""
+    changes = {key: a.astype(mx.float16) for key, a in changes.items()}
+    args = bad(q_norm_weight=None, k_norm_weight=None, **changes)
+    with pytest.raises(ValueError, match=message):
+        attention_step(**args, rope_base=BASE)

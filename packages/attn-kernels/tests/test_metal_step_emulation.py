@@ -38,20 +38,24 @@ def contiguous_strides(shape):
 
 
 CASES = [
-    # (batch, Hq, Hkv, L, D, offset, capacity, dtype, groups)
-    (1, 8, 2, 1, 128, 255, 256, "bfloat16", 32),
-    (1, 4, 4, 3, 64, 100, 256, "float32", 8),
-    (1, 8, 2, 8, 128, 256, 512, "float16", 16),
-    (2, 4, 1, 2, 80, 17, 256, "bfloat16", 8),
-    (1, 32, 8, 1, 128, 0, 256, "float16", 32),
+    # (batch, Hq, Hkv, L, D, offset, capacity, dtype, groups, q/k norm)
+    (1, 8, 2, 1, 128, 255, 256, "bfloat16", 32, True),
+    (1, 4, 4, 3, 64, 100, 256, "float32", 8, True),
+    (1, 8, 2, 8, 128, 256, 512, "float16", 16, True),
+    (2, 4, 1, 2, 80, 17, 256, "bfloat16", 8, True),
+    (1, 32, 8, 1, 128, 0, 256, "float16", 32, True),
+    # Without q/k norm (Llama, Qwen2): no weight files, the kernel must not read them.
+    (1, 32, 8, 1, 128, 255, 256, "bfloat16", 32, False),
+    (1, 8, 2, 3, 64, 254, 512, "float32", 8, False),
+    (2, 4, 1, 8, 80, 300, 512, "float16", 16, False),
 ]
 
 
 @pytest.mark.parametrize(
-    ("b", "hq", "hkv", "length", "d", "offset", "cap", "dtype", "groups"), CASES
+    ("b", "hq", "hkv", "length", "d", "offset", "cap", "dtype", "groups", "qk_norm"), CASES
 )
 def test_metal_step_under_emulation(
-    step_emulator, tmp_path, b, hq, hkv, length, d, offset, cap, dtype, groups
+    step_emulator, tmp_path, b, hq, hkv, length, d, offset, cap, dtype, groups, qk_norm
 ):
     rng = np.random.default_rng(offset * 7 + length + d + groups)
     arrays = {
@@ -63,19 +67,23 @@ def test_metal_step_under_emulation(
         "k_cache": rng.standard_normal((b, hkv, cap, d)),
         "v_cache": rng.standard_normal((b, hkv, cap, d)),
     }
+    if not qk_norm:
+        del arrays["q_norm"], arrays["k_norm"]
     for name, a in arrays.items():
         (tmp_path / f"{name}.bin").write_bytes(storage(a, dtype))
     cache_strides = contiguous_strides((b, hkv, cap, d))
     params = struct.pack(
-        "<6i2f17q",
+        "<7i2fi17q",
         b,
         length,
         hq,
         hkv,
         d,
         offset,
+        int(qk_norm),
         EPS,
         np.log2(BASE),
+        0,  # padding
         *contiguous_strides((b, length, hq * d)),
         *contiguous_strides((b, length, hkv * d)),
         *contiguous_strides((b, length, hkv * d)),
@@ -87,8 +95,13 @@ def test_metal_step_under_emulation(
     (tmp_path / "config.txt").write_text(f"{dtype} {groups} {scale!r}\n")
     subprocess.run([str(step_emulator), str(tmp_path)], check=True, timeout=120)
 
-    inputs = [mx.array(quantized(a, dtype).astype(np.float32)) for a in arrays.values()]
-    expected, exp_k, exp_v = step_f64(*inputs, offset, EPS, BASE)
+    inputs = {name: mx.array(quantized(a, dtype).astype(np.float32)) for name, a in arrays.items()}
+    expected, exp_k, exp_v = step_f64(
+        *(inputs.get(name) for name in ("q", "k", "v", "q_norm", "k_norm", "k_cache", "v_cache")),
+        offset,
+        EPS,
+        BASE,
+    )
     out = read(tmp_path / "out.bin", dtype, (b, length, hq * d))
     new_k = read(tmp_path / "k_cache.bin", dtype, (b, hkv, cap, d))
     new_v = read(tmp_path / "v_cache.bin", dtype, (b, hkv, cap, d))
@@ -98,7 +111,7 @@ def test_metal_step_under_emulation(
     end = offset + length
     np.testing.assert_allclose(new_k[:, :, offset:end], exp_k[:, :, offset:end], **key_tol)
     np.testing.assert_array_equal(new_v[:, :, offset:end], exp_v[:, :, offset:end])
-    before_k, before_v = to_numpy(inputs[5]), to_numpy(inputs[6])
+    before_k, before_v = to_numpy(inputs["k_cache"]), to_numpy(inputs["v_cache"])
     for got, before in ((new_k, before_k), (new_v, before_v)):
         np.testing.assert_array_equal(got[:, :, :offset], before[:, :, :offset])
         np.testing.assert_array_equal(got[:, :, end:], before[:, :, end:])

@@ -1,6 +1,8 @@
 """attn_kernels.mlx_lm: mlx-lm models decode through the fused op with the same greedy tokens as
 mlx-lm's own attention, every other call goes to mlx-lm's function untouched, and disable() puts
-every name back."""
+every name back. The attention function's path is tested here with enable(fused_step=False) (the
+fused step of llama, qwen2 and qwen3, enable()'s default, takes their decode steps before they
+reach it: test_mlx_lm_step.py)."""
 
 import dataclasses
 import importlib
@@ -154,7 +156,7 @@ def test_greedy_tokens_match_mlx_lm(arch, dtype, fused_calls):
     model = tiny_model(arch, dtype)
     prompt, steps = prompt_ids(12), 10
     theirs, their_logits, _ = greedy(model, prompt, steps)
-    with kernel.enabled():
+    with kernel.enabled(fused_step=False):
         ours, our_logits, _ = greedy(model, prompt, steps)
         counts = kernel.calls()
     assert ours == theirs
@@ -181,7 +183,7 @@ def test_short_prefill_is_causal_and_fused(fused_calls):
     length = MAX_QUERY
     model = tiny_model("qwen3")
     theirs, their_logits, _ = greedy(model, prompt_ids(length), 6)
-    with kernel.enabled():
+    with kernel.enabled(fused_step=False):
         ours, our_logits, _ = greedy(model, prompt_ids(length), 6)
     assert ours == theirs
     assert max_difference(our_logits, their_logits) <= 1e-4
@@ -223,7 +225,7 @@ def test_the_guard_decides_head_dim_and_dtype(arch, dtype, fused, fused_calls):
     model = tiny_model(arch, dtype)
     prompt = prompt_ids(12)
     theirs, their_logits, _ = greedy(model, prompt, 6)
-    with kernel.enabled():
+    with kernel.enabled(fused_step=False):
         ours, our_logits, _ = greedy(model, prompt, 6)
         counts = kernel.calls()
     assert ours == theirs
@@ -242,7 +244,7 @@ def test_generate_step_decodes_through_the_kernel(fused_calls):
     model = tiny_model("qwen3", mx.bfloat16)
     prompt = prompt_ids(20)[0]
     theirs = [t for t, _ in generate_step(prompt, model, max_tokens=8)]
-    with kernel.enabled():
+    with kernel.enabled(fused_step=False):
         ours = [t for t, _ in generate_step(prompt, model, max_tokens=8)]
     assert ours == theirs
     assert len(fused_calls) >= LAYERS * 8
@@ -428,9 +430,12 @@ def test_command_generates_with_the_kernel(tmp_path, capsys):
     assert main([*argv, "--ignore-chat-template"]) == 0
     out, err = capsys.readouterr()
     assert "Generation: 5 tokens" in out
-    # The last prompt token and 5 more steps (generate_step computes one token ahead), fused; the
-    # 11-token prefill through mlx-lm's attention.
-    expected = f"{LAYERS * 6} fused, 0 fused over a quantized cache, {LAYERS} through mlx-lm's"
+    # The last prompt token and 5 more steps (generate_step computes one token ahead) as fused
+    # steps (qwen3: enable()'s default); the 11-token prefill through mlx-lm's attention.
+    expected = (
+        f"{LAYERS * 6} fused steps, 0 fused, 0 fused over a quantized cache, {LAYERS} through "
+        "mlx-lm's"
+    )
     assert f"attention calls: {expected} attention" in err
     assert not kernel.is_enabled()
 

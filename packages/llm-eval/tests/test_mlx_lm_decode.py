@@ -1,5 +1,6 @@
 """mlx-lm-decode on a tiny config on the CPU: both variants run mlx-lm's stream_generate, the
-kernel variant's decode steps go through the fused op, and the records validate."""
+kernel variant's decode steps go through the fused step (the attention-only variant's through the
+fused op), and the records validate."""
 
 import json
 
@@ -44,11 +45,15 @@ def test_tiny_model_two_workloads(tmp_path, monkeypatch, capsys):
             assert medians[v]["rounds_at_or_above_mlx_lm"] in (0, 1, 2)
         assert record["results"]["first_divergence"] is None
         assert samples["mlx-lm"][0]["tokens"] == samples["mlx-lm+kernel"][0]["tokens"]
-        # Fused per layer: the last prompt token and every generated one, plus one (generate_step
-        # queues one token past what it yields); the rest of the prompt (L = prompt - 1) too
-        # where it fits the query limit of 8.
-        fused = {s["attention_calls"]["fused"] for s in samples["mlx-lm+kernel"]}
-        assert fused == {2 * (1 + generated + (prompt - 1 <= 8))}
+        # Fused steps per layer (llama: no q/k norm): the last prompt token and every generated
+        # one, plus one (generate_step queues one token past what it yields); the rest of the
+        # prompt (L = prompt - 1) too where it fits the query limit of 8.
+        calls = {tuple(s["attention_calls"].items()) for s in samples["mlx-lm+kernel"]}
+        fused = 2 * (1 + generated + (prompt - 1 <= 8))
+        prefill = 0 if prompt - 1 <= 8 else 2
+        assert calls == {
+            (("fused", 0), ("fused_quantized", 0), ("fused_step", fused), ("mlx_lm", prefill))
+        }
     out = capsys.readouterr().out
     assert "mlx-lm+kernel" in out and "greedy tokens identical" in out
 
@@ -79,17 +84,18 @@ TINY_QWEN3 = dict(
 )
 
 
-def test_fused_step_variant(tmp_path, monkeypatch, capsys):
-    """--fused-step: three variants rotated in one process; mlx-lm+kernel+step's decode steps
-    run as attention_step (its attention function is reached by the prefill only)."""
+def test_attention_only_variant(tmp_path, monkeypatch, capsys):
+    """--attention-only: three variants rotated in one process; mlx-lm+kernel's decode steps run
+    as attention_step (its attention function is reached by the prefill only),
+    mlx-lm+kernel-attention-only's attention calls through the fused op."""
     monkeypatch.setitem(mlx_lm_decode.MODELS, "tiny-qwen3", TINY_QWEN3)
     argv = ["--model", "tiny-qwen3", "--quantize", "none", "--device", "cpu", "--rounds", "3"]
     argv += ["--bandwidth-gbs", "10", "--output", str(tmp_path), "--workload", "12+5"]
-    mlx_lm_decode.main([*argv, "--fused-step"])
+    mlx_lm_decode.main([*argv, "--attention-only"])
     (path,) = tmp_path.glob("cpu-*core-tiny-qwen3-bf16-mlx-lm-decode-12+5-*.json")
     record = json.loads(path.read_text())
     validate(record)
-    variants = ["mlx-lm", "mlx-lm+kernel", "mlx-lm+kernel+step"]
+    variants = ["mlx-lm", "mlx-lm+kernel", "mlx-lm+kernel-attention-only"]
     assert record["config"]["variants"] == variants
     assert [sorted(o["order"]) for o in record["execution_order"]] == [sorted(variants)] * 3
     assert len({tuple(o["order"]) for o in record["execution_order"]}) == 3  # rotated
@@ -97,12 +103,14 @@ def test_fused_step_variant(tmp_path, monkeypatch, capsys):
     assert all(len(samples[v]) == 3 for v in variants)
     # Per layer: the last prompt token and 5 + 1 generated ones fused; the 11-token prefill
     # through mlx-lm's attention function.
-    kernel = {tuple(s["attention_calls"].items()) for s in samples["mlx-lm+kernel"]}
-    step = {tuple(s["attention_calls"].items()) for s in samples["mlx-lm+kernel+step"]}
-    assert kernel == {(("fused", 12), ("fused_quantized", 0), ("fused_step", 0), ("mlx_lm", 2))}
+    only = {tuple(s["attention_calls"].items()) for s in samples["mlx-lm+kernel-attention-only"]}
+    step = {tuple(s["attention_calls"].items()) for s in samples["mlx-lm+kernel"]}
+    assert only == {(("fused", 12), ("fused_quantized", 0), ("fused_step", 0), ("mlx_lm", 2))}
     assert step == {(("fused", 0), ("fused_quantized", 0), ("fused_step", 12), ("mlx_lm", 2))}
     results = record["results"]
-    assert results["first_divergence"] is None and results["first_divergence_fused_step"] is None
-    assert "vs_mlx_lm" in results["medians"]["mlx-lm+kernel+step"]
+    assert results["first_divergence"] is None
+    assert results["first_divergence_attention_only"] is None
+    assert "vs_mlx_lm" in results["medians"]["mlx-lm+kernel-attention-only"]
     out = capsys.readouterr().out
-    assert "mlx-lm+kernel+step: attention calls per request: fused 0" in out
+    assert "mlx-lm+kernel-attention-only: attention calls per request: fused 12" in out
+    assert "mlx-lm+kernel: attention calls per request: fused 0" in out

@@ -1,6 +1,7 @@
 """One decode step of attention after the q/k/v projections, as one fused op.
 
-The unfused chain it replaces (what mlx-lm's Qwen3 attention runs per layer):
+The unfused chain it replaces (what mlx-lm's Qwen3 attention runs per layer; Llama and Qwen2
+have no q/k norm: q_norm_weight = k_norm_weight = None skips the first two lines' rms_norm):
 
     q = rms_norm(q.reshape(B, L, Hq, D), q_norm_weight, eps).transpose(0, 2, 1, 3)
     k = rms_norm(k.reshape(B, L, Hkv, D), k_norm_weight, eps).transpose(0, 2, 1, 3)
@@ -23,13 +24,13 @@ def attention_step(
     q: mx.array,
     k: mx.array,
     v: mx.array,
-    q_norm_weight: mx.array,
-    k_norm_weight: mx.array,
+    q_norm_weight: mx.array | None,
+    k_norm_weight: mx.array | None,
     k_cache: mx.array,
     v_cache: mx.array,
     offset: int,
     *,
-    eps: float,
+    eps: float | None = None,
     rope_base: float,
     scale: float | None = None,
     schedule: str = "auto",
@@ -41,10 +42,13 @@ def attention_step(
     Args:
         q: (B, L, Hq·D), k, v: (B, L, Hkv·D): the new tokens' projections as the linear layers
             lay them out; strided views (slices of one fused q/k/v projection) are read in place.
-        q_norm_weight, k_norm_weight: (D,), the per-head RMSNorm weights; D is their size.
-        k_cache, v_cache: (B, Hkv, capacity, D), positions [0, offset) already written.
+        q_norm_weight, k_norm_weight: (D,), the per-head RMSNorm weights (Qwen3); both None
+            for a model without q/k norm (Llama, Qwen2): q and k are rotated as given.
+        k_cache, v_cache: (B, Hkv, capacity, D), positions [0, offset) already written; D is
+            their last size.
         offset: position of the first new token; offset + L <= capacity.
-        eps: RMSNorm epsilon. rope_base: RoPE base (non-traditional rotation, all D dims).
+        eps: RMSNorm epsilon, needed with the norm weights (ignored without them).
+        rope_base: RoPE base (non-traditional rotation, all D dims).
         scale: multiplier of the dot products (default 1/sqrt(D)).
         schedule: GPU attention schedule (as in `decode_attention_custom`).
         owned_caches: the caller's promise that no other array sharing the caches' memory (an
@@ -63,8 +67,21 @@ def attention_step(
         the op copies it (counted by attention_step_cache_copies). Use the returned caches from
         then on.
     """
+    if (q_norm_weight is None) != (k_norm_weight is None):
+        given, missing = (
+            ("q_norm_weight", "k_norm_weight")
+            if k_norm_weight is None
+            else ("k_norm_weight", "q_norm_weight")
+        )
+        raise ValueError(
+            f"[attention_step] {missing} is None while {given} is not: pass both norm weights "
+            "(q/k RMSNorm) or neither"
+        )
+    qk_norm = q_norm_weight is not None
+    if qk_norm and eps is None:
+        raise ValueError("[attention_step] eps is needed with the norm weights")
     if scale is None:
-        scale = 1.0 / math.sqrt(q_norm_weight.shape[0])
+        scale = 1.0 / math.sqrt(k_cache.shape[-1])
     out, k_cache, v_cache = _ext.attention_step(
         q,
         k,
@@ -74,7 +91,7 @@ def attention_step(
         k_cache,
         v_cache,
         int(offset),
-        float(eps),
+        float(eps) if qk_norm else 0.0,
         float(rope_base),
         float(scale),
         schedule,

@@ -10,9 +10,12 @@ EOS, so nothing stops a request early. Kernel requests keep their attention call
     mlx-lm-decode --model qwen3-4b --model llama-3-8b --quantize 4bit \\
         --workload 32+97 --workload 8192+65 --rounds 6
 
---fused-step adds a third variant, mlx-lm+kernel+step: enable(fused_step=True), which runs the
-decode steps of mlx-lm's Qwen3 attention as one attention_step (other architectures: the same as
-mlx-lm+kernel).
+The variants: mlx-lm (no kernel) and mlx-lm+kernel: attn_kernels.mlx_lm.enable(), whose decode
+steps of mlx-lm's llama (mistral), qwen2 and qwen3 attention run as one attention_step each (q/k
+norm where the model has it, RoPE, cache write, attention; other architectures: the attention
+call alone). --attention-only adds a third, mlx-lm+kernel-attention-only:
+enable(fused_step=False), the attention call alone through the fused op (what enable() did
+before the fused step became its default).
 
 One record per model and workload, under benchmark_results/ (the nearest such folder upwards) or
 --output DIR, named like bench's records.
@@ -36,7 +39,7 @@ from llm_eval import bench
 from llm_eval.progress import Progress
 from llm_eval.record import SCHEMA_VERSION, collect_metadata, write_record
 
-BASELINE, KERNEL, STEP = "mlx-lm", "mlx-lm+kernel", "mlx-lm+kernel+step"
+BASELINE, KERNEL, ATTENTION_ONLY = "mlx-lm", "mlx-lm+kernel", "mlx-lm+kernel-attention-only"
 VARIANTS = [BASELINE, KERNEL]
 # mlx-lm config.json values of the published checkpoints (random weights here).
 MODELS = {
@@ -95,13 +98,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--output", type=Path, metavar="DIR", help="folder for the records")
     p.add_argument("--no-record", action="store_true", help="print the tables only")
     p.add_argument(
-        "--fused-step",
+        "--attention-only",
         action="store_true",
-        help=f"a third variant, {STEP}: attn_kernels.mlx_lm.enable(fused_step=True) (mlx-lm's "
-        "Qwen3 decode steps as one attention_step each)",
+        help=f"a third variant, {ATTENTION_ONLY}: attn_kernels.mlx_lm.enable(fused_step=False) "
+        f"(the attention call alone through the fused op; {KERNEL} also fuses norms, RoPE and "
+        "the cache write of llama, qwen2 and qwen3 into one attention_step)",
     )
     args = p.parse_args(argv)
-    args.variants = [*VARIANTS, STEP] if args.fused_step else list(VARIANTS)
+    args.variants = [*VARIANTS, ATTENTION_ONLY] if args.attention_only else list(VARIANTS)
     args.model = list(dict.fromkeys(args.model or ["qwen3-4b"]))
     args.workload = list(dict.fromkeys(args.workload or [(32, 97)]))
     if args.rounds < 1:
@@ -151,7 +155,11 @@ def request(model, tokenizer, prompt: mx.array, generated: int, variant: str) ->
 
     kernel = variant != BASELINE
     mx.reset_peak_memory()
-    context = attention.enabled(fused_step=variant == STEP) if kernel else contextlib.nullcontext()
+    context = (
+        attention.enabled(fused_step=variant != ATTENTION_ONLY)
+        if kernel
+        else contextlib.nullcontext()
+    )
     with context:
         responses = stream_generate(model, tokenizer, prompt, max_tokens=generated)
         steps = ((r.token, None) for r in responses)
@@ -189,8 +197,8 @@ def run_workload(args, name, model, tokenizer, w, progress: Progress) -> dict:
             )
     divergence = {v: first_divergence(samples[BASELINE][0], samples[v][0]) for v in variants[1:]}
     results = {}
-    if STEP in divergence:
-        results["first_divergence_fused_step"] = divergence[STEP]
+    if ATTENTION_ONLY in divergence:
+        results["first_divergence_attention_only"] = divergence[ATTENTION_ONLY]
     return {
         "schema_version": SCHEMA_VERSION,
         "kind": "mlx-lm-decode",
@@ -217,8 +225,8 @@ def run_workload(args, name, model, tokenizer, w, progress: Progress) -> dict:
             "samples": samples,
             "medians": bench.summarise(samples),
             # Greedy tokens of the first round, mlx-lm against mlx-lm+kernel (and, with
-            # --fused-step, against mlx-lm+kernel+step): the attention paths round differently in
-            # bf16, so a near-tie can flip on random weights.
+            # --attention-only, against mlx-lm+kernel-attention-only): the attention paths round
+            # differently in bf16, so a near-tie can flip on random weights.
             "first_divergence": divergence[KERNEL],
             **results,
         },
@@ -250,8 +258,8 @@ def format_table(record: dict) -> str:
             f"{gbs} |"
         )
     divergences = {KERNEL: res["first_divergence"]}
-    if "first_divergence_fused_step" in res:
-        divergences[STEP] = res["first_divergence_fused_step"]
+    if "first_divergence_attention_only" in res:
+        divergences[ATTENTION_ONLY] = res["first_divergence_attention_only"]
     for v, divergence in divergences.items():
         calls = {tuple(s["attention_calls"].items()) for s in res["samples"][v]}
         lines.append(

@@ -20,14 +20,17 @@ K and V head dims that differ). A QuantizedKVCache's decode steps run
 S <= 32768, the measured head dim and dtype), mlx-lm's quantized path elsewhere. docs/mlx-lm.md has the table and the
 records. mlx-lm itself is optional: this module imports without it, enable() needs it.
 
-enable(fused_step=True) also replaces mlx-lm's Qwen3 `Attention.__call__`: decode steps the guard
-accepts (guard.use_step) with a plain KVCache run q/k norm, RoPE, the cache write and attention as
-one `attention_step` on the cache's buffers (step.py); everything else runs mlx-lm's method.
+enable() also replaces `Attention.__call__` of mlx-lm's llama (and so mistral), qwen2 and qwen3
+modules (step.STEP_MODELS): decode steps the guard accepts (guard.use_step) with a plain KVCache
+and plain RoPE run q/k norm (Qwen3), RoPE, the cache write and attention as one `attention_step`
+on the cache's buffers (step.py); everything else runs mlx-lm's method. enable(fused_step=False)
+leaves those methods alone: only the attention function is replaced.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import sys
 import threading
 from collections.abc import Iterator
@@ -46,8 +49,9 @@ _enabled = False
 _original = None  # mlx-lm's function, kept after disable() for stray references to ours
 _rotating = None  # mlx_lm.models.cache.RotatingKVCache
 _calls = {"fused": 0, "fused_quantized": 0, "fused_step": 0, "mlx_lm": 0}
-_qwen3_attention = None  # mlx_lm.models.qwen3.Attention while its __call__ is the fused step's
-_qwen3_call = None  # mlx-lm's own Attention.__call__, put back by disable()
+# mlx-lm's Attention classes whose __call__ is the fused step's, each with mlx-lm's own method
+# (put back by disable() and enable(fused_step=False)).
+_replaced: dict[type, object] = {}
 
 
 def _mlx_lm_modules():
@@ -131,13 +135,14 @@ def _rebind(old, new) -> int:
     return count
 
 
-def enable(fused_step: bool = False) -> None:
+def enable(fused_step: bool = True) -> None:
     """Send mlx-lm's decode attention through the fused kernel (idempotent). Starts calls()
     from zero when it was disabled.
 
-    fused_step: also run the decode steps of mlx-lm's Qwen3 attention as one `attention_step`
-    (q/k norm, RoPE, cache write, attention) where the guard accepts them. False (the default)
-    leaves mlx-lm's Qwen3 attention as it is, or puts it back if an earlier call replaced it."""
+    fused_step: also run the decode steps of mlx-lm's llama (mistral), qwen2 and qwen3 attention
+    as one `attention_step` (q/k norm where the model has it, RoPE, cache write, attention)
+    where the guard accepts them. False leaves mlx-lm's attention methods as they are (only
+    the attention function is replaced), or puts them back if an earlier call replaced them."""
     global _enabled, _original, _rotating
     base, cache = _mlx_lm_modules()
     with _lock:
@@ -153,21 +158,20 @@ def enable(fused_step: bool = False) -> None:
 
 
 def _set_fused_step(on: bool, kv_cache: type | None = None) -> None:
-    global _qwen3_attention, _qwen3_call
-    if on and _qwen3_attention is None:
-        from mlx_lm.models import qwen3
-
-        _qwen3_call = qwen3.Attention.__call__
-        qwen3.Attention.__call__ = step.fused_call(_qwen3_call, kv_cache, _calls)
-        _qwen3_attention = qwen3.Attention
-    elif not on and _qwen3_attention is not None:
-        _qwen3_attention.__call__ = _qwen3_call
-        _qwen3_attention = None
+    if on and not _replaced:
+        for name, norms in step.STEP_MODELS.items():
+            attention = importlib.import_module(f"mlx_lm.models.{name}").Attention
+            _replaced[attention] = attention.__dict__["__call__"]
+            attention.__call__ = step.fused_call(_replaced[attention], kv_cache, _calls, norms)
+    elif not on:
+        for attention, call in _replaced.items():
+            attention.__call__ = call
+        _replaced.clear()
 
 
 def disable() -> None:
     """Give every name that holds the fused entry point mlx-lm's function back, and mlx-lm's
-    Qwen3 attention its own method (idempotent)."""
+    attention classes their own methods (idempotent)."""
     global _enabled
     with _lock:
         if not _enabled:
@@ -182,19 +186,20 @@ def is_enabled() -> bool:
 
 
 def fused_step_enabled() -> bool:
-    """Whether mlx-lm's Qwen3 attention runs the fused step (enable(fused_step=True))."""
-    return _qwen3_attention is not None
+    """Whether mlx-lm's llama, qwen2 and qwen3 attention run the fused step (enable(), unless
+    fused_step=False)."""
+    return bool(_replaced)
 
 
 def calls() -> dict[str, int]:
     """Attention calls since enable(): {"fused": ..., "fused_quantized": ..., "fused_step": ...,
     "mlx_lm": ...} (decode_attention_custom, decode_attention_quantized, attention_step in
-    mlx-lm's Qwen3 attention, mlx-lm's own attention function)."""
+    mlx-lm's llama/qwen2/qwen3 attention, mlx-lm's own attention function)."""
     return dict(_calls)
 
 
 @contextlib.contextmanager
-def enabled(fused_step: bool = False) -> Iterator[None]:
+def enabled(fused_step: bool = True) -> Iterator[None]:
     """enable(fused_step) for the block; afterwards the state before it (disabled, or enabled
     with or without the fused step)."""
     was, had_step = _enabled, fused_step_enabled()

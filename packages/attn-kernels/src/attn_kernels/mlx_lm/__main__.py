@@ -5,8 +5,10 @@
 
 Everything after the command name is mlx-lm's own options, passed through unchanged (see
 `python -m attn_kernels.mlx_lm generate --help`, which is mlx-lm's). Decode steps the guard
-accepts run the fused DecodeAttention op; prefill and every other call run mlx-lm's attention.
-After the command, one line on stderr says how many attention calls took each path.
+accepts run fused: llama, mistral, qwen2 and qwen3 models as one attention_step per layer (norms,
+RoPE, cache write, attention), other models' attention calls as the DecodeAttention op; prefill
+and every other call run mlx-lm's attention. After the command, one line on stderr says how many
+attention calls took each path.
 """
 
 from __future__ import annotations
@@ -45,8 +47,9 @@ def main(argv: list[str] | None = None) -> int:
         module.main()
         counts = kernel.calls()
     print(
-        f"[attn_kernels] attention calls: {counts['fused']} fused, {counts['fused_quantized']} "
-        f"fused over a quantized cache, {counts['mlx_lm']} through mlx-lm's attention",
+        f"[attn_kernels] attention calls: {counts['fused_step']} fused steps, "
+        f"{counts['fused']} fused, {counts['fused_quantized']} fused over a quantized cache, "
+        f"{counts['mlx_lm']} through mlx-lm's attention",
         file=sys.stderr,
     )
     return 0

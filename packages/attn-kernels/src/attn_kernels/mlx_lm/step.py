@@ -1,14 +1,17 @@
-"""mlx-lm's Qwen3 attention with the fused step: `enable(fused_step=True)` puts `fused_call`'s
-method in place of `mlx_lm.models.qwen3.Attention.__call__`.
+"""mlx-lm's attention with the fused step: `enable()` puts `fused_call`'s method in place of
+`Attention.__call__` of mlx-lm's llama (also mistral, which mlx-lm loads through llama.py),
+qwen2 and qwen3 modules (STEP_MODELS).
 
 A decode step that attn_kernels.guard.use_step accepts (the question qwen3_model's attention
-asks) with mlx-lm's plain KVCache runs q/k RMSNorm, RoPE, the cache write and attention as one
-`attention_step` on the cache's own buffers, then o_proj as mlx-lm does. The cache grows exactly
-as KVCache.update_and_fetch grows it, and afterwards holds only the buffers the op returned
-(owned_caches: nothing else holds them, and the cache reads [0, offset) of them). Every other
-call runs mlx-lm's method unchanged: prefill past the guard's query limit, other cache types,
-explicit masks, RoPE scaling (only plain nn.RoPE is the op's rotation), dtypes that differ
-between the projections, the norms and the cache, and anything the op refuses.
+asks) with mlx-lm's plain KVCache runs q/k RMSNorm (Qwen3 only: Llama and Qwen2 have none),
+RoPE, the cache write and attention as one `attention_step` on the cache's own buffers, then
+o_proj as mlx-lm does. The q/k/v projections stay mlx-lm's Linear layers (with Qwen2's biases);
+the op takes their outputs. The cache grows exactly as KVCache.update_and_fetch grows it, and
+afterwards holds only the buffers the op returned (owned_caches: nothing else holds them, and
+the cache reads [0, offset) of them). Every other call runs mlx-lm's method unchanged: prefill
+past the guard's query limit, other cache types, explicit masks, RoPE other than plain nn.RoPE
+(scaling, traditional, partial, NoPE), dtypes that differ between the projections, the norms and
+the cache, and anything the op refuses.
 """
 
 from __future__ import annotations
@@ -21,10 +24,18 @@ import mlx.nn as nn
 from attn_kernels.attention_step import attention_step
 from attn_kernels.guard import use_step
 
+# mlx-lm model modules whose Attention class the fused step replaces, and the attribute names of
+# that class's q/k RMSNorm modules (None: no q/k norm).
+STEP_MODELS: dict[str, tuple[str, str] | None] = {
+    "llama": None,
+    "qwen2": None,
+    "qwen3": ("q_norm", "k_norm"),
+}
+
 
 def _plain_rope(rope, head_dim: int) -> bool:
     """The op's rotation: non-traditional, all head_dim dims, no position scaling (what mlx-lm's
-    initialize_rope builds for Qwen3 without rope_scaling)."""
+    initialize_rope builds without rope_scaling and rope_traditional)."""
     return (
         type(rope) is nn.RoPE
         and not rope.traditional
@@ -52,19 +63,24 @@ def grow(cache, b: int, heads: int, length: int, head_dim: int, dtype: mx.Dtype)
     return cache.keys, cache.values
 
 
-def fused_call(original: Callable, kv_cache: type, calls: dict) -> Callable:
-    """mlx-lm's Qwen3 `Attention.__call__` with decode steps through `attention_step`;
-    `original` is mlx-lm's method, `kv_cache` mlx-lm's KVCache class, calls["fused_step"] counts
-    the fused steps."""
+def fused_call(
+    original: Callable, kv_cache: type, calls: dict, norms: tuple[str, str] | None
+) -> Callable:
+    """mlx-lm's `Attention.__call__` with decode steps through `attention_step`; `original` is
+    mlx-lm's method, `kv_cache` mlx-lm's KVCache class, `norms` the names of the q/k RMSNorm
+    attributes (None: the model has none), calls["fused_step"] counts the fused steps."""
 
     def __call__(self, x: mx.array, mask=None, cache=None) -> mx.array:
-        head_dim = self.q_norm.weight.shape[0]
+        weight = getattr(self.q_proj, "weight", None)  # Linear or QuantizedLinear: (Hq·D, ...)
         if (
             type(cache) is not kv_cache
             or not (mask is None or isinstance(mask, str))
-            or self.q_norm.eps != self.k_norm.eps
-            or not _plain_rope(self.rope, head_dim)
+            or weight is None
         ):
+            return original(self, x, mask, cache)
+        head_dim = weight.shape[0] // self.n_heads
+        q_norm, k_norm = (getattr(self, n) for n in norms) if norms else (None, None)
+        if (norms and q_norm.eps != k_norm.eps) or not _plain_rope(self.rope, head_dim):
             return original(self, x, mask, cache)
         b, length, _ = x.shape
         offset = cache.offset
@@ -75,8 +91,8 @@ def fused_call(original: Callable, kv_cache: type, calls: dict) -> Callable:
             return original(self, x, mask, cache)
         # Lazy: if the step is not taken below, these nodes are dropped unevaluated.
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        same = (q, k, v, self.q_norm.weight, self.k_norm.weight)
-        if any(a.dtype != dtype for a in same) or (
+        weights = (q_norm.weight, k_norm.weight) if norms else (None, None)
+        if any(a is not None and a.dtype != dtype for a in (q, k, v, *weights)) or (
             cache.keys is not None and cache.keys.dtype != dtype
         ):
             return original(self, x, mask, cache)
@@ -86,12 +102,11 @@ def fused_call(original: Callable, kv_cache: type, calls: dict) -> Callable:
                 q,
                 k,
                 v,
-                self.q_norm.weight,
-                self.k_norm.weight,
+                *weights,
                 keys,
                 values,
                 offset,
-                eps=self.q_norm.eps,
+                eps=q_norm.eps if norms else None,
                 rope_base=self.rope.base,
                 scale=self.scale,
                 # The cache holds only the returned buffers and reads [0, offset) of them.
