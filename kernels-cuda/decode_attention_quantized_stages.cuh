@@ -90,16 +90,31 @@ __device__ __forceinline__ void stage_in(char* stage, const char* const (&codes)
                                          const char* const (&scales)[4], int p0, int begin,
                                          int end, int lane) {
   using S = StageLayout<BITS, D, GS>;
+  // Lane l copies piece l % kPieces of rows l / kPieces + k * kRowsPerPass, k < kPasses.
   constexpr int kPieces = S::kRowBytes / 16;  // per row
+  static_assert(32 % kPieces == 0, "a pass of the warp covers whole rows");
+  constexpr int kRowsPerPass = 32 / kPieces, kPasses = kStagePositions / kRowsPerPass;
+  const int first_row = lane / kPieces, piece = lane % kPieces;
+  char* const to = stage + first_row * S::kPitch + piece * 16;
+  if (p0 + kStagePositions <= end) {  // every sub-step but a chunk's last: rows in a stride
 #pragma unroll
-  for (int a = 0; a < 2; ++a) {
-    char* to = stage + a * S::kV;
+    for (int a = 0; a < 2; ++a) {
+      const char* from = codes[a] + (p0 + first_row) * row_bytes[a] + piece * 16;
+      const int64_t pass = kRowsPerPass * row_bytes[a];
 #pragma unroll
-    for (int i = lane; i < kStagePositions * kPieces; i += 32) {
-      const int row = i / kPieces, piece = i % kPieces;
-      const int at = min(p0 + row, end - 1);
-      copy_async16(to + row * S::kPitch + piece * 16, codes[a] + at * row_bytes[a] + piece * 16,
-                   16);
+      for (int k = 0; k < kPasses; ++k) {
+        copy_async16(to + a * S::kV + k * kRowsPerPass * S::kPitch, from + k * pass, 16);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int a = 0; a < 2; ++a) {
+#pragma unroll
+      for (int k = 0; k < kPasses; ++k) {
+        const int at = min(p0 + first_row + k * kRowsPerPass, end - 1);
+        copy_async16(to + a * S::kV + k * kRowsPerPass * S::kPitch,
+                     codes[a] + at * row_bytes[a] + piece * 16, 16);
+      }
     }
   }
   constexpr int kScalePieces = S::kScaleBytes / 16;  // per array
