@@ -27,7 +27,7 @@ limited() {
 }
 for variant in mmacp mma; do
   echo "== sanity $variant"
-  ATTN_QUANTIZED_LOG=1 ATTN_QUANTIZED_VARIANT=$variant limited 40 \
+  ATTN_QUANTIZED_LOG=1 ATTN_QUANTIZED_VARIANT=$variant limited 60 \
     python3 tools/gpu_quantized_sanity.py
 done 2>&1 | tee "$OUT/quantized-variants-sanity.txt"
 for variant in mmacp 8x2 mma 8x2p mmacp 8x2; do
