@@ -14,13 +14,17 @@
 // one rescale; warps, then blocks, then the chunks of a split (in the group's last block to
 // finish, one launch per call) are combined with the online-softmax merge.
 //
-// The tensor-core variant ("mma", decode_attention_quantized_mma.cuh) is selectable for A/B
-// runs (variant() below); plan_quantized() takes it only where its layout requirements hold.
+// The tensor-core variant ("mma", decode_attention_quantized_mma.cuh) and its cp.async-pipelined
+// form ("mmacp", decode_attention_quantized_stages.cuh) are selectable for A/B runs (variant()
+// below); plan_quantized() takes them only where their layout requirements hold.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
+#include <mutex>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -36,22 +40,33 @@ using namespace quantized;
 
 struct Kernel {
   CUfunction function;
-  int resident;  // blocks an SM holds at once
+  int resident;   // blocks an SM holds at once
+  unsigned smem;  // bytes of shared memory it was resolved with
 };
 
 // A kernel's driver handle (MLX's libmlx carries its own CUDA runtime) and how many of its
-// blocks of kThreads threads an SM holds with `smem` bytes of shared memory.
+// blocks of kThreads threads an SM holds with `smem` bytes of shared memory (above 48 KB allowed
+// on the handle itself, which is what MLX's graph launches).
 Kernel resolve(const void* symbol, unsigned smem) {
   cudaFunction_t f;
   if (cudaGetFuncBySymbol(&f, symbol) != cudaSuccess) {
     throw std::runtime_error("[decode_attention_quantized] cudaGetFuncBySymbol failed");
+  }
+  if (smem > 48 * 1024 &&
+      (cuFuncSetAttribute(reinterpret_cast<CUfunction>(f),
+                          CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, int(smem)) !=
+           CUDA_SUCCESS ||
+       cudaFuncSetAttribute(symbol, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)) !=
+           cudaSuccess)) {
+    throw std::runtime_error("[decode_attention_quantized] cannot allow " + std::to_string(smem) +
+                             " bytes of shared memory");
   }
   int blocks = 0;
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, symbol, kThreads, smem) !=
       cudaSuccess) {
     blocks = 1;
   }
-  return Kernel{reinterpret_cast<CUfunction>(f), std::max(blocks, 1)};
+  return Kernel{reinterpret_cast<CUfunction>(f), std::max(blocks, 1), smem};
 }
 
 template <typename T, int BITS, int LPR, int VALUES, int POSITIONS, bool PIPELINED>
@@ -80,21 +95,25 @@ const Kernel& kernel_for(int lpr, unsigned smem) {
 // default), or for A/B runs, ATTN_QUANTIZED_VARIANT=16x2, 8x4 or 8x2p (8x2 with the next step's
 // rows loaded while this step computes; these three bf16 only), mma (the tensor-core kernel
 // where it applies, else 8x2), mma1, mma2 or mma4 (that many sub-steps of loads in flight;
-// other than mma's default only for bf16, D = 128, group 64). The mma kernel is not the default:
-// on the H200 it timed the same as 8x2 at every context (docs/quantized-kv.md: neither kernel is
-// where the time goes), and its accuracy change has not run there yet.
+// other than mma's default only for bf16, D = 128, group 64), mmacp (the tensor-core kernel fed
+// by a cp.async pipeline through shared memory, where it applies, else 8x2). The mma kernels are
+// not the default: until mma_applies() was fixed (docs/quantized-kv.md), every "mma" timing on
+// the H200 ran 8x2, so none of them has been timed, nor its accuracy checked, there.
 const std::string& variant(ElementType dtype) {
   static const std::string chosen = [] {
     const char* env = std::getenv("ATTN_QUANTIZED_VARIANT");
     const std::string name = env ? env : "8x2";
     // A typo must not time the default under another name.
-    for (const char* known : {"8x2", "16x2", "8x4", "8x2p", "mma", "mma1", "mma2", "mma4"}) {
+    for (const char* known :
+         {"8x2", "16x2", "8x4", "8x2p", "mma", "mma1", "mma2", "mma4", "mmacp"}) {
       if (name == known) return name;
     }
     throw std::invalid_argument("ATTN_QUANTIZED_VARIANT='" + name +
-                                "': use 8x2, 16x2, 8x4, 8x2p, mma, mma1, mma2 or mma4");
+                                "': use 8x2, 16x2, 8x4, 8x2p, mma, mma1, mma2, mma4 or mmacp");
   }();
-  static const std::string plain = chosen.rfind("mma", 0) == 0 ? std::string("mma") : "8x2";
+  static const std::string plain = chosen == "mmacp"              ? chosen
+                                   : chosen.rfind("mma", 0) == 0 ? std::string("mma")
+                                                                 : "8x2";
   return dtype == ElementType::bfloat16 ? chosen : plain;
 }
 
@@ -131,11 +150,11 @@ const Kernel& kernel_for(int bits, int lpr, const std::string& variant, unsigned
   return bits == 8 ? kernel_for<T, 8, 8>(lpr, smem) : kernel_for<T, 4, 8>(lpr, smem);
 }
 
-template <typename T, int BITS, int D, int GS, int U>
+template <typename T, int BITS, int D, int GS, int U, int STAGES = 0>
 const Kernel& mma_kernel_for(unsigned smem) {
   static const Kernel kernel = [smem] {
     const void* symbol =
-        reinterpret_cast<const void*>(&attend_quantized_mma<T, BITS, D, GS, U>);
+        reinterpret_cast<const void*>(&attend_quantized_mma<T, BITS, D, GS, U, STAGES>);
     return resolve(symbol, smem);
   }();
   return kernel;
@@ -154,8 +173,36 @@ const Kernel& mma_kernel_for(int group_size, unsigned smem) {
   }
 }
 
-// The sub-steps the mma kernel for `p` takes under variant `kind`.
+// The pipelined kernel ("mmacp") of one bits, D and group size, with its stages and shared memory.
+template <typename T, int BITS, int D, int GS>
+const Kernel& pipelined_kernel_for() {
+  return mma_kernel_for<T, BITS, D, GS, 1, StageLayout<BITS, D, GS>::kStages>(
+      pipelined_smem_bytes<BITS, D, GS>());
+}
+
+template <typename T, int BITS, int D>
+const Kernel& pipelined_kernel_for(int group_size) {
+  switch (group_size) {
+    case 32: return pipelined_kernel_for<T, BITS, D, 32>();
+    case 64: return pipelined_kernel_for<T, BITS, D, 64>();
+    default:
+      if constexpr (D >= 128) return pipelined_kernel_for<T, BITS, D, 128>();
+      throw std::invalid_argument("[decode_attention_quantized] group_size larger than head_dim");
+  }
+}
+
+template <typename T, int BITS>
+const Kernel& pipelined_kernel_for(const QuantizedProblem& p) {
+  switch (p.head_dim) {
+    case 64: return pipelined_kernel_for<T, BITS, 64>(p.group_size);
+    case 128: return pipelined_kernel_for<T, BITS, 128>(p.group_size);
+    default: return pipelined_kernel_for<T, BITS, 256>(p.group_size);
+  }
+}
+
+// The sub-steps the mma kernel for `p` takes under variant `kind` (mmacp: one per stage).
 int mma_substeps(const QuantizedProblem& p, const std::string& kind) {
+  if (kind == "mmacp") return 1;
   if (p.dtype == ElementType::bfloat16 && p.head_dim == 128 && p.group_size == 64) {
     if (kind == "mma1") return 1;
     if (kind == "mma4") return 4;
@@ -179,10 +226,13 @@ const Kernel& mma_kernel_for(const QuantizedProblem& p, const std::string& kind,
   }
 }
 
-// The mma kernel's requirements: f16/bf16, D 64/128/256, sm_80+, codes rows of whole aligned
-// 16-byte pieces (last axis contiguous), scale and bias rows contiguous and aligned to a pair of
-// positions' worth (at most 16 bytes).
-bool mma_applies(const QuantizedProblem& p) {
+// The mma kernels' requirements: f16/bf16, D 64/128/256, sm_80+, codes rows of whole aligned
+// 16-byte pieces (last axis contiguous), scale and bias rows contiguous (each position's right
+// after the last's) with the runs that the kernel reads at once aligned: a pair of positions'
+// worth for mma (at most 16 bytes), 16 positions' worth (16 bytes) for mmacp's copies.
+// (A row stride is not a multiple of a pair's bytes: this once required it, so mma applied only
+// to D = 256 with group 32, and every "mma" timing on the H200 ran 8x2.)
+bool mma_applies(const QuantizedProblem& p, bool pipelined) {
   if (p.dtype == ElementType::float32) return false;
   if (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256) return false;
   static const bool has_mma = [] {
@@ -192,21 +242,24 @@ bool mma_applies(const QuantizedProblem& p) {
     return major >= 8;
   }();
   if (!has_mma) return false;
-  auto aligned = [](const void* ptr, const int64_t* strides, int elements, int elem_bytes,
-                    int64_t last_stride_expected, int64_t row_stride) {
-    const int bytes = std::min(elements * elem_bytes, 16);
-    return strides[3] == last_stride_expected && (row_stride < 0 || strides[2] == row_stride) &&
-           reinterpret_cast<uintptr_t>(ptr) % bytes == 0 && strides[0] * elem_bytes % bytes == 0 &&
-           strides[1] * elem_bytes % bytes == 0 && strides[2] * elem_bytes % bytes == 0;
+  auto aligned = [](const void* ptr, const int64_t* strides, int bytes, int elem_bytes) {
+    return reinterpret_cast<uintptr_t>(ptr) % bytes == 0 && strides[0] * elem_bytes % bytes == 0 &&
+           strides[1] * elem_bytes % bytes == 0;
   };
   const int groups = p.head_dim / p.group_size;
+  const int run = pipelined ? 16 : std::min(2 * groups * 2, 16);  // scale bytes read at once
   for (const auto* strides : {&p.k_strides, &p.v_strides}) {
     const void* codes = strides == &p.k_strides ? p.k_codes : p.v_codes;
     const void* scales = strides == &p.k_strides ? p.k_scales : p.v_scales;
     const void* biases = strides == &p.k_strides ? p.k_biases : p.v_biases;
-    if (!aligned(codes, (*strides)[0], 4, 4, 1, -1)) return false;
-    if (!aligned(scales, (*strides)[1], 2 * groups, 2, 1, groups)) return false;
-    if (!aligned(biases, (*strides)[2], 2 * groups, 2, 1, groups)) return false;
+    const auto& c = (*strides)[0];
+    if (c[3] != 1 || !aligned(codes, c, 16, 4) || c[2] * 4 % 16 != 0) return false;
+    for (int a : {1, 2}) {
+      const auto& s = (*strides)[a];
+      if (s[3] != 1 || s[2] != groups || !aligned(a == 1 ? scales : biases, s, run, 2)) {
+        return false;
+      }
+    }
   }
   return true;
 }
@@ -238,14 +291,22 @@ namespace {
 QuantizedPlan plan_mma(const QuantizedProblem& p, const std::string& kind) {
   QuantizedPlan plan{};
   plan.threads = kThreads;
-  plan.smem = kWarps * kMmaVectors * partial_stride(p.head_dim) * sizeof(float);
-  const Kernel& kernel =
-      p.dtype == ElementType::float16
-          ? (p.bits == 8 ? mma_kernel_for<__half, 8>(p, kind, plan.smem)
-                         : mma_kernel_for<__half, 4>(p, kind, plan.smem))
-          : (p.bits == 8 ? mma_kernel_for<__nv_bfloat16, 8>(p, kind, plan.smem)
-                         : mma_kernel_for<__nv_bfloat16, 4>(p, kind, plan.smem));
-  plan.attend = kernel.function;
+  const bool half = p.dtype == ElementType::float16;
+  const Kernel* kernel;
+  if (kind == "mmacp") {
+    kernel = half ? (p.bits == 8 ? &pipelined_kernel_for<__half, 8>(p)
+                                 : &pipelined_kernel_for<__half, 4>(p))
+                  : (p.bits == 8 ? &pipelined_kernel_for<__nv_bfloat16, 8>(p)
+                                 : &pipelined_kernel_for<__nv_bfloat16, 4>(p));
+    plan.smem = kernel->smem;
+  } else {
+    plan.smem = kWarps * kMmaVectors * partial_stride(p.head_dim) * sizeof(float);
+    kernel = half ? (p.bits == 8 ? &mma_kernel_for<__half, 8>(p, kind, plan.smem)
+                                 : &mma_kernel_for<__half, 4>(p, kind, plan.smem))
+                  : (p.bits == 8 ? &mma_kernel_for<__nv_bfloat16, 8>(p, kind, plan.smem)
+                                 : &mma_kernel_for<__nv_bfloat16, 4>(p, kind, plan.smem));
+  }
+  plan.attend = kernel->function;
   const int u = mma_substeps(p, kind);
   const int step = kWarps * u * kMmaStep;
   const int vectors = p.group * p.query_len;
@@ -254,7 +315,7 @@ QuantizedPlan plan_mma(const QuantizedProblem& p, const std::string& kind) {
   int splits = 1;
   if (p.context > 4 * step && blocks <= int(kArrivalSlots / 64)) {
     const int wanted = (p.context + 2 * step - 1) / (2 * step);
-    const int per_sm = std::min(kernel.resident, split_blocks_per_sm());
+    const int per_sm = std::min(kernel->resident, split_blocks_per_sm());
     splits = std::clamp(per_sm * sm_count() / blocks, 1, std::max(wanted, 1));
   }
   plan.chunk = (p.context + splits - 1) / splits;
@@ -269,6 +330,28 @@ QuantizedPlan plan_mma(const QuantizedProblem& p, const std::string& kind) {
   return plan;
 }
 
+// ATTN_QUANTIZED_LOG=1: the first plan of each kernel, to stderr, so that a device run shows
+// which kernel a variant's timing ran (a variant whose layout requirements fail runs 8x2).
+QuantizedPlan logged(const QuantizedPlan& plan, const std::string& kind,
+                     const QuantizedProblem& p) {
+  static const bool enabled = [] {
+    const char* env = std::getenv("ATTN_QUANTIZED_LOG");
+    return env && std::string(env) == "1";
+  }();
+  if (!enabled) return plan;
+  static std::mutex mutex;
+  static std::set<CUfunction> seen;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (seen.insert(plan.attend).second) {
+    std::fprintf(stderr,
+                 "[decode_attention_quantized] kernel %s: bits %d, D %d, group %d, S %d, grid %u x "
+                 "%u, %u threads, %u bytes of shared memory\n",
+                 kind.c_str(), p.bits, p.head_dim, p.group_size, p.context, plan.grid[0],
+                 plan.grid[1], plan.threads, plan.smem);
+  }
+  return plan;
+}
+
 }  // namespace
 
 QuantizedPlan plan_quantized(const QuantizedProblem& p) {
@@ -280,7 +363,7 @@ QuantizedPlan plan_quantized(const QuantizedProblem& p) {
   QuantizedPlan plan{};
   std::string kind = variant(p.dtype);
   if (kind.rfind("mma", 0) == 0) {
-    if (mma_applies(p)) return plan_mma(p, kind);
+    if (mma_applies(p, kind == "mmacp")) return logged(plan_mma(p, kind), kind, p);
     kind = "8x2";
   }
   const int values = kind == "16x2" ? 16 : 8, positions = kind == "8x4" ? 4 : 2;
@@ -311,7 +394,7 @@ QuantizedPlan plan_quantized(const QuantizedProblem& p) {
   plan.partial_floats =
       splits > 1 ? size_t(p.kv_rows) * vectors * splits * partial_stride(p.head_dim) : 0;
   if (splits > 1) plan.arrival_slot = arrival_slots(plan.grid[0]);
-  return plan;
+  return logged(plan, kind, p);
 }
 
 }  // namespace attn_kernels::cuda

@@ -33,12 +33,24 @@
 #include <type_traits>
 
 #include "decode_attention_quantized_kernel.cuh"
+#include "decode_attention_quantized_stages.cuh"
 
 namespace attn_kernels::cuda::quantized {
 
 constexpr int kMmaVectors = 8;  // query vectors per block: the rows of Q's tile (of 16) in use
 constexpr int kMmaStep = 16;    // positions per warp and sub-step: the K of the P V mma
 constexpr uint32_t kHalf1024x2 = 0x64006400u;
+static_assert(kStagePositions == kMmaStep, "a stage holds one sub-step");
+
+// Shared memory of the pipelined kernel (STAGES > 0): the warps' stages, which finish()'s states
+// reuse (written after a block barrier, when no stage is read any more).
+template <int BITS, int D, int GS>
+__host__ __device__ constexpr int pipelined_smem_bytes() {
+  using S = StageLayout<BITS, D, GS>;
+  const int stages = kWarps * S::kStages * S::kBytes;
+  const int states = kWarps * kMmaVectors * partial_stride(D) * int(sizeof(float));
+  return stages > states ? stages : states;
+}
 
 __device__ __forceinline__ float round_half(float x) {
 #if defined(__CUDACC__)
@@ -205,9 +217,12 @@ __device__ __forceinline__ uint32_t v_pair(const uint32_t* x, const uint32_t* y,
 
 // grid (kv_rows * tiles of 8 vectors, splits), kMmaWarps * 32 threads; shared memory:
 // kWarps * kMmaVectors states. U: sub-steps of 16 positions a warp loads before it computes.
-template <typename T, int BITS, int D, int GS, int U>
+// STAGES > 0 ("mmacp", U = 1): the operands come from the warp's cp.async pipeline of that many
+// stages (decode_attention_quantized_stages.cuh; shared memory: pipelined_smem_bytes()).
+template <typename T, int BITS, int D, int GS, int U, int STAGES = 0>
 __global__ void __launch_bounds__(kThreads, 2)
     attend_quantized_mma(QuantizedProblem p, float* partials, int chunk, unsigned slot) {
+  static_assert(STAGES == 0 || (U == 1 && STAGES >= 2), "a pipeline takes one sub-step a step");
   ATTN_SHARED_FLOATS(smem);
   constexpr int NG = D / GS;                  // groups per row
   constexpr int BK = GS < 64 ? GS : 64;       // K block
@@ -284,45 +299,102 @@ __global__ void __launch_bounds__(kThreads, 2)
   float o[kSteps][4] = {};
   float m = kNegInf, l = 0.0f;
   float v_bias[NG] = {};
-  for (int base = begin + warp * U * kMmaStep; base < end; base += kWarps * U * kMmaStep) {
+  constexpr int kWarpStep = kWarps * U * kMmaStep;  // positions between a warp's steps
+  // The pipeline (STAGES > 0): the warp's stage s of its sub-step i is i % STAGES.
+  using Stage = StageLayout<BITS, D, GS>;
+  char* const stages = reinterpret_cast<char*>(smem) + warp * STAGES * Stage::kBytes;
+  const char* const codes[2] = {k_codes, v_codes};
+  const int64_t row_bytes[2] = {k_row_bytes, v_row_bytes};
+  const char* const scale_rows[4] = {
+      reinterpret_cast<const char*>(k_scales), reinterpret_cast<const char*>(k_biases),
+      reinterpret_cast<const char*>(v_scales), reinterpret_cast<const char*>(v_biases)};
+  if constexpr (STAGES > 0) {
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+      const int at = begin + warp * kMmaStep + s * kWarpStep;
+      if (at < end) {
+        stage_in<BITS, D, GS>(stages + s * Stage::kBytes, codes, row_bytes, scale_rows, at, begin,
+                              end, lane);
+      }
+      copy_async_commit();  // one group per sub-step, empty or not: wait counts groups
+    }
+  }
+  int step = 0;  // the warp's sub-step (STAGES > 0)
+  for (int base = begin + warp * U * kMmaStep; base < end; base += kWarpStep, ++step) {
     // All loads of the U sub-steps first: K rows base + 8n + g, V rows base + 2c + (x & 1) +
     // 8 (x >> 1), the scales and biases of positions base + 8n + 2c, + 1 (the lane's scores).
     uint32_t kw[U][2][KB][KWORDS], vw[U][4][VB][VWORDS];
     uint32_t ks[U][2][SWORDS], kb[U][2][SWORDS], vs[U][2][SWORDS], vb[U][2][SWORDS];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int at = base + u * kMmaStep;
+    if constexpr (STAGES > 0) {
+      // Sub-step step + STAGES - 1 into the stage that step - 1 used (read by every lane before
+      // the __syncwarp that ended it), then wait for this sub-step's group.
+      const int ahead = base + (STAGES - 1) * kWarpStep;
+      if (ahead < end) {
+        stage_in<BITS, D, GS>(stages + (step + STAGES - 1) % STAGES * Stage::kBytes, codes,
+                              row_bytes, scale_rows, ahead, begin, end, lane);
+      }
+      copy_async_commit();
+      copy_async_wait<STAGES - 1>();
+      __syncwarp();  // every lane's copies of this stage are visible to the warp
+      const char* stage = stages + step % STAGES * Stage::kBytes;
 #pragma unroll
       for (int n = 0; n < 2; ++n) {
-        const char* k_row = k_codes + min(at + 8 * n + g, end - 1) * k_row_bytes;
+        const char* k_row = stage + (8 * n + g) * Stage::kPitch;
 #pragma unroll
         for (int w = 0; w < KB; ++w) {
-          load_piece<KBYTES>(kw[u][n][w], k_row + (w * BK + c * KC) * BITS / 8);
+          shared_piece<KBYTES>(kw[0][n][w], k_row + (w * BK + c * KC) * BITS / 8);
         }
-        const int pair = at + 8 * n + 2 * c;
-        if (pair + 1 < end) {
-          load_piece<SBYTES>(ks[u][n], k_scales + int64_t{pair} * NG);
-          load_piece<SBYTES>(kb[u][n], k_biases + int64_t{pair} * NG);
-          load_piece<SBYTES>(vs[u][n], v_scales + int64_t{pair} * NG);
-          load_piece<SBYTES>(vb[u][n], v_biases + int64_t{pair} * NG);
-        } else {  // the chunk's last position (its pair's other half is masked out)
-#pragma unroll
-          for (int e = 0; e < 2 * NG; ++e) {
-            const int64_t at_e = int64_t{min(pair + e / NG, end - 1)} * NG + e % NG;
-            set_half(ks[u][n], e, k_scales + at_e);
-            set_half(kb[u][n], e, k_biases + at_e);
-            set_half(vs[u][n], e, v_scales + at_e);
-            set_half(vb[u][n], e, v_biases + at_e);
-          }
-        }
+        const int pair = (8 * n + 2 * c) * NG * 2;  // bytes into each scale array
+        shared_piece<SBYTES>(ks[0][n], stage + Stage::kScales + pair);
+        shared_piece<SBYTES>(kb[0][n], stage + Stage::kScales + Stage::kScaleBytes + pair);
+        shared_piece<SBYTES>(vs[0][n], stage + Stage::kScales + 2 * Stage::kScaleBytes + pair);
+        shared_piece<SBYTES>(vb[0][n], stage + Stage::kScales + 3 * Stage::kScaleBytes + pair);
       }
 #pragma unroll
       for (int x = 0; x < 4; ++x) {
-        const char* v_row =
-            v_codes + min(at + 2 * c + (x & 1) + 8 * (x >> 1), end - 1) * v_row_bytes;
+        const char* v_row = stage + Stage::kV + (2 * c + (x & 1) + 8 * (x >> 1)) * Stage::kPitch;
 #pragma unroll
         for (int b = 0; b < VB; ++b) {
-          load_piece<VBYTES>(vw[u][x][b], v_row + (b * BV + g * VC) * BITS / 8);
+          shared_piece<VBYTES>(vw[0][x][b], v_row + (b * BV + g * VC) * BITS / 8);
+        }
+      }
+      __syncwarp();  // the stage is free for the copies of sub-step step + STAGES
+    } else {
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int at = base + u * kMmaStep;
+#pragma unroll
+        for (int n = 0; n < 2; ++n) {
+          const char* k_row = k_codes + min(at + 8 * n + g, end - 1) * k_row_bytes;
+#pragma unroll
+          for (int w = 0; w < KB; ++w) {
+            load_piece<KBYTES>(kw[u][n][w], k_row + (w * BK + c * KC) * BITS / 8);
+          }
+          const int pair = at + 8 * n + 2 * c;
+          if (pair + 1 < end) {
+            load_piece<SBYTES>(ks[u][n], k_scales + int64_t{pair} * NG);
+            load_piece<SBYTES>(kb[u][n], k_biases + int64_t{pair} * NG);
+            load_piece<SBYTES>(vs[u][n], v_scales + int64_t{pair} * NG);
+            load_piece<SBYTES>(vb[u][n], v_biases + int64_t{pair} * NG);
+          } else {  // the chunk's last position (its pair's other half is masked out)
+#pragma unroll
+            for (int e = 0; e < 2 * NG; ++e) {
+              const int64_t at_e = int64_t{min(pair + e / NG, end - 1)} * NG + e % NG;
+              set_half(ks[u][n], e, k_scales + at_e);
+              set_half(kb[u][n], e, k_biases + at_e);
+              set_half(vs[u][n], e, v_scales + at_e);
+              set_half(vb[u][n], e, v_biases + at_e);
+            }
+          }
+        }
+#pragma unroll
+        for (int x = 0; x < 4; ++x) {
+          const char* v_row =
+              v_codes + min(at + 2 * c + (x & 1) + 8 * (x >> 1), end - 1) * v_row_bytes;
+#pragma unroll
+          for (int b = 0; b < VB; ++b) {
+            load_piece<VBYTES>(vw[u][x][b], v_row + (b * BV + g * VC) * BITS / 8);
+          }
         }
       }
     }
@@ -431,6 +503,10 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
 
   // finish()'s states: [warp][vector][max, denominator, D accumulators].
+  if constexpr (STAGES > 0) {
+    copy_async_wait<0>();  // (every group left is empty: nothing is copied past the chunk)
+    __syncthreads();       // the states reuse other warps' stages
+  }
   const int stride = partial_stride(D);
   float* states = smem + warp * kMmaVectors * stride;
   if (c == 0) {

@@ -1,8 +1,8 @@
 // Lets a host C++20 compiler run decode_attention_quantized_kernel.cuh: every thread of a block
 // is a host thread (blocks run one after another), __syncthreads is a real barrier of the block,
 // warp shuffles exchange values among the 32 threads of a warp (each waits for all 32, as the
-// *_sync intrinsics do), atomics are std::atomic_ref, and loads through __ldg/__ldcg are plain
-// loads. Queries, scales, biases and outputs run in float storage for the SIMT kernel and in half
+// *_sync intrinsics do), atomics are std::atomic_ref, loads through __ldg/__ldcg are plain
+// loads and cp.async is a plain copy. Queries, scales, biases and outputs run in float storage for the SIMT kernel and in half
 // storage (_Float16) for the mma kernel, whose mma.sync the kernel itself emulates with shuffles.
 #pragma once
 
@@ -81,6 +81,19 @@ inline V __shfl_sync(unsigned, V x, int source) {
 inline void __syncthreads() {
   emu::block->barrier.arrive_and_wait();
 }
+inline void __syncwarp(unsigned = 0xffffffffu) {
+  emu::block->warp_barriers[threadIdx.x / 32]->arrive_and_wait();
+}
+// cp.async (decode_attention_quantized_stages.cuh) as a plain copy, done when issued, so the
+// commit and the wait have nothing to do; the __syncwarp that follows a wait in the kernel is
+// the barrier that makes the lanes' copies visible to each other, on the GPU as here.
+inline void copy_async16(void* dst, const void* src, int src_bytes) {
+  std::memcpy(dst, src, src_bytes);
+  std::memset(static_cast<char*>(dst) + src_bytes, 0, 16 - src_bytes);
+}
+inline void copy_async_commit() {}
+template <int N>
+inline void copy_async_wait() {}
 inline void __threadfence() {
   std::atomic_thread_fence(std::memory_order_seq_cst);
 }

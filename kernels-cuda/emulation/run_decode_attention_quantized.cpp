@@ -10,13 +10,15 @@
 // with the split count given. kind 0 runs the SIMT kernel (8x2) on float32 storage, kind 2 its
 // pipelined variant (8x2p); kind 1 the tensor-core kernel (decode_attention_quantized_mma.cuh) on
 // half storage: queries, scales and biases rounded to f16, the output f16 (written back as
-// float32).
+// float32); kind 3 its cp.async-pipelined variant (mmacp), likewise.
 #include <cstdio>
 #include <fstream>
 #include <iterator>
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "cuda_emu.h"
@@ -56,20 +58,32 @@ Kernel kernel_for(int lpr, bool pipelined) {
   return pipelined ? kernel_for<BITS, true>(lpr) : kernel_for<BITS, false>(lpr);
 }
 
-template <int BITS, int D>
-Kernel mma_kernel_for(int group_size) {
+// The mma kernel (U sub-steps as plan_quantized() takes them) or, pipelined, mmacp's, with the
+// shared memory it takes (bytes).
+template <int BITS, int D, int GS>
+std::pair<Kernel, size_t> mma_kernel_for(bool pipelined) {
   constexpr int U = D == 256 ? 1 : 2;
-  if (group_size == 32) return &attend_quantized_mma<__half, BITS, D, 32, U>;
-  if (group_size == 64) return &attend_quantized_mma<__half, BITS, D, 64, U>;
-  if constexpr (D >= 128) return &attend_quantized_mma<__half, BITS, D, 128, U>;
+  if (pipelined) {
+    return {&attend_quantized_mma<__half, BITS, D, GS, 1, StageLayout<BITS, D, GS>::kStages>,
+            pipelined_smem_bytes<BITS, D, GS>()};
+  }
+  return {&attend_quantized_mma<__half, BITS, D, GS, U>,
+          kWarps * kMmaVectors * partial_stride(D) * sizeof(float)};
+}
+
+template <int BITS, int D>
+std::pair<Kernel, size_t> mma_kernel_for(int group_size, bool pipelined) {
+  if (group_size == 32) return mma_kernel_for<BITS, D, 32>(pipelined);
+  if (group_size == 64) return mma_kernel_for<BITS, D, 64>(pipelined);
+  if constexpr (D >= 128) return mma_kernel_for<BITS, D, 128>(pipelined);
   throw std::invalid_argument("group size");
 }
 
 template <int BITS>
-Kernel mma_kernel_for(int d, int group_size) {
-  if (d == 64) return mma_kernel_for<BITS, 64>(group_size);
-  if (d == 128) return mma_kernel_for<BITS, 128>(group_size);
-  if (d == 256) return mma_kernel_for<BITS, 256>(group_size);
+std::pair<Kernel, size_t> mma_kernel_for(int d, int group_size, bool pipelined) {
+  if (d == 64) return mma_kernel_for<BITS, 64>(group_size, pipelined);
+  if (d == 128) return mma_kernel_for<BITS, 128>(group_size, pipelined);
+  if (d == 256) return mma_kernel_for<BITS, 256>(group_size, pipelined);
   throw std::invalid_argument("the mma kernel takes head_dim 64, 128 or 256");
 }
 
@@ -91,7 +105,7 @@ int main(int argc, char** argv) {
   int b, hq, hkv, L, S, D, bits, group_size, causal, mask_kind, splits, capacity, kind;
   config >> b >> hq >> hkv >> L >> S >> D >> bits >> group_size >> causal >> mask_kind >> splits >>
       capacity >> kind;
-  const bool mma = kind == 1, pipelined = kind == 2;
+  const bool staged = kind == 3, mma = kind == 1 || staged, pipelined = kind == 2;
   const auto q = read<float>(dir + "/q.bin"), mask = read<float>(dir + "/mask.bin");
   const auto kc = read<uint32_t>(dir + "/kc.bin"), vc = read<uint32_t>(dir + "/vc.bin");
   const auto ks = read<float>(dir + "/ks.bin"), kb = read<float>(dir + "/kb.bin");
@@ -142,7 +156,9 @@ int main(int argc, char** argv) {
   while (lpr * 8 < D) lpr *= 2;
   const int vpb = mma ? kMmaVectors : kVectors;
   const int vectors = p.group * L, tiles = (vectors + vpb - 1) / vpb;
-  const int step = mma ? kWarps * (D == 256 ? 1 : 2) * kMmaStep : 2 * (kThreads / lpr);
+  const int step = staged ? kWarps * kMmaStep
+                   : mma  ? kWarps * (D == 256 ? 1 : 2) * kMmaStep
+                          : 2 * (kThreads / lpr);
   int chunk = (S + splits - 1) / splits;
   chunk = (chunk + step - 1) / step * step;
   splits = (S + chunk - 1) / chunk;
@@ -151,13 +167,17 @@ int main(int argc, char** argv) {
   blockDim.x = kThreads;
   gridDim.x = p.kv_rows * tiles;
   gridDim.y = splits;
-  const Kernel kernel = mma ? (bits == 8 ? mma_kernel_for<8>(D, group_size)
-                                         : mma_kernel_for<4>(D, group_size))
-                            : (bits == 8 ? kernel_for<8>(lpr, pipelined)
-                                         : kernel_for<4>(lpr, pipelined));
+  Kernel kernel;
+  size_t smem_bytes = kWarps * vpb * partial_stride(D) * sizeof(float);
+  if (mma) {
+    std::tie(kernel, smem_bytes) = bits == 8 ? mma_kernel_for<8>(D, group_size, staged)
+                                             : mma_kernel_for<4>(D, group_size, staged);
+  } else {
+    kernel = bits == 8 ? kernel_for<8>(lpr, pipelined) : kernel_for<4>(lpr, pipelined);
+  }
   for (unsigned y = 0; y < gridDim.y; ++y) {
     for (unsigned x = 0; x < gridDim.x; ++x) {
-      emu::Block block(kThreads, kWarps * vpb * partial_stride(D));
+      emu::Block block(kThreads, smem_bytes / sizeof(float));
       std::vector<std::thread> threads;
       for (int t = 0; t < kThreads; ++t) {
         threads.emplace_back([&, t] {
@@ -177,6 +197,6 @@ int main(int argc, char** argv) {
   std::ofstream(dir + "/out.bin", std::ios::binary)
       .write(reinterpret_cast<const char*>(out.data()), out.size() * sizeof(float));
   std::printf("splits %d chunk %d %s\n", splits, chunk,
-              mma ? "mma" : pipelined ? "simt pipelined" : "simt");
+              staged ? "mma pipelined" : mma ? "mma" : pipelined ? "simt pipelined" : "simt");
   return 0;
 }

@@ -1,6 +1,7 @@
 """The CUDA quantized-KV kernels' device code (kernels-cuda/decode_attention_quantized_kernel.cuh:
 the SIMT kernel and its pipelined variant 8x2p; decode_attention_quantized_mma.cuh: the
-tensor-core kernel, its mma.sync emulated with shuffles), run on the CPU under
+tensor-core kernel, its mma.sync emulated with shuffles, and its cp.async-pipelined variant mmacp,
+cp.async a plain copy), run on the CPU under
 kernels-cuda/emulation/cuda_emu.h, against float64 attention over the dequantised cache.
 
 What this proves: the kernel's indexing, code unpacking, group scales and biases, GQA tiles,
@@ -102,11 +103,41 @@ def test_cuda_quantized_mma_kernel_under_emulation(
     run_case(emulator, tmp_path, case, kind="mma")
 
 
-KINDS = {"8x2": 0, "mma": 1, "8x2p": 2}  # the runner's config code of each kernel
+# mmacp (the mma kernel fed by a cp.async pipeline through shared memory): every bits x group
+# size, D 64/128/256, L 1-8, GQA tiles of 8 (two at 16 vectors), contexts of fewer positions
+# than one stage, of many stages per warp, cut inside a stage and inside a 16-byte run of
+# scales (S and chunks not multiples of 16), splits, causal, masks.
+PIPELINED_MMA_CASES = [
+    (1, 32, 8, 1, 1000, 128, 8, 64, False, False, 3),
+    (1, 32, 8, 1, 1000, 128, 4, 64, False, False, 1),
+    (1, 8, 2, 3, 77, 64, 8, 32, True, False, 2),
+    (1, 6, 3, 2, 45, 256, 4, 128, True, False, 1),
+    (2, 4, 4, 1, 1, 64, 4, 32, False, False, 1),
+    (1, 16, 1, 2, 333, 128, 8, 32, True, False, 2),
+    (1, 8, 2, 2, 300, 128, 4, 32, False, True, 3),
+    (1, 8, 2, 1, 259, 256, 8, 64, False, True, 2),
+    (1, 4, 1, 1, 517, 128, 8, 128, False, False, 2),
+    (1, 8, 1, 8, 203, 128, 4, 64, True, False, 2),
+    (1, 32, 8, 2, 130, 128, 4, 128, True, False, 2),
+]
+
+
+@pytest.mark.parametrize(
+    ("b", "hq", "hkv", "length", "s", "d", "bits", "group_size", "causal", "masked", "splits"),
+    PIPELINED_MMA_CASES,
+)
+def test_cuda_quantized_pipelined_mma_kernel_under_emulation(
+    emulator, tmp_path, b, hq, hkv, length, s, d, bits, group_size, causal, masked, splits
+):
+    case = (b, hq, hkv, length, s, d, bits, group_size, causal, masked, splits)
+    run_case(emulator, tmp_path, case, kind="mmacp")
+
+
+KINDS = {"8x2": 0, "mma": 1, "8x2p": 2, "mmacp": 3}  # the runner's config code of each kernel
 
 
 def run_case(emulator, tmp_path, case, kind):
-    mma = kind == "mma"
+    mma = kind in ("mma", "mmacp")
     b, hq, hkv, length, s, d, bits, group_size, causal, masked, splits = case
     capacity = s + 7  # K/V are views of a longer cache buffer
     keys = mx.random.split(mx.random.key(s + d + bits + splits), 4)
