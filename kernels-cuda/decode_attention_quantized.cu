@@ -14,9 +14,10 @@
 // one rescale; warps, then blocks, then the chunks of a split (in the group's last block to
 // finish, one launch per call) are combined with the online-softmax merge.
 //
-// The tensor-core variant ("mma", decode_attention_quantized_mma.cuh) and its cp.async-pipelined
-// form ("mmacp", decode_attention_quantized_stages.cuh) are selectable for A/B runs (variant()
-// below); plan_quantized() takes them only where their layout requirements hold.
+// That SIMT kernel is the fallback. The default is the tensor-core kernel fed by a cp.async
+// pipeline ("mmacp": decode_attention_quantized_mma.cuh + _stages.cuh), 4x faster at long
+// contexts on the H200; plan_quantized() takes it where its layout requirements hold (variant()
+// below names the A/B alternatives).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -91,18 +92,19 @@ const Kernel& kernel_for(int lpr, unsigned smem) {
   }
 }
 
-// The kernel variant: "8x2" (the SIMT kernel: 8 values per lane, 2 positions per step; the
-// default), or for A/B runs, ATTN_QUANTIZED_VARIANT=16x2, 8x4 or 8x2p (8x2 with the next step's
-// rows loaded while this step computes; these three bf16 only), mma (the tensor-core kernel
-// where it applies, else 8x2), mma1, mma2 or mma4 (that many sub-steps of loads in flight;
-// other than mma's default only for bf16, D = 128, group 64), mmacp (the tensor-core kernel fed
-// by a cp.async pipeline through shared memory, where it applies, else 8x2). The mma kernels are
-// not the default: until mma_applies() was fixed (docs/quantized-kv.md), every "mma" timing on
-// the H200 ran 8x2, so none of them has been timed, nor its accuracy checked, there.
+// The kernel variant: "mmacp" (the default: the tensor-core kernel fed by a cp.async pipeline
+// through shared memory, decode_attention_quantized_stages.cuh, where its layout requirements
+// hold, else 8x2; H200 at c87cd3e, Qwen3-4B shapes: 90-93 µs at S = 131072 against 369-374 for
+// 8x2 and 132 for mx.fast on bf16 K/V, docs/quantized-kv.md), or for A/B runs,
+// ATTN_QUANTIZED_VARIANT=8x2 (the SIMT kernel: 8 values per lane, 2 positions per step), 16x2,
+// 8x4 or 8x2p (8x2 with the next step's rows loaded while this step computes; these three bf16
+// only), mma (the tensor-core kernel loading straight into registers, where it applies, else
+// 8x2), mma1, mma2 or mma4 (that many sub-steps of loads in flight; other than mma's default only
+// for bf16, D = 128, group 64).
 const std::string& variant(ElementType dtype) {
   static const std::string chosen = [] {
     const char* env = std::getenv("ATTN_QUANTIZED_VARIANT");
-    const std::string name = env ? env : "8x2";
+    const std::string name = env ? env : "mmacp";
     // A typo must not time the default under another name.
     for (const char* known :
          {"8x2", "16x2", "8x4", "8x2p", "mma", "mma1", "mma2", "mma4", "mmacp"}) {

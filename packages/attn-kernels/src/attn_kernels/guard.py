@@ -34,7 +34,12 @@ cpu: cpu-2core-qwen3-4b-attention-quantized-{8,4}-bit-mlx-0.32.4.json: L=1, S = 
     every pass won against the dequantise-then-readable path (7.4-23x), mlx-lm's quantized path
     (22-36x) and mx.fast on bf16 K/V (4.7-8.2x), which the dequantise-then-mx.fast fallback
     cannot beat; L > 1 not measured.
-cuda, metal: no record yet (tools/h200_quantized.sh writes the H200's): always the fallback.
+cuda: kernels-cuda/dev/h200-quantized-variants-mmacp.txt (c87cd3e, the default kernel mmacp): L=1,
+    group 64, 8 and 4 bits, S = 4096, 32768, 131072: 21-23 / 37-39 / 90-93 µs against 33-56 /
+    44-56 / 132-133 for mx.fast on bf16 K/V, which the dequantise-then-mx.fast fallback cannot
+    beat; below S = 4096 and L > 1 not measured (the kernel's time there is launch-bound, as is
+    mx.fast's, and the fallback adds the dequantisation).
+metal: no record yet: always the fallback.
 
 Head dim and dtype: every record is D=128 bf16 (Qwen3); other values run the same kernels but
 were not measured against mx.fast, so they take the fallback until they are.
@@ -67,7 +72,11 @@ LIMITS: dict[str, Limits] = {
 
 # Over a quantized cache: (max query length, max context); (0, 0) means never. Mask None or
 # "causal" only.
-QUANTIZED_LIMITS: dict[str, tuple[int, int]] = {"cpu": (1, 32768), "cuda": (0, 0), "metal": (0, 0)}
+QUANTIZED_LIMITS: dict[str, tuple[int, int]] = {
+    "cpu": (1, 32768),
+    "cuda": (1, 131072),
+    "metal": (0, 0),
+}
 
 # Backends whose AttentionStep kernel has run (Metal's launcher has not run on a Mac yet).
 STEP_BACKENDS = ("cpu", "cuda")
