@@ -1,7 +1,6 @@
-// AttentionStep's preprocessing on NVIDIA GPUs: per (token, head), one warp normalises the q or k
-// row (RMSNorm in MLX's roundings; only with qk_norm), rotates it (RoPE, non-traditional) and
-// stores it (q to the attention's scratch, k into the cache) and copies v into the cache. The
-// attention over the cache is DecodeAttention's kernel (decode_attention.cu). No MLX headers here.
+// AttentionStep's kernels other than attention on NVIDIA GPUs: the preprocessing
+// (attention_step_kernel.cuh) and the strided copy. The attention over the cache is
+// DecodeAttention's kernel (decode_attention.cu). No MLX headers here.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -10,85 +9,10 @@
 #include <stdexcept>
 
 #include "attention_step_cuda.h"
+#include "attention_step_kernel.cuh"
 
 namespace attn_kernels::cuda {
 namespace {
-
-__device__ __forceinline__ float to_float(float x) { return x; }
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <typename T>
-__device__ __forceinline__ T from_float(float x);
-template <>
-__device__ __forceinline__ float from_float<float>(float x) { return x; }
-template <>
-__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
-
-constexpr int kMaxPairsPerLane = 256 / 2 / 32;  // kMaxHeadDim / 2 pairs over 32 lanes
-
-template <typename T>
-__global__ void step_preprocess(StepProblem p) {
-  const int lane = threadIdx.x % 32;
-  const int head = blockIdx.y * kStepWarps + threadIdx.x / 32;
-  if (head >= p.q_heads + p.kv_heads) return;
-  const int b = blockIdx.x / p.length, i = blockIdx.x % p.length;
-  const int D = p.head_dim, half = D / 2, position = p.offset + i;
-  const bool is_q = head < p.q_heads;
-  const int h = is_q ? head : head - p.q_heads;
-  const int64_t* s = is_q ? p.q_strides : p.k_strides;
-  const T* x = static_cast<const T*>(is_q ? p.q : p.k) + b * s[0] + i * s[1] + int64_t{h} * D * s[2];
-  const T* w = static_cast<const T*>(is_q ? p.q_weight : p.k_weight);
-  float lo[kMaxPairsPerLane], hi[kMaxPairsPerLane];
-  float sum = 0.0f;
-#pragma unroll
-  for (int t = 0; t < kMaxPairsPerLane; ++t) {
-    const int j = lane + 32 * t;
-    lo[t] = j < half ? to_float(x[j * s[2]]) : 0.0f;
-    hi[t] = j < half ? to_float(x[(j + half) * s[2]]) : 0.0f;
-    sum += lo[t] * lo[t] + hi[t] * hi[t];
-  }
-#pragma unroll
-  for (int m = 16; m > 0; m /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, m);
-  const float r = p.qk_norm ? rsqrtf(sum / D + p.eps) : 1.0f;
-  T* dst;
-  int64_t ds;
-  if (is_q) {
-    dst = static_cast<T*>(p.q_out) + ((int64_t{b} * p.q_heads + h) * p.length + i) * D;
-    ds = 1;
-  } else {
-    dst = static_cast<T*>(p.k_cache) + b * p.kc_strides[0] + h * p.kc_strides[1] +
-          position * p.kc_strides[2];
-    ds = p.kc_strides[3];
-  }
-#pragma unroll
-  for (int t = 0; t < kMaxPairsPerLane; ++t) {
-    const int j = lane + 32 * t;
-    if (j >= half) break;
-    // mx.fast.rms_norm's roundings: x·r to T, times the weight in T (exact in float, then
-    // rounded once more), then RoPE in float32, rounded once. Without qk_norm: x as given.
-    float a = lo[t], c = hi[t];
-    if (p.qk_norm) {
-      a = to_float(from_float<T>(to_float(w[j]) * to_float(from_float<T>(a * r))));
-      c = to_float(from_float<T>(to_float(w[j + half]) * to_float(from_float<T>(c * r))));
-    }
-    double sn, cs;
-    sincos(static_cast<double>(rope_angle(position, j, half, p.log2_base)), &sn, &cs);
-    const float sf = static_cast<float>(sn), cf = static_cast<float>(cs);
-    dst[j * ds] = from_float<T>(a * cf - c * sf);
-    dst[(j + half) * ds] = from_float<T>(a * sf + c * cf);
-  }
-  if (!is_q) {
-    const T* v = static_cast<const T*>(p.v) + b * p.v_strides[0] + i * p.v_strides[1] +
-                 int64_t{h} * D * p.v_strides[2];
-    T* vdst = static_cast<T*>(p.v_cache) + b * p.vc_strides[0] + h * p.vc_strides[1] +
-              position * p.vc_strides[2];
-    for (int d = lane; d < D; d += 32) vdst[d * p.vc_strides[3]] = v[d * p.v_strides[2]];
-  }
-}
 
 template <typename T>
 __global__ void copy_strided(StridedCopy c) {
@@ -122,9 +46,9 @@ int dtype_index(ElementType dtype) {
 // Resolved once (function-local statics: these run on every call).
 CUfunction step_preprocess_kernel(ElementType dtype) {
   static const CUfunction kernels[3] = {
-      resolve(reinterpret_cast<const void*>(&step_preprocess<float>)),
-      resolve(reinterpret_cast<const void*>(&step_preprocess<__half>)),
-      resolve(reinterpret_cast<const void*>(&step_preprocess<__nv_bfloat16>))};
+      resolve(reinterpret_cast<const void*>(&step::step_preprocess<float>)),
+      resolve(reinterpret_cast<const void*>(&step::step_preprocess<__half>)),
+      resolve(reinterpret_cast<const void*>(&step::step_preprocess<__nv_bfloat16>))};
   return kernels[dtype_index(dtype)];
 }
 

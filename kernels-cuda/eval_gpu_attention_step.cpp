@@ -1,7 +1,12 @@
 // AttentionStep's eval_gpu through MLX's CUDA command encoder: the preprocessing kernel
 // (attention_step.cu), then DecodeAttention's attend kernel over the updated caches, as graph
 // nodes with their dependencies; a cache copy first when a cache cannot be donated, and the
-// token-first reordering after attention when L > 1.
+// token-first reordering after attention when L > 1. Where the attention runs split-mma on
+// donated caches (the decode case) with schedule `auto` and L <= 8, one kernel does both
+// (attend_mma_step, decode_attention_mma.cuh).
+#include <cstdlib>
+#include <string>
+
 #include "attention_step.h"
 #include "attention_step_cuda.h"
 #include "decode_attention_cuda.h"
@@ -14,6 +19,15 @@ namespace {
 
 size_t align256(size_t bytes) {
   return (bytes + 255) / 256 * 256;
+}
+
+// ATTN_STEP_FOLD=0 keeps the two-kernel path where the folded kernel applies (A/B; read once).
+bool fold_enabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("ATTN_STEP_FOLD");
+    return v == nullptr || std::string(v) != "0";
+  }();
+  return enabled;
 }
 
 void add_copy(mx::cu::CommandEncoder& encoder, cuda::StridedCopy copy, ElementType dtype) {
@@ -93,21 +107,33 @@ void AttentionStep::eval_gpu(
   for (auto& o : outputs) {
     encoder.set_output_array(o);
   }
-  void* preprocess_args[] = {&step};
-  encoder.add_kernel_node_raw(
-      cuda::step_preprocess_kernel(step.dtype),
-      dim3(step.batch * L, (step.q_heads + step.kv_heads + cuda::kStepWarps - 1) / cuda::kStepWarps),
-      dim3(cuda::kStepWarps * 32), dim3(1, 1, 1), 0, preprocess_args);
-
-  for (auto& o : outputs) {
-    encoder.set_output_array(o);
-  }
   int chunk = plan.chunk;
   unsigned slot = plan.arrival_slot;
-  void* attend_args[] = {&attention, &partials, &chunk, &slot};
-  encoder.add_kernel_node_raw(
-      plan.attend, dim3(plan.attend_grid[0], plan.attend_grid[1]), dim3(plan.attend_threads),
-      dim3(1, 1, 1), plan.attend_smem, attend_args);
+  const dim3 attend_grid(plan.attend_grid[0], plan.attend_grid[1]);
+  // The folded kernel under `auto` only: an explicit schedule (split-mma included) keeps the two
+  // kernels, which the GPU tests compare it with.
+  if (plan.attend_step && schedule_ == "auto" && donated[0] && donated[1] && L <= 8 &&
+      fold_enabled()) {
+    void* args[] = {&attention, &partials, &chunk, &slot, &step};
+    encoder.add_kernel_node_raw(
+        plan.attend_step, attend_grid, dim3(plan.attend_threads), dim3(1, 1, 1),
+        plan.attend_step_smem, args);
+  } else {
+    void* preprocess_args[] = {&step};
+    const unsigned heads = step.q_heads + step.kv_heads;
+    const unsigned head_blocks = (heads + cuda::kStepWarps - 1) / cuda::kStepWarps;
+    encoder.add_kernel_node_raw(
+        cuda::step_preprocess_kernel(step.dtype), dim3(step.batch * L, head_blocks),
+        dim3(cuda::kStepWarps * 32), dim3(1, 1, 1), 0, preprocess_args);
+
+    for (auto& o : outputs) {
+      encoder.set_output_array(o);
+    }
+    void* attend_args[] = {&attention, &partials, &chunk, &slot};
+    encoder.add_kernel_node_raw(
+        plan.attend, attend_grid, dim3(plan.attend_threads), dim3(1, 1, 1), plan.attend_smem,
+        attend_args);
+  }
 
   if (L > 1) {  // (B, Hq, L, D) -> (B, L, Hq, D): the source read as (B, L, Hq, D) via strides
     const int H = step.q_heads, D = step.head_dim;

@@ -482,3 +482,60 @@ def test_bad_inputs_without_norms(changes, message):
     args = bad(q_norm_weight=None, k_norm_weight=None, **changes)
     with pytest.raises(ValueError, match=message):
         attention_step(**args, rope_base=BASE)
+
+
+def donated_step(inputs, capacity, offset, schedule):
+    """One step on fresh caches (the same random ones on every call for a capacity) that nobody
+    else holds: donated."""
+    *head, _, _ = inputs
+    b = head[0].shape[0]
+    hkv, d = head[1].shape[2] // head[3].shape[0], head[3].shape[0]
+    keys = mx.random.split(mx.random.key(capacity), 2)
+    k_cache = mx.random.normal((b, hkv, capacity, d), key=keys[0]).astype(head[0].dtype)
+    v_cache = mx.random.normal((b, hkv, capacity, d), key=keys[1]).astype(head[0].dtype)
+    mx.eval(k_cache, v_cache)
+    copies = attention_step_cache_copies()
+    out, k_cache, v_cache = attention_step(
+        *head, k_cache, v_cache, offset, eps=EPS, rope_base=BASE, schedule=schedule, stream=mx.gpu
+    )
+    mx.eval(out, k_cache, v_cache)
+    assert attention_step_cache_copies() == copies, "a cache was copied: not the decode path"
+    return out, k_cache, v_cache
+
+
+# On CUDA, `auto` with donated caches and L <= 8 runs the folded kernel (attend_mma_step: the
+# preprocessing inside the split-mma attention's blocks); an explicit split-mma schedule runs the
+# two kernels (step_preprocess, attend_mma) with the same plan. Offsets 64m - L // 2 put the new
+# positions across a multiple of 64, which at these head counts is the last chunk's start
+# (chunks of one 64-position block step) once the context splits (m = 32); m = 3: one chunk.
+FOLD_GRID = [
+    (dtype, heads, d, length, m)
+    for dtype in (mx.float16, mx.bfloat16)
+    for heads in ((32, 8), (8, 8))
+    for d in (64, 128)
+    for length in (1, 3, 8)
+    for m in (3, 32)
+]
+
+
+@pytest.mark.skipif(not mx.cuda.is_available(), reason="the folded step is CUDA's")
+@pytest.mark.parametrize(
+    "dtype,heads,d,length,m",
+    FOLD_GRID,
+    ids=[
+        f"{str(t).split('.')[-1]}-hq{h[0]}-hkv{h[1]}-D{d}-L{n}-m{m}" for t, h, d, n, m in FOLD_GRID
+    ],
+)
+def test_folded_step_matches_two_kernels_gpu(dtype, heads, d, length, m):
+    hq, hkv = heads
+    offset = 64 * m - length // 2
+    capacity = capacity_for(offset + length)
+    inputs = make_step(offset, 1, hq, hkv, length, d, capacity, dtype)
+    folded = donated_step(inputs, capacity, offset, "auto")
+    two = donated_step(inputs, capacity, offset, "split-mma")
+    for name, got, want in zip(("out", "k_cache", "v_cache"), folded, two, strict=True):
+        np.testing.assert_array_equal(to_numpy(got), to_numpy(want), err_msg=name)
+    *head, _, _ = inputs
+    expected = step_f64(*head, two[1], two[2], offset, EPS, BASE)[0]  # caches: positions < offset
+    tol = {key: 2 * value for key, value in TOLERANCE[dtype].items()}
+    np.testing.assert_allclose(to_numpy(folded[0]), expected, **tol, err_msg="vs float64")

@@ -1,0 +1,321 @@
+// The device code DecodeAttention's attend kernels share (decode_attention.cu's SIMT kernels and
+// decode_attention_mma.cuh's tensor-core kernel): conversions, the mask, the block combine
+// (finish) and the split merge by the last block to arrive. Included by decode_attention.cu for
+// nvcc and by emulation/run_attention_step.cpp, which runs it on the CPU under
+// emulation/cuda_emu.h. Included by one translation unit per program (anonymous namespace and
+// the __device__ arrival counters).
+#pragma once
+
+#if defined(__CUDACC__)
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#ifndef ATTN_SHARED_FLOATS
+#define ATTN_SHARED_FLOATS(name) extern __shared__ __align__(16) float name[]
+#define ATTN_SHARED_FLAG(name) __shared__ bool name
+#endif
+#endif
+
+#include <cmath>
+#include <cstdint>
+
+#include "decode_problem.h"
+
+// ATTN_BLOCKS_PER_SM, ATTN_MMA_PREFETCH and ATTN_MMA_BLOCKS_PER_SM are knobs for
+// kernels-cuda/dev/bench_attend.cu; ATTN_MMA_MAX_SPLITS caps split-mma's split count for builds
+// timed through MLX (kernels-cuda/dev/h200-mlx-split-cap.txt). ATTN_TILE: decode_attention.cu.
+#ifndef ATTN_BLOCKS_PER_SM
+#define ATTN_BLOCKS_PER_SM 2
+#endif
+#ifndef ATTN_MMA_PREFETCH
+#define ATTN_MMA_PREFETCH 1
+#endif
+#ifndef ATTN_MMA_MAX_SPLITS
+#define ATTN_MMA_MAX_SPLITS (1 << 30)
+#endif
+#ifndef ATTN_MMA_BLOCKS_PER_SM
+#define ATTN_MMA_BLOCKS_PER_SM 3
+#endif
+
+namespace attn_kernels::cuda {
+namespace {
+
+constexpr float kNegInf = -INFINITY;
+
+__device__ __forceinline__ float to_float(float x) {
+  return x;
+}
+__device__ __forceinline__ float to_float(__half x) {
+  return __half2float(x);
+}
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) {
+  return __bfloat162float(x);
+}
+__device__ __forceinline__ void store(float* p, float x) {
+  *p = x;
+}
+__device__ __forceinline__ void store(__half* p, float x) {
+  *p = __float2half_rn(x);
+}
+__device__ __forceinline__ void store(__nv_bfloat16* p, float x) {
+  *p = __float2bfloat16_rn(x);
+}
+
+// The score after the mask: an additive mask adds, a boolean one removes the key whatever its
+// score (NaN included), as the readable path's mx.where does.
+__device__ __forceinline__ float apply_mask(const DecodeProblem& p, int64_t at, float score) {
+  switch (p.mask_dtype) {
+    case ElementType::float32: return score + static_cast<const float*>(p.mask)[at];
+    case ElementType::float16: return score + __half2float(static_cast<const __half*>(p.mask)[at]);
+    case ElementType::bfloat16:
+      return score + __bfloat162float(static_cast<const __nv_bfloat16*>(p.mask)[at]);
+    case ElementType::boolean: return static_cast<const bool*>(p.mask)[at] ? score : kNegInf;
+  }
+  return score;
+}
+
+// fmaxf drops a NaN argument; softmax must not: a NaN score makes its row NaN, as in the readable
+// path.
+__device__ __forceinline__ float max_nan(float a, float b) {
+  return a > b || isnan(a) ? a : b;
+}
+
+// ---- Split contexts: flash-decoding's merge inside the attend kernel ----
+// Each block of a split writes its chunk's (max, denominator, unnormalised accumulator) per
+// vector; the block of a (kv_row, tile) that finishes last merges every chunk and writes the
+// output, so a split call is one launch (through MLX a second launch costs more host time than a
+// short context takes to read). Blocks count arrivals in `arrivals`: each call takes fresh
+// slots (plan()) and the last block resets its slot to zero for the slot's next user. A slot is
+// reused after kArrivalSlots / (slots per call) calls. A call splits only when its groups fill at
+// most half the resident blocks (split_count), at most 528 groups on an H200 (8 blocks of 256
+// threads per SM x 132), so reuse is at least 124 calls apart; calls overlap only inside one CUDA
+// graph, which MLX commits every 100 nodes on sm_90 by default (MLX_MAX_OPS_PER_BUFFER).
+constexpr unsigned kArrivalSlots = 1u << 16;
+__device__ unsigned arrivals[kArrivalSlots];
+
+// Partial state of one vector and chunk: max, denominator, two unused floats, D accumulators
+// (16-byte aligned for the merge's vector loads), padded to a multiple of four floats.
+__host__ __device__ constexpr int partial_stride(int D) {
+  return 4 + (D + 3) / 4 * 4;
+}
+
+// Called by every thread after its partial stores; true in the last block of the group to
+// arrive, which then sees every block's partials. The barrier orders the block's stores before
+// thread 0's arrival; the arrival is a release (publishes them) and an acquire (the last block
+// then sees every other block's), so no thread needs a fence of its own.
+__device__ bool last_to_arrive(unsigned slot, int splits) {
+  ATTN_SHARED_FLAG(last);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned* counter = &arrivals[(slot + blockIdx.x) % kArrivalSlots];
+#if !defined(__CUDACC__) || (defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 700)
+    __threadfence();  // no acq_rel atomics before sm_70 (nor in the emulation)
+    last = atomicAdd(counter, 1u) == unsigned(splits - 1);
+    __threadfence();
+#else
+    unsigned before;
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;"
+                 : "=r"(before)
+                 : "l"(counter)
+                 : "memory");
+    last = before == unsigned(splits - 1);
+#endif
+    if (last) *counter = 0u;  // every block of this call has arrived
+  }
+  __syncthreads();
+  return last;
+}
+
+constexpr int kMmaVectors = 8;  // split-mma's query vectors per block: the N of both mmas
+constexpr int kMergeItems = 2;   // (vector, four dimensions) items per thread in the merge
+constexpr int kMergeUnroll = 8;  // chunks' accumulator loads in flight per item
+
+// The last block's merge of its VPB vectors. Each thread takes four output dimensions of up to
+// ITEMS vectors (plan() checks that kMergeItems cover the tile) and issues the 16-byte
+// accumulator loads of its first UNROLL chunks before anything else, so that they travel
+// together with the chunks' (max, denominator) pairs, which the threads load next (__ldcg: other
+// SMs wrote them, this SM's L1 may hold nothing valid) into shared memory; one warp per vector
+// turns them into the common max, rescale factors and denominator; then the threads sum their
+// accumulators over the chunks. A merge of up to UNROLL chunks costs one round trip to L2.
+// (Folding each chunk in online instead, with no shared phase, was 1.2 µs slower at 32 chunks;
+// docs/cuda-kernel.md.)
+template <typename T, int VPB, int ITEMS, int UNROLL>
+__device__ void merge_chunks_with(const DecodeProblem& p, float* smem, const float* partials,
+                                  int kv_row, int tile, int splits) {
+  const int D = p.head_dim, L = p.query_len, vectors = p.group * L, stride = partial_stride(D);
+  const int first = tile * VPB, count = min(VPB, vectors - first);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  const float* base = partials + (int64_t{kv_row} * vectors + first) * splits * stride;
+  const int quads = (D + 3) / 4, items = count * quads;
+
+  const float4* column[ITEMS];
+  int item[ITEMS], vector[ITEMS];
+#pragma unroll
+  for (int k = 0; k < ITEMS; ++k) {
+    item[k] = threadIdx.x + k * int(blockDim.x);
+    const int at = min(item[k], items - 1);  // repeats the last: harmless
+    vector[k] = at / quads;
+    column[k] = reinterpret_cast<const float4*>(base + int64_t{vector[k]} * splits * stride + 4 +
+                                                at % quads * 4);
+  }
+  float4 x[ITEMS][UNROLL];
+  auto load_batch = [&](int s0) {
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+#pragma unroll
+      for (int u = 0; u < UNROLL; ++u) {
+        x[k][u] = __ldcg(column[k] + int64_t{min(s0 + u, splits - 1)} * (stride / 4));
+      }
+    }
+  };
+  load_batch(0);
+
+  float* factors = smem;                    // [VPB][splits]: the chunks' maxima, then factors
+  float* sums = smem + VPB * splits;        // [VPB][splits]: the chunks' denominators
+  float* totals = smem + 2 * VPB * splits;  // [VPB]
+  // No barrier first: last_to_arrive()'s ends every thread's reads of finish()'s shared state.
+  for (int at = threadIdx.x; at < count * splits; at += blockDim.x) {
+    const float2 state = __ldcg(reinterpret_cast<const float2*>(base + int64_t{at} * stride));
+    factors[at] = state.x;
+    sums[at] = state.y;
+  }
+  __syncthreads();
+  for (int v = warp; v < count; v += warps) {
+    float common = kNegInf;
+    for (int s = lane; s < splits; s += 32) common = max_nan(common, factors[v * splits + s]);
+    for (int offset = 16; offset > 0; offset /= 2)
+      common = max_nan(common, __shfl_xor_sync(0xffffffffu, common, offset));
+    float total = 0.0f;
+    for (int s = lane; s < splits; s += 32) {
+      const float m = factors[v * splits + s];
+      const float f = m == kNegInf ? 0.0f : __expf(m - common);
+      factors[v * splits + s] = f;
+      total += sums[v * splits + s] * f;
+    }
+    for (int offset = 16; offset > 0; offset /= 2)
+      total += __shfl_xor_sync(0xffffffffu, total, offset);
+    if (lane == 0) totals[v] = total;
+  }
+  __syncthreads();
+
+  float sum[ITEMS][4] = {};
+  for (int s0 = 0;;) {
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      const float* f = factors + vector[k] * splits;
+#pragma unroll
+      for (int u = 0; u < UNROLL; ++u) {
+        if (s0 + u >= splits) break;  // the loads repeat the last chunk: 0 * inf would be NaN
+        const float w = f[s0 + u];
+        sum[k][0] += x[k][u].x * w;
+        sum[k][1] += x[k][u].y * w;
+        sum[k][2] += x[k][u].z * w;
+        sum[k][3] += x[k][u].w * w;
+      }
+    }
+    s0 += UNROLL;
+    if (s0 >= splits) break;
+    load_batch(s0);
+  }
+#pragma unroll
+  for (int k = 0; k < ITEMS; ++k) {
+    if (item[k] >= items) break;
+    const int v = vector[k], d = item[k] % quads * 4;
+    const int r = first + v, row = kv_row * p.group + r / L, i = r % L;
+    T* out = static_cast<T*>(p.out) + (int64_t{row} * L + i) * D;
+    const float total = totals[v];
+    for (int e = 0; e < 4 && d + e < D; ++e) {
+      store(out + d + e, total == 0.0f ? 0.0f : sum[k][e] / total);  // NaN stays NaN
+    }
+  }
+}
+
+// A tile of at most one item per thread (L = 1 with 4 query heads per KV head: 128 items) puts
+// the registers of the second item to work as 8 more chunks in flight: half the L2 round trips at
+// 16-32 chunks (L=1 S=1024/2048/4096: 8.91/11.37/13.23 -> 8.33/10.50/12.36 µs kernel-only). The
+// tensor-core kernel (8 vectors, 168 registers) has room for 32 in flight, which pays past 16
+// chunks only: below, the loads past the last chunk repeat it (S=512/1024 +0.2 µs, S=2048/4096
+// -0.36; dev/h200-bench_attend-merge32.txt). The SIMT kernels' 128-register cap would spill.
+template <typename T, int VPB>
+__device__ void merge_chunks(const DecodeProblem& p, float* smem, const float* partials,
+                             int kv_row, int tile, int splits) {
+  const int count = min(VPB, p.group * p.query_len - tile * VPB);
+  if (count * ((p.head_dim + 3) / 4) <= int(blockDim.x)) {
+    constexpr int kWide = kMergeItems * kMergeUnroll;
+    if (VPB == kMmaVectors && splits > kWide) {
+      merge_chunks_with<T, VPB, 1, 2 * kWide>(p, smem, partials, kv_row, tile, splits);
+    } else {
+      merge_chunks_with<T, VPB, 1, kWide>(p, smem, partials, kv_row, tile, splits);
+    }
+  } else {
+    merge_chunks_with<T, VPB, kMergeItems, kMergeUnroll>(p, smem, partials, kv_row, tile, splits);
+  }
+}
+
+// The end of every attend kernel: shared memory holds one online-softmax state per warp and
+// vector, [warp][vector][max, denominator, 2 unused, D accumulators] (the partials' layout,
+// partial_stride(D) floats: 16-byte aligned accumulators). One thread per vector computes the
+// common max, each warp's rescale factor (stored over its max) and the denominator; then the
+// threads combine output dimensions across warps and write the output (one chunk) or the
+// block's partial state, which the group's last block merges.
+template <typename T, int VPB>
+__device__ void finish(const DecodeProblem& p, float* smem, float* partials, int kv_row, int tile,
+                       int split, int splits, unsigned slot) {
+  const int D = p.head_dim, L = p.query_len, vectors = p.group * L;
+  const int stride = partial_stride(D), warps = blockDim.x / 32;
+  float* denominators = smem + warps * VPB * stride;
+  if (threadIdx.x < VPB) {
+    const int v = threadIdx.x;
+    float common = kNegInf;
+    for (int w = 0; w < warps; ++w) common = max_nan(common, smem[(w * VPB + v) * stride]);
+    float total = 0.0f;
+    for (int w = 0; w < warps; ++w) {
+      float* slot = smem + (w * VPB + v) * stride;
+      const float factor = slot[0] == kNegInf ? 0.0f : __expf(slot[0] - common);
+      total += slot[1] * factor;
+      slot[0] = factor;
+    }
+    denominators[2 * v] = common;
+    denominators[2 * v + 1] = total;
+  }
+  __syncthreads();
+  // Four dimensions per thread and pass (16-byte shared loads: the slots are padded like the
+  // partials), the warps' loads of a pass in flight together: the combine is on every block's
+  // critical path.
+  const int quads = (D + 3) / 4;
+  for (int idx = threadIdx.x; idx < VPB * quads; idx += blockDim.x) {
+    const int v = idx / quads, d = idx % quads * 4;
+    const int r = tile * VPB + v;
+    if (r >= vectors) continue;
+    float sum[4] = {};
+#pragma unroll 4
+    for (int w = 0; w < warps; ++w) {
+      const float* state = smem + (w * VPB + v) * stride;
+      const float factor = state[0];
+      const float4 acc = *reinterpret_cast<const float4*>(state + 4 + d);
+      sum[0] += acc.x * factor;
+      sum[1] += acc.y * factor;
+      sum[2] += acc.z * factor;
+      sum[3] += acc.w * factor;
+    }
+    const float common = denominators[2 * v], total = denominators[2 * v + 1];
+    if (splits == 1) {
+      const int row = kv_row * p.group + r / L, i = r % L;
+      T* out = static_cast<T*>(p.out) + (int64_t{row} * L + i) * D + d;
+      const float scale = total == 0.0f ? 0.0f : 1.0f / total;  // NaN stays NaN
+      for (int e = 0; e < 4 && d + e < D; ++e) store(out + e, sum[e] * scale);
+    } else {
+      float* part = partials + ((int64_t{kv_row} * vectors + r) * splits + split) * stride;
+      if (d == 0) {
+        part[0] = common;
+        part[1] = total;
+      }
+      *reinterpret_cast<float4*>(part + 4 + d) = make_float4(sum[0], sum[1], sum[2], sum[3]);
+    }
+  }
+  if (splits > 1 && last_to_arrive(slot, splits)) {
+    merge_chunks<T, VPB>(p, smem, partials, kv_row, tile, splits);
+  }
+}
+
+}  // namespace
+}  // namespace attn_kernels::cuda

@@ -1,0 +1,346 @@
+// DecodeAttention's tensor-core kernel (split-mma, attend_mma) and its AttentionStep variant
+// (attend_mma_step: the step's q/k RMSNorm + RoPE and cache writes folded in). Included by
+// decode_attention.cu for nvcc and by emulation/run_attention_step.cpp, which runs it on the CPU
+// under emulation/cuda_emu.h (mma.sync emulated with shuffles there).
+#pragma once
+
+#include <cstring>
+#include <type_traits>
+
+#include "attention_step_kernel.cuh"
+#include "decode_attention_common.cuh"
+
+namespace attn_kernels::cuda {
+namespace {
+
+// ---- split-mma: the tensor-core schedule ----
+// Per block: one key/value head, a tile of up to 8 of its query vectors, one context chunk;
+// 4 warps, each taking 16 positions per step. Scores S = Q K^T and the update O^T += V^T P^T run
+// as mma.sync m16n8k16 (bf16/f16 in, float32 accumulate), so a position costs about 14 warp
+// instructions instead of ~80 on the SIMT path: the kernel is left waiting on memory only.
+// Fragments are read straight from global memory with 16-byte loads: the dot product and the
+// sum over positions do not care in which order they run, so each lane takes contiguous slices
+// (D/4 values of a K row and of its query, D/8 values of four V rows) and the k and row indices
+// of the mma are mapped onto them (see the comments at each use). A, B, C layouts: PTX ISA,
+// "Matrix fragments for mma.m16n8k16".
+constexpr int kMmaWarps = 4;
+constexpr int kMmaStep = 16;  // positions per warp step: the K of the P V mma
+
+template <typename T>
+__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+#if defined(__CUDACC__)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  __trap();  // plan() picks this kernel only on sm_80 and newer
+#else
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+#endif
+#else  // the emulation (cuda_emu.h): gather the fragments with shuffles, sum in float
+  const int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+  auto at = [](uint32_t w, int i) { return to_float(std::bit_cast<T>(uint16_t(w >> (16 * i)))); };
+  float row[2][16], col[2][16];  // A rows g, g + 8; B columns 2c, 2c + 1
+  for (int t = 0; t < 4; ++t) {
+    const uint32_t a0 = __shfl_sync(0xffffffffu, a[0], 4 * g + t);
+    const uint32_t a1 = __shfl_sync(0xffffffffu, a[1], 4 * g + t);
+    const uint32_t a2 = __shfl_sync(0xffffffffu, a[2], 4 * g + t);
+    const uint32_t a3 = __shfl_sync(0xffffffffu, a[3], 4 * g + t);
+    for (int i = 0; i < 2; ++i) {
+      row[0][2 * t + i] = at(a0, i), row[0][2 * t + 8 + i] = at(a2, i);
+      row[1][2 * t + i] = at(a1, i), row[1][2 * t + 8 + i] = at(a3, i);
+    }
+    for (int n = 0; n < 2; ++n) {
+      const uint32_t x0 = __shfl_sync(0xffffffffu, b0, 4 * (2 * c + n) + t);
+      const uint32_t x1 = __shfl_sync(0xffffffffu, b1, 4 * (2 * c + n) + t);
+      for (int i = 0; i < 2; ++i) col[n][2 * t + i] = at(x0, i), col[n][2 * t + 8 + i] = at(x1, i);
+    }
+  }
+  for (int r = 0; r < 2; ++r) {
+    for (int n = 0; n < 2; ++n) {
+      float sum = 0.0f;
+      for (int k = 0; k < 16; ++k) sum += row[r][k] * col[n][k];
+      d[2 * r + n] += sum;
+    }
+  }
+#endif
+}
+
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+#if defined(__CUDACC__)
+  uint32_t u;
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    memcpy(&u, &h, 4);
+  } else {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    memcpy(&u, &h, 4);
+  }
+  return u;
+#else
+  T x, y;
+  store(&x, lo);
+  store(&y, hi);
+  return uint32_t(std::bit_cast<uint16_t>(x)) | uint32_t(std::bit_cast<uint16_t>(y)) << 16;
+#endif
+}
+
+// Loads N 32-bit words as N / 4 16-byte loads from a 16-byte-aligned address, PITCH 16-byte
+// units apart.
+template <int PITCH = 1, int N>
+__device__ __forceinline__ void load_words(uint32_t (&dst)[N], const void* src) {
+  const uint4* v = static_cast<const uint4*>(src);
+#pragma unroll
+  for (int x = 0; x < N / 4; ++x) {
+    const uint4 u = v[x * PITCH];
+    dst[4 * x] = u.x;
+    dst[4 * x + 1] = u.y;
+    dst[4 * x + 2] = u.z;
+    dst[4 * x + 3] = u.w;
+  }
+}
+
+// attend_mma's shared memory: finish()'s slots (attend_smem_bytes in decode_attention.cu), then,
+// in attend_mma_step, the tile's query vectors as the step prepares them (kMmaVectors x D).
+__host__ __device__ constexpr int mma_smem_floats(int D) {
+  return kMmaWarps * kMmaVectors * partial_stride(D) + 2 * kMmaVectors;
+}
+template <typename T>
+__host__ __device__ constexpr uint32_t mma_step_smem_bytes(int D) {
+  return mma_smem_floats(D) * sizeof(float) + kMmaVectors * D * sizeof(T);
+}
+
+// AttentionStep folded into the attention (attend_mma_step): before its loop, a block prepares
+// the step's rows it needs with the preprocessing's own warp code (preprocess_row, so the roundings
+// are step_preprocess's): its tile's query vectors into shared memory, and the new positions
+// [offset, offset + L) that fall in its chunk [begin, end) into the caches, which its own loop
+// then reads (after the barrier; the loads are plain ld.global, not the read-only path). No other
+// block reads those positions: chunks are disjoint and every block of a (kv_row, split) reads only
+// its own chunk. Blocks of other tiles with the same (kv_row, split) write the same rows: the same
+// code on the same inputs, so identical bytes; whichever store lands last, every read (its own
+// block's, after its barrier, or the next call's) sees those bytes. Having only tile 0 write
+// would leave the other tiles nothing to read before tile 0 has run.
+template <typename T, int D>
+__device__ __forceinline__ void prepare_step_rows(const DecodeProblem& p, const StepProblem& s,
+                                                  T* staged, int kv_row, int tile, int begin,
+                                                  int end) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  const int L = p.query_len, first = tile * kMmaVectors;
+  const int count = min(kMmaVectors, p.group * L - first);
+  const int b = kv_row / p.kv_heads, h = kv_row % p.kv_heads;
+  const int from = max(begin, s.offset), news = max(min(end, s.offset + L) - from, 0);
+  for (int item = warp; item < count + news; item += warps) {
+    if (item < count) {  // query vector first + item: row kv_row * group + r / L, token r % L
+      const int r = first + item, row = kv_row * p.group + r / L;
+      step::preprocess_row<T>(s, b, r % L, row % p.q_heads, lane, staged + item * D);
+    } else {
+      step::preprocess_row<T>(s, b, from + (item - count) - s.offset, s.q_heads + h, lane, nullptr);
+    }
+  }
+  __syncthreads();
+}
+
+// The body of both kernels; kFold: attend_mma_step (`step` is its problem), else attend_mma.
+template <typename T, int D, bool kFold>
+__device__ __forceinline__ void attend_mma_body(const DecodeProblem& p, float* partials, int chunk,
+                                                unsigned slot, const StepProblem* step) {
+  ATTN_SHARED_FLOATS(smem);
+  constexpr int kSteps = D / 16;  // k-steps of Q K^T; 16-dim tiles of V^T P^T
+  constexpr int kQK = D / 8;      // words in a lane's D/4 values of a query or K row
+  constexpr int kV = D / 16;      // words in a lane's D/8 values of a V row
+  const int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+  const int warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  const int L = p.query_len, S = p.context, vectors = p.group * L;
+  const int tiles = (vectors + kMmaVectors - 1) / kMmaVectors;
+  const int kv_row = blockIdx.x / tiles, tile = blockIdx.x % tiles;
+  const int split = blockIdx.y, splits = gridDim.y;
+  const int begin = split * chunk, end = min(S, begin + chunk);
+  const T* K = static_cast<const T*>(p.keys) + p.kv_offset(p.k_strides, kv_row);
+  const T* V = static_cast<const T*>(p.values) + p.kv_offset(p.v_strides, kv_row);
+
+  // Lanes 4g..4g+3 own query vector g of the tile (the row of the score mma's A and C).
+  const int r = tile * kMmaVectors + g;
+  const bool real = r < vectors;
+  const int row = kv_row * p.group + (real ? r : 0) / L, i = (real ? r : 0) % L;
+  const int last = real ? (p.causal ? S - L + i : S - 1) : -1;
+  const int64_t mask_base = p.mask_offset(row, i);
+  uint32_t q[kQK] = {};
+  // Lane c holds dims 32w + 8c .. 32w + 8c + 7 (w < D/32) of its query and K rows, and lane g dims
+  // 64w + 8g .. 64w + 8g + 7 (w < D/64) of its V rows: one 16-byte load instruction then reads
+  // whole 32-byte sectors of a row (4 lanes x 16 B of Q/K, 8 lanes x 16 B of V) instead of half of
+  // each of twice as many (the mma only needs Q and K to share a mapping; V's sets O^T's rows):
+  // 0.1-0.35 µs less per call, 1.1-1.5 at L=4/8 S=4096 (dev/h200-bench_attend-coalesced.txt).
+  if constexpr (kFold) {
+    T* staged = reinterpret_cast<T*>(smem + mma_smem_floats(D));
+    prepare_step_rows<T, D>(p, *step, staged, kv_row, tile, begin, end);
+    if (real) load_words<4>(q, staged + g * D + c * 8);
+  } else {
+    if (real) load_words<4>(q, static_cast<const T*>(p.queries) + p.q_offset(row, i) + c * 8);
+  }
+  // The dim of O^T's row g in tile t (word t of a lane's V slice; row g + 8 is the next dim).
+  auto dim = [g](int t) { return (t / 4) * 64 + g * 8 + 2 * (t % 4); };
+
+#if ATTN_MMA_PREFETCH && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // A warp issues a step's K/V loads only after the previous step's mmas, so every step after the
+  // first waits on HBM again. In an unsplit call of 3-4 block steps (S = 129..256: 8-32 blocks,
+  // HBM mostly idle) the copy engine pulls the rest of the chunk into L2 meanwhile: 0.2-0.65 µs
+  // less kernel-only. Split calls fill the GPU, and there the same prefetch cost 1.5 µs at
+  // S=4096 and 18% at 131072 (dev/h200-bench_attend-prefetch.txt). Rows of one head are
+  // contiguous in MLX's caches; other strides go without.
+  const int ahead = begin + warps * kMmaStep;
+  if (threadIdx.x == 0 && splits == 1 && ahead + warps * kMmaStep < end &&
+      p.k_strides[2] == D && p.v_strides[2] == D) {
+    const uint32_t bytes = uint32_t(end - ahead) * D * sizeof(T);
+    const T* k_rows = K + int64_t{ahead} * D;
+    const T* v_rows = V + int64_t{ahead} * D;
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(k_rows), "r"(bytes) : "memory");
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(v_rows), "r"(bytes) : "memory");
+  }
+#endif
+  // o[t]: O^T tile t, rows = dims dim(t) (c0, c1) and + 1 (c2, c3), columns = vectors
+  // 2c, 2c + 1. m: vector g's running max; l: this lane's part of its denominator.
+  float o[kSteps][4] = {};
+  float m = kNegInf, l = 0.0f;
+  for (int base = begin + warp * kMmaStep; base < end; base += warps * kMmaStep) {
+    // K rows base + g and base + 8 + g (the score mma's N = positions): lane c's D/4 dims.
+    uint32_t k[2][kQK];
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+      const int j = min(base + 8 * n + g, end - 1);
+      load_words<4>(k[n], K + j * p.k_strides[2] + c * 8);
+    }
+    // V rows base + 2c, + 1, + 8, + 9 (the P V mma's K = positions): lane g's D/8 dims.
+    uint32_t v[4][kV];
+#pragma unroll
+    for (int x = 0; x < 4; ++x) {
+      const int at = base + 2 * c + (x & 1) + 8 * (x >> 1), j = min(at, end - 1);
+      load_words<8>(v[x], V + j * p.v_strides[2] + g * 8);
+      if (at >= end) {  // weight 0: zero values, not 0 * a repeated inf (see the SIMT kernel)
+#pragma unroll
+        for (int w = 0; w < kV; ++w) v[x][w] = 0u;
+      }
+    }
+    // S = Q K^T over two tiles of 8 positions. k-step s maps mma k = 2c, 2c+1 to word 2s and
+    // k = 2c + 8, 2c + 9 to word 2s + 1 of the lane's Q and K slices (the same dims in both).
+    // A rows 8..15 (a1, a3) are unused: zero.
+    float score[2][4] = {};
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+#pragma unroll
+      for (int st = 0; st < kSteps; ++st) {
+        const uint32_t a[4] = {q[2 * st], 0u, q[2 * st + 1], 0u};
+        mma16816<T>(score[n], a, k[n][2 * st], k[n][2 * st + 1]);
+      }
+    }
+    // score[n][e], e < 2: vector g, position base + 8n + 2c + e.
+    float tile_max = kNegInf;
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int j = base + 8 * n + 2 * c + e;
+        float sc = score[n][e] * p.scale;
+        if (j >= end || j > last) {
+          sc = kNegInf;
+        } else if (p.mask) {
+          sc = apply_mask(p, mask_base + int64_t{j} * p.m_strides[3], sc);
+        }
+        score[n][e] = sc;
+        tile_max = max_nan(tile_max, sc);
+      }
+    }
+    tile_max = max_nan(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+    tile_max = max_nan(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+    // One rescale factor per vector and step; an all-masked prefix keeps m = -inf (weights 0).
+    const float new_max = max_nan(m, tile_max);
+    const float shift = new_max == kNegInf ? 0.0f : new_max;
+    const float old_factor = __expf(m - shift);
+    m = new_max;
+    float w[2][2];
+    l *= old_factor;
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        w[n][e] = __expf(score[n][e] - shift);
+        l += w[n][e];
+      }
+    }
+    // O^T's columns are vectors 2c and 2c + 1, whose factors live on lanes 8c and 8c + 4.
+    const float f0 = __shfl_sync(0xffffffffu, old_factor, 8 * c);
+    const float f1 = __shfl_sync(0xffffffffu, old_factor, 8 * c + 4);
+    // P^T as the B operand: b0, b1 = positions 2c, 2c + 1 and b2, b3 = 8 + 2c, 9 + 2c of vector
+    // g: exactly this lane's weights.
+    const uint32_t b0 = pack2<T>(w[0][0], w[0][1]), b1 = pack2<T>(w[1][0], w[1][1]);
+#pragma unroll
+    for (int t = 0; t < kSteps; ++t) {
+      o[t][0] *= f0;
+      o[t][1] *= f1;
+      o[t][2] *= f0;
+      o[t][3] *= f1;
+      // A = V^T: row g = dim(t) (low halves of word t), row g + 8 = the next dim
+      // (high halves); k = 2c, 2c + 1 from V rows x = 0, 1 and k = 2c + 8, + 9 from x = 2, 3.
+      const uint32_t a[4] = {__byte_perm(v[0][t], v[1][t], 0x5410), __byte_perm(v[0][t], v[1][t], 0x7632),
+                             __byte_perm(v[2][t], v[3][t], 0x5410), __byte_perm(v[2][t], v[3][t], 0x7632)};
+      mma16816<T>(o[t], a, b0, b1);
+    }
+  }
+  l += __shfl_xor_sync(0xffffffffu, l, 1);
+  l += __shfl_xor_sync(0xffffffffu, l, 2);
+
+  // finish()'s slots: [warp][vector][max, denominator, 2 unused, D accumulators].
+  const int stride = partial_stride(D);
+  float* slots = smem + warp * kMmaVectors * stride;
+  if (c == 0) {
+    slots[g * stride] = m;
+    slots[g * stride + 1] = l;
+  }
+  // The lane holds dims 64w + 8g .. + 7 of vectors 2c (o[..][0] and [2]) and 2c + 1 ([1], [3]):
+  // two 16-byte stores per vector and w. Odd c stores the upper half first, so that the 8 lanes
+  // of each quarter warp write 8 distinct bank quads (stride = 4 mod 32): no bank conflicts, where
+  // the 4-byte stores of stride D + 2 were 3.7-way (ncu).
+#pragma unroll
+  for (int w = 0; w < D / 64; ++w) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const float(&t0)[4] = o[4 * w], (&t1)[4] = o[4 * w + 1];
+      const float(&t2)[4] = o[4 * w + 2], (&t3)[4] = o[4 * w + 3];
+      const float4 low = make_float4(t0[e], t0[e + 2], t1[e], t1[e + 2]);
+      const float4 high = make_float4(t2[e], t2[e + 2], t3[e], t3[e + 2]);
+      float4* at = reinterpret_cast<float4*>(slots + (2 * c + e) * stride + 4 + dim(4 * w));
+      const bool odd = c & 1;
+      at[odd] = odd ? high : low;
+      at[!odd] = odd ? low : high;
+    }
+  }
+  __syncthreads();
+  finish<T, kMmaVectors>(p, smem, partials, kv_row, tile, split, splits, slot);
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kMmaWarps * 32, ATTN_MMA_BLOCKS_PER_SM)
+    attend_mma(DecodeProblem p, float* partials, int chunk, unsigned slot) {
+  attend_mma_body<T, D, false>(p, partials, chunk, slot, nullptr);
+}
+
+// AttentionStep as one kernel: attend_mma over the caches `step` updates, on its raw q/k/v
+// (prepare_step_rows). `p` is the step's attention (make_step_attention: queries unused).
+template <typename T, int D>
+__global__ void __launch_bounds__(kMmaWarps * 32, ATTN_MMA_BLOCKS_PER_SM)
+    attend_mma_step(DecodeProblem p, float* partials, int chunk, unsigned slot, StepProblem step) {
+  attend_mma_body<T, D, true>(p, partials, chunk, slot, &step);
+}
+
+}  // namespace
+}  // namespace attn_kernels::cuda

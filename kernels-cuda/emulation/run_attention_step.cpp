@@ -1,0 +1,200 @@
+// Runs AttentionStep's CUDA kernels on the CPU under cuda_emu.h: the two-kernel path
+// (attention_step_kernel.cuh's step_preprocess, then decode_attention_mma.cuh's attend_mma over
+// the updated caches) and the folded kernel (attend_mma_step), each on its own copy of the caches.
+//
+//   run_attention_step DIR
+//
+// DIR holds config.txt ("B Hq Hkv L offset D dtype splits capacity qk_norm", dtype 0 = f16,
+// 1 = bf16) and float32 inputs, each exactly representable in the dtype: q.bin (B, L, Hq·D), k.bin
+// and v.bin (B, L, Hkv·D), qw.bin and kw.bin (D; read only with qk_norm), kc.bin and vc.bin
+// (B, Hkv, capacity, D). It writes
+// float32 out_chain.bin and out_fold.bin (B, Hq, L, D: the attention's heads-first output) and
+// kc_chain.bin, vc_chain.bin, kc_fold.bin, vc_fold.bin. The launches follow plan_mma() with the
+// split count given (chunks of whole 64-position block steps, no empty chunk).
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <iterator>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cuda_emu.h"
+
+struct float2 {
+  float x, y;
+};
+struct float4 {
+  float x, y, z, w;
+};
+inline float4 make_float4(float x, float y, float z, float w) {
+  return {x, y, z, w};
+}
+inline float rsqrtf(float x) {
+  return 1.0f / std::sqrt(x);
+}
+using std::isnan;
+
+// The kernels' source itself, unchanged.
+#include "../decode_attention_mma.cuh"
+
+namespace {
+
+using namespace attn_kernels;
+using namespace attn_kernels::cuda;
+
+std::vector<float> read(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw std::runtime_error("cannot read " + path);
+  std::vector<char> raw{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+  std::vector<float> out(raw.size() / sizeof(float));
+  std::memcpy(out.data(), raw.data(), out.size() * sizeof(float));
+  return out;
+}
+
+template <typename T>
+std::vector<T> to_t(const std::vector<float>& x) {
+  std::vector<T> out(x.size());
+  for (size_t i = 0; i < x.size(); ++i) store(&out[i], x[i]);
+  return out;
+}
+
+template <typename T>
+void write(const std::string& path, const std::vector<T>& x) {
+  std::vector<float> f(x.size());
+  for (size_t i = 0; i < x.size(); ++i) f[i] = to_float(x[i]);
+  std::ofstream(path, std::ios::binary)
+      .write(reinterpret_cast<const char*>(f.data()), f.size() * sizeof(float));
+}
+
+// Every block of the grid in turn, each with `threads` host threads.
+void launch(unsigned gx, unsigned gy, int threads, size_t shared_floats,
+            const std::function<void()>& kernel) {
+  blockDim.x = threads;
+  gridDim.x = gx;
+  gridDim.y = gy;
+  for (unsigned y = 0; y < gy; ++y) {
+    for (unsigned x = 0; x < gx; ++x) {
+      emu::Block block(threads, shared_floats);
+      std::vector<std::thread> pool;
+      for (int t = 0; t < threads; ++t) {
+        pool.emplace_back([&, t] {
+          emu::block = &block;
+          threadIdx.x = t;
+          blockIdx.x = x;
+          blockIdx.y = y;
+          kernel();
+        });
+      }
+      for (auto& t : pool) t.join();
+    }
+  }
+}
+
+template <typename T, int D>
+int run(const std::string& dir, int b, int hq, int hkv, int L, int offset, int splits,
+        int capacity, bool qk_norm) {
+  const auto q = to_t<T>(read(dir + "/q.bin")), k = to_t<T>(read(dir + "/k.bin"));
+  const auto v = to_t<T>(read(dir + "/v.bin"));
+  const auto qw = qk_norm ? to_t<T>(read(dir + "/qw.bin")) : std::vector<T>{};
+  const auto kw = qk_norm ? to_t<T>(read(dir + "/kw.bin")) : std::vector<T>{};
+  const auto kc0 = to_t<T>(read(dir + "/kc.bin")), vc0 = to_t<T>(read(dir + "/vc.bin"));
+
+  StepProblem s{};
+  s.q = q.data(), s.k = k.data(), s.v = v.data();
+  s.q_weight = qk_norm ? qw.data() : nullptr, s.k_weight = qk_norm ? kw.data() : nullptr;
+  s.qk_norm = qk_norm;
+  s.dtype = std::is_same_v<T, __half> ? ElementType::float16 : ElementType::bfloat16;
+  s.batch = b, s.length = L, s.q_heads = hq, s.kv_heads = hkv, s.head_dim = D, s.offset = offset;
+  s.eps = 1e-6f, s.log2_base = std::log2(1e6f);
+  const int64_t q_strides[3] = {int64_t(L) * hq * D, int64_t(hq) * D, 1};
+  const int64_t kv_strides[3] = {int64_t(L) * hkv * D, int64_t(hkv) * D, 1};
+  const int64_t cache[4] = {int64_t(hkv) * capacity * D, int64_t(capacity) * D, D, 1};
+  for (int a = 0; a < 3; ++a) {
+    s.q_strides[a] = q_strides[a];
+    s.k_strides[a] = s.v_strides[a] = kv_strides[a];
+  }
+  for (int a = 0; a < 4; ++a) s.kc_strides[a] = s.vc_strides[a] = cache[a];
+
+  // make_step_attention()'s problem.
+  DecodeProblem p{};
+  p.dtype = s.dtype, p.mask_dtype = ElementType::float32;
+  p.q_heads = hq, p.kv_heads = hkv, p.rows = b * hq, p.kv_rows = b * hkv;
+  p.query_len = L, p.head_dim = D, p.context = offset + L, p.group = hq / hkv;
+  p.scale = 1.0f / std::sqrt(float(D));
+  p.causal = true;
+  const int64_t heads_first[4] = {int64_t(hq) * L * D, int64_t(L) * D, D, 1};
+  for (int a = 0; a < 4; ++a) {
+    p.q_strides[a] = heads_first[a];
+    p.k_strides[a] = p.v_strides[a] = cache[a];
+  }
+
+  // plan_mma()'s launch with the split count given.
+  const int S = p.context, step = kMmaWarps * kMmaStep;
+  const int vectors = p.group * L, tiles = (vectors + kMmaVectors - 1) / kMmaVectors;
+  int chunk = (S + splits - 1) / splits;
+  chunk = (chunk + step - 1) / step * step;
+  splits = (S + chunk - 1) / chunk;
+  const size_t partial_floats = size_t(p.kv_rows) * vectors * splits * partial_stride(D);
+  const size_t shared_floats = mma_step_smem_bytes<T>(D) / sizeof(float);
+  const unsigned gx = p.kv_rows * tiles, gy = splits;
+
+  // The two-kernel path.
+  auto kc = kc0, vc = vc0;
+  std::vector<T> scratch(size_t(b) * hq * L * D), out(scratch.size());
+  std::vector<float> partials(partial_floats);
+  s.q_out = scratch.data(), s.k_cache = kc.data(), s.v_cache = vc.data();
+  const int warps = 4;
+  launch(b * L, (hq + hkv + warps - 1) / warps, warps * 32, 1,
+         [&] { step::step_preprocess<T>(s); });
+  p.queries = scratch.data(), p.keys = kc.data(), p.values = vc.data(), p.out = out.data();
+  launch(gx, gy, kMmaWarps * 32, shared_floats, [&] {
+    attend_mma<T, D>(p, splits > 1 ? partials.data() : nullptr, chunk, 0u);
+  });
+  write(dir + "/out_chain.bin", out);
+  write(dir + "/kc_chain.bin", kc);
+  write(dir + "/vc_chain.bin", vc);
+
+  // The folded kernel on fresh caches; no scratch.
+  auto kf = kc0, vf = vc0;
+  std::vector<T> out_fold(out.size());
+  std::fill(partials.begin(), partials.end(), NAN);
+  s.q_out = nullptr, s.k_cache = kf.data(), s.v_cache = vf.data();
+  p.queries = nullptr, p.keys = kf.data(), p.values = vf.data(), p.out = out_fold.data();
+  launch(gx, gy, kMmaWarps * 32, shared_floats, [&] {
+    attend_mma_step<T, D>(p, splits > 1 ? partials.data() : nullptr, chunk, gx, s);
+  });
+  write(dir + "/out_fold.bin", out_fold);
+  write(dir + "/kc_fold.bin", kf);
+  write(dir + "/vc_fold.bin", vf);
+  std::printf("splits %d chunk %d tiles %d\n", splits, chunk, tiles);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: %s DIR\n", argv[0]);
+    return 2;
+  }
+  const std::string dir = argv[1];
+  std::ifstream config(dir + "/config.txt");
+  int b, hq, hkv, L, offset, D, dtype, splits, capacity, qk_norm;
+  if (!(config >> b >> hq >> hkv >> L >> offset >> D >> dtype >> splits >> capacity >> qk_norm)) {
+    std::fprintf(stderr, "bad %s/config.txt\n", dir.c_str());
+    return 2;
+  }
+  if (D != 64 && D != 128) {
+    std::fprintf(stderr, "the mma kernel takes head_dim 64 or 128\n");
+    return 2;
+  }
+  const bool norm = qk_norm != 0;
+  if (dtype == 0) {
+    return D == 64 ? run<__half, 64>(dir, b, hq, hkv, L, offset, splits, capacity, norm)
+                   : run<__half, 128>(dir, b, hq, hkv, L, offset, splits, capacity, norm);
+  }
+  return D == 64 ? run<__nv_bfloat16, 64>(dir, b, hq, hkv, L, offset, splits, capacity, norm)
+                 : run<__nv_bfloat16, 128>(dir, b, hq, hkv, L, offset, splits, capacity, norm);
+}
