@@ -181,11 +181,7 @@ __device__ __forceinline__ void attend_mma_body(const DecodeProblem& p, float* p
   // whole 32-byte sectors of a row (4 lanes x 16 B of Q/K, 8 lanes x 16 B of V) instead of half of
   // each of twice as many (the mma only needs Q and K to share a mapping; V's sets O^T's rows):
   // 0.1-0.35 µs less per call, 1.1-1.5 at L=4/8 S=4096 (dev/h200-bench_attend-coalesced.txt).
-  if constexpr (kFold) {
-    T* staged = reinterpret_cast<T*>(smem + mma_smem_floats(D));
-    prepare_step_rows<T, D>(p, *step, staged, kv_row, tile, begin, end);
-    if (real) load_words<4>(q, staged + g * D + c * 8);
-  } else {
+  if constexpr (!kFold) {
     if (real) load_words<4>(q, static_cast<const T*>(p.queries) + p.q_offset(row, i) + c * 8);
   }
   // The dim of O^T's row g in tile t (word t of a lane's V slice; row g + 8 is the next dim).
@@ -208,6 +204,11 @@ __device__ __forceinline__ void attend_mma_body(const DecodeProblem& p, float* p
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(v_rows), "r"(bytes) : "memory");
   }
 #endif
+  if constexpr (kFold) {  // after the prefetch, which then overlaps the step's rows
+    T* staged = reinterpret_cast<T*>(smem + mma_smem_floats(D));
+    prepare_step_rows<T, D>(p, *step, staged, kv_row, tile, begin, end);
+    if (real) load_words<4>(q, staged + g * D + c * 8);
+  }
   // o[t]: O^T tile t, rows = dims dim(t) (c0, c1) and + 1 (c2, c3), columns = vectors
   // 2c, 2c + 1. m: vector g's running max; l: this lane's part of its denominator.
   float o[kSteps][4] = {};
