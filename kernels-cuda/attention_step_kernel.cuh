@@ -35,12 +35,21 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
 
 constexpr int kMaxPairsPerLane = 256 / 2 / 32;  // kMaxHeadDim / 2 pairs over 32 lanes
 
+// RoPE's rotation of pair j (of D/2) at `position`: the angle as MLX forms it (rope_angle), its
+// cosine and sine in double, each rounded once to float32.
+__device__ __forceinline__ float2 rope_cos_sin(int position, int j, int half, float log2_base) {
+  double sn, cs;
+  sincos(static_cast<double>(rope_angle(position, j, half, log2_base)), &sn, &cs);
+  return float2{static_cast<float>(cs), static_cast<float>(sn)};
+}
+
 // One warp (all 32 lanes call it) prepares token i of batch b for head `head` of the Hq + Hkv:
 // a q head to q_dst (D contiguous values), a k head into the k cache at offset + i with its v row
-// copied into the v cache.
+// copied into the v cache. `rotation`: token i's rope_cos_sin of every pair, or nullptr (the lanes
+// compute their pairs').
 template <typename T>
 __device__ __forceinline__ void preprocess_row(const StepProblem& p, int b, int i, int head,
-                                               int lane, T* q_dst) {
+                                               int lane, T* q_dst, const float2* rotation) {
   const int D = p.head_dim, half = D / 2, position = p.offset + i;
   const bool is_q = head < p.q_heads;
   const int h = is_q ? head : head - p.q_heads;
@@ -80,9 +89,8 @@ __device__ __forceinline__ void preprocess_row(const StepProblem& p, int b, int 
       a = to_float(from_float<T>(to_float(w[j]) * to_float(from_float<T>(a * r))));
       c = to_float(from_float<T>(to_float(w[j + half]) * to_float(from_float<T>(c * r))));
     }
-    double sn, cs;
-    sincos(static_cast<double>(rope_angle(position, j, half, p.log2_base)), &sn, &cs);
-    const float sf = static_cast<float>(sn), cf = static_cast<float>(cs);
+    const float2 cs = rotation ? rotation[j] : rope_cos_sin(position, j, half, p.log2_base);
+    const float cf = cs.x, sf = cs.y;
     dst[j * ds] = from_float<T>(a * cf - c * sf);
     dst[(j + half) * ds] = from_float<T>(a * sf + c * cf);
   }
@@ -105,7 +113,7 @@ __global__ void step_preprocess(StepProblem p) {
   T* q_dst = head < p.q_heads ? static_cast<T*>(p.q_out) +
                                    ((int64_t{b} * p.q_heads + head) * p.length + i) * p.head_dim
                              : nullptr;
-  preprocess_row<T>(p, b, i, head, lane, q_dst);
+  preprocess_row<T>(p, b, i, head, lane, q_dst, nullptr);
 }
 
 }  // namespace attn_kernels::cuda::step

@@ -285,7 +285,7 @@ template <typename T, int D>
 CUfunction mma_step_kernel() {
   static const CUfunction kernel =
       resolve(reinterpret_cast<const void*>(&attend_mma_step<T, D>), kMmaWarps * 32,
-              mma_step_smem_bytes<T>(D))
+              mma_step_smem_bytes<T>(D, kStepMaxLength))
           .function;
   return kernel;
 }
@@ -408,11 +408,13 @@ Plan plan_mma(const DecodeProblem& p) {
   plan.attend = attend.function;
   plan.attend_threads = kMmaWarps * 32;
   plan.attend_smem = attend_smem_bytes(kMmaWarps, kMmaVectors, p.head_dim);
-  const bool f16 = p.dtype == ElementType::float16;
-  plan.attend_step = f16 ? mma_step_kernel<__half>(p.head_dim)
-                         : mma_step_kernel<__nv_bfloat16>(p.head_dim);
-  plan.attend_step_smem = f16 ? mma_step_smem_bytes<__half>(p.head_dim)
-                              : mma_step_smem_bytes<__nv_bfloat16>(p.head_dim);
+  if (p.query_len <= kStepMaxLength) {
+    const bool f16 = p.dtype == ElementType::float16;
+    plan.attend_step = f16 ? mma_step_kernel<__half>(p.head_dim)
+                           : mma_step_kernel<__nv_bfloat16>(p.head_dim);
+    plan.attend_step_smem = f16 ? mma_step_smem_bytes<__half>(p.head_dim, p.query_len)
+                                : mma_step_smem_bytes<__nv_bfloat16>(p.head_dim, p.query_len);
+  }
   const int tiles = (p.group * p.query_len + kMmaVectors - 1) / kMmaVectors;
   // A merge costs ~2-3 µs on the H200 (the arrival atomic and L2 round trips): more than the
   // steps it saves while the context is at most kMmaUnsplitSteps block steps, where one chunk is

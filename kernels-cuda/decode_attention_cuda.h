@@ -26,9 +26,9 @@ struct Plan {
   int splits;
   size_t partial_floats;  // workspace for the chunks' partial states, 0 when splits == 1
   unsigned arrival_slot;  // first of this call's arrival counters (splits > 1)
-  // split-mma only (else nullptr): the same launch with AttentionStep's preprocessing folded in,
-  // attend_step(problem, partials, chunk, arrival_slot, StepProblem) with attend_step_smem bytes
-  // (decode_attention_mma.cuh).
+  // split-mma with L <= 8 only (else nullptr): the same launch with AttentionStep's
+  // preprocessing folded in, attend_step(problem, partials, chunk, arrival_slot, StepProblem)
+  // with attend_step_smem bytes (decode_attention_mma.cuh).
   CUfunction attend_step;
   uint32_t attend_step_smem;
 };

@@ -112,13 +112,15 @@ __device__ __forceinline__ void load_words(uint32_t (&dst)[N], const void* src) 
 }
 
 // attend_mma's shared memory: finish()'s slots (attend_smem_bytes in decode_attention.cu), then,
-// in attend_mma_step, the tile's query vectors as the step prepares them (kMmaVectors x D).
+// in attend_mma_step, the tile's query vectors as the step prepares them (kMmaVectors x D) and the
+// rotations of the step's tokens (L x D/2 (cos, sin) pairs).
+constexpr int kStepMaxLength = 8;  // attend_mma_step's L: the rotations' shared memory
 __host__ __device__ constexpr int mma_smem_floats(int D) {
   return kMmaWarps * kMmaVectors * partial_stride(D) + 2 * kMmaVectors;
 }
 template <typename T>
-__host__ __device__ constexpr uint32_t mma_step_smem_bytes(int D) {
-  return mma_smem_floats(D) * sizeof(float) + kMmaVectors * D * sizeof(T);
+__host__ __device__ constexpr uint32_t mma_step_smem_bytes(int D, int L) {
+  return mma_smem_floats(D) * sizeof(float) + kMmaVectors * D * sizeof(T) + L * D / 2 * 8;
 }
 
 // AttentionStep folded into the attention (attend_mma_step): before its loop, a block prepares
@@ -130,22 +132,30 @@ __host__ __device__ constexpr uint32_t mma_step_smem_bytes(int D) {
 // its own chunk. Blocks of other tiles with the same (kv_row, split) write the same rows: the same
 // code on the same inputs, so identical bytes; whichever store lands last, every read (its own
 // block's, after its barrier, or the next call's) sees those bytes. Having only tile 0 write
-// would leave the other tiles nothing to read before tile 0 has run.
+// would leave the other tiles nothing to read before tile 0 has run. The rotations (a double
+// sine and cosine per pair) are computed once per token by all threads, not once per row by a
+// warp that may have two to four rows.
 template <typename T, int D>
 __device__ __forceinline__ void prepare_step_rows(const DecodeProblem& p, const StepProblem& s,
-                                                  T* staged, int kv_row, int tile, int begin,
-                                                  int end) {
+                                                  T* staged, float2* rotations, int kv_row,
+                                                  int tile, int begin, int end) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-  const int L = p.query_len, first = tile * kMmaVectors;
+  const int L = p.query_len, first = tile * kMmaVectors, half = D / 2;
+  for (int at = threadIdx.x; at < L * half; at += blockDim.x) {
+    rotations[at] = step::rope_cos_sin(s.offset + at / half, at % half, half, s.log2_base);
+  }
+  __syncthreads();
   const int count = min(kMmaVectors, p.group * L - first);
   const int b = kv_row / p.kv_heads, h = kv_row % p.kv_heads;
   const int from = max(begin, s.offset), news = max(min(end, s.offset + L) - from, 0);
   for (int item = warp; item < count + news; item += warps) {
     if (item < count) {  // query vector first + item: row kv_row * group + r / L, token r % L
-      const int r = first + item, row = kv_row * p.group + r / L;
-      step::preprocess_row<T>(s, b, r % L, row % p.q_heads, lane, staged + item * D);
+      const int r = first + item, row = kv_row * p.group + r / L, i = r % L;
+      step::preprocess_row<T>(s, b, i, row % p.q_heads, lane, staged + item * D,
+                              rotations + i * half);
     } else {
-      step::preprocess_row<T>(s, b, from + (item - count) - s.offset, s.q_heads + h, lane, nullptr);
+      const int i = from + (item - count) - s.offset;
+      step::preprocess_row<T>(s, b, i, s.q_heads + h, lane, nullptr, rotations + i * half);
     }
   }
   __syncthreads();
@@ -206,7 +216,8 @@ __device__ __forceinline__ void attend_mma_body(const DecodeProblem& p, float* p
 #endif
   if constexpr (kFold) {  // after the prefetch, which then overlaps the step's rows
     T* staged = reinterpret_cast<T*>(smem + mma_smem_floats(D));
-    prepare_step_rows<T, D>(p, *step, staged, kv_row, tile, begin, end);
+    float2* rotations = reinterpret_cast<float2*>(staged + kMmaVectors * D);
+    prepare_step_rows<T, D>(p, *step, staged, rotations, kv_row, tile, begin, end);
     if (real) load_words<4>(q, staged + g * D + c * 8);
   }
   // o[t]: O^T tile t, rows = dims dim(t) (c0, c1) and + 1 (c2, c3), columns = vectors

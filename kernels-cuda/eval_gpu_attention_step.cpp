@@ -2,8 +2,8 @@
 // (attention_step.cu), then DecodeAttention's attend kernel over the updated caches, as graph
 // nodes with their dependencies; a cache copy first when a cache cannot be donated, and the
 // token-first reordering after attention when L > 1. Where the attention runs split-mma on
-// donated caches (the decode case) with schedule `auto` and L <= 8, one kernel does both
-// (attend_mma_step, decode_attention_mma.cuh).
+// donated caches (the decode case) with schedule `auto` and L <= 8 (plan.attend_step), one
+// kernel does both (attend_mma_step, decode_attention_mma.cuh).
 #include <cstdlib>
 #include <string>
 
@@ -112,8 +112,7 @@ void AttentionStep::eval_gpu(
   const dim3 attend_grid(plan.attend_grid[0], plan.attend_grid[1]);
   // The folded kernel under `auto` only: an explicit schedule (split-mma included) keeps the two
   // kernels, which the GPU tests compare it with.
-  if (plan.attend_step && schedule_ == "auto" && donated[0] && donated[1] && L <= 8 &&
-      fold_enabled()) {
+  if (plan.attend_step && schedule_ == "auto" && donated[0] && donated[1] && fold_enabled()) {
     void* args[] = {&attention, &partials, &chunk, &slot, &step};
     encoder.add_kernel_node_raw(
         plan.attend_step, attend_grid, dim3(plan.attend_threads), dim3(1, 1, 1),
