@@ -9,9 +9,9 @@
 //              context chunk): each K/V row leaves HBM once per step for all query heads that
 //              share it, and the context is split (flash-decoding) so every SM has warps; the
 //              last block of each head to finish merges the chunks (one launch per call).
-//   split-mma  split-gqa's work split on tensor cores (attend_mma below): the SIMT kernels
-//              spend ~80 warp instructions per position and stop at ~37% of HBM bandwidth;
-//              this one spends ~14 and reads at 91-97% (docs/cuda-kernel.md).
+//   split-mma  split-gqa's work split on tensor cores (attend_mma, decode_attention_mma.cuh):
+//              the SIMT kernels spend ~80 warp instructions per position and stop at ~37% of
+//              HBM bandwidth; this one spends ~14 and reads at 91-97% (docs/cuda-kernel.md).
 //
 // In the SIMT kernels each row of D values is spread over a group of lanes that keeps its slice
 // of the scaled queries in registers; groups ("walkers") run the online-softmax recurrence over
