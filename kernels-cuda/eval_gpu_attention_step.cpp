@@ -1,9 +1,9 @@
 // AttentionStep's eval_gpu through MLX's CUDA command encoder: the preprocessing kernel
 // (attention_step.cu), then DecodeAttention's attend kernel over the updated caches, as graph
 // nodes with their dependencies; a cache copy first when a cache cannot be donated, and the
-// token-first reordering after attention when L > 1. Where the attention runs split-mma on
-// donated caches (the decode case) with schedule `auto` and L <= 8 (plan.attend_step), one
-// kernel does both (attend_mma_step, decode_attention_mma.cuh).
+// token-first reordering after attention when L > 1. With ATTN_STEP_FOLD=1, where the attention
+// runs split-mma on donated caches (the decode case) with schedule `auto` and L <= 8
+// (plan.attend_step), one kernel does both (attend_mma_step, decode_attention_mma.cuh).
 #include <cstdlib>
 #include <string>
 
@@ -21,11 +21,12 @@ size_t align256(size_t bytes) {
   return (bytes + 255) / 256 * 256;
 }
 
-// ATTN_STEP_FOLD=0 keeps the two-kernel path where the folded kernel applies (A/B; read once).
+// ATTN_STEP_FOLD=1 runs the folded kernel where it applies (opt-in, read once): on the H200 it
+// launched 364 kernels per step instead of 400 but decoded no faster (docs/fused-step.md).
 bool fold_enabled() {
   static const bool enabled = [] {
     const char* v = std::getenv("ATTN_STEP_FOLD");
-    return v == nullptr || std::string(v) != "0";
+    return v != nullptr && std::string(v) == "1";
   }();
   return enabled;
 }

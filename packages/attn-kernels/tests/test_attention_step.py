@@ -3,6 +3,7 @@ update, decode_attention_custom) and a float64 step, on every backend here, with
 (Qwen3) and without (Llama, Qwen2); cache donation."""
 
 import itertools
+import os
 
 import mlx.core as mx
 import numpy as np
@@ -503,7 +504,8 @@ def donated_step(inputs, capacity, offset, schedule):
     return out, k_cache, v_cache
 
 
-# On CUDA, `auto` with donated caches and L <= 8 runs the folded kernel (attend_mma_step: the
+# On CUDA with ATTN_STEP_FOLD=1 (read once per process: set it for the whole pytest run),
+# `auto` with donated caches and L <= 8 runs the folded kernel (attend_mma_step: the
 # preprocessing inside the split-mma attention's blocks); an explicit split-mma schedule runs the
 # two kernels (step_preprocess, attend_mma) with the same plan. Offsets 64m - L // 2 put the new
 # positions across a multiple of 64, which at these head counts is the last chunk's start
@@ -518,7 +520,10 @@ FOLD_GRID = [
 ]
 
 
-@pytest.mark.skipif(not mx.cuda.is_available(), reason="the folded step is CUDA's")
+@pytest.mark.skipif(
+    not mx.cuda.is_available() or os.environ.get("ATTN_STEP_FOLD") != "1",
+    reason="the folded step is CUDA's, opt-in with ATTN_STEP_FOLD=1",
+)
 @pytest.mark.parametrize(
     "dtype,heads,d,length,m",
     FOLD_GRID,
@@ -533,9 +538,12 @@ def test_folded_step_matches_two_kernels_gpu(dtype, heads, d, length, m):
     inputs = make_step(offset, 1, hq, hkv, length, d, capacity, dtype)
     folded = donated_step(inputs, capacity, offset, "auto")
     two = donated_step(inputs, capacity, offset, "split-mma")
+    # Not bit for bit: on the H200 (354698b) 10 of these 48 cases differed from the two kernels
+    # in 0.03-1.3% of the outputs (one k_cache value once) by 1-4 units in the last place (the
+    # shared row code compiled in two translation units), while they match under the emulation.
+    tol = {key: 2 * value for key, value in TOLERANCE[dtype].items()}
     for name, got, want in zip(("out", "k_cache", "v_cache"), folded, two, strict=True):
-        np.testing.assert_array_equal(to_numpy(got), to_numpy(want), err_msg=name)
+        np.testing.assert_allclose(to_numpy(got), to_numpy(want), **TOLERANCE[dtype], err_msg=name)
     *head, _, _ = inputs
     expected = step_f64(*head, two[1], two[2], offset, EPS, BASE)[0]  # caches: positions < offset
-    tol = {key: 2 * value for key, value in TOLERANCE[dtype].items()}
     np.testing.assert_allclose(to_numpy(folded[0]), expected, **tol, err_msg="vs float64")

@@ -77,3 +77,16 @@ def test_default_backend_follows_the_default_device(monkeypatch):
 def test_unknown_backend():
     with pytest.raises(ValueError, match="unknown backend 'tpu'"):
         use_fused(1, 1, 128, None, "tpu")
+
+
+def test_quantized_group_sizes():
+    """CUDA's quantized kernel only for the group size its records cover (64); the CPU's for
+    every group size its tests check; a group size not given skips the check."""
+    assert guard.use_fused_quantized(1, 4096, None, "cuda", group_size=64)
+    assert not guard.use_fused_quantized(1, 4096, None, "cuda", group_size=128)
+    assert not guard.use_fused_quantized(1, 4096, None, "cuda", group_size=32)
+    assert guard.use_fused_quantized(1, 4096, None, "cuda")
+    for group_size in (32, 64, 128):
+        assert guard.use_fused_quantized(1, 4096, None, "cpu", group_size=group_size)
+    assert not guard.use_fused_quantized(1, 4096, None, "metal", group_size=64)
+    assert set(guard.QUANTIZED_GROUP_SIZES) == set(guard.QUANTIZED_LIMITS)

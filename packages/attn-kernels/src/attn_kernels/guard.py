@@ -77,6 +77,14 @@ QUANTIZED_LIMITS: dict[str, tuple[int, int]] = {
     "cuda": (1, 131072),
     "metal": (0, 0),
 }
+# Group sizes where the quantized kernel's accuracy and speed were checked. CUDA: group 64 only
+# (its timings; at 4 bits, group 128, the H200 gave a larger RMS error than mlx-lm's path in
+# test_no_worse_than_mlx_lm, docs/quantized-kv.md).
+QUANTIZED_GROUP_SIZES: dict[str, tuple[int, ...]] = {
+    "cpu": (32, 64, 128),
+    "cuda": (64,),
+    "metal": (),
+}
 
 # Backends whose AttentionStep kernel has run (Metal's launcher has not run on a Mac yet).
 STEP_BACKENDS = ("cpu", "cuda")
@@ -146,12 +154,16 @@ def use_fused_quantized(
     *,
     head_dim: int | None = None,
     dtype: mx.Dtype | None = None,
+    group_size: int | None = None,
 ) -> bool:
     """True where decode_attention_quantized was measured to beat the fallback on `backend`
-    (head dim and dtype as measured, LIMITS' lists; None skips that check)."""
+    (head dim and dtype as measured, LIMITS' lists; group size as QUANTIZED_GROUP_SIZES; None
+    skips that check)."""
     where = _default_backend() if backend is None else backend
     if where not in QUANTIZED_LIMITS:
         raise ValueError(f"unknown backend {where!r}: use one of {', '.join(QUANTIZED_LIMITS)}")
+    if group_size is not None and group_size not in QUANTIZED_GROUP_SIZES[where]:
+        return False
     measured = LIMITS[where]
     if head_dim is not None and head_dim not in measured.head_dims:
         return False

@@ -193,7 +193,12 @@ class Attention(nn.Module):
         (composition: the readable path, the baseline)."""
         settings = dict(group_size=cache.group_size, bits=cache.bits)
         if self.checkpoint == "decode-attention" and use_fused_quantized(
-            q.shape[2], k[0].shape[2], mask, head_dim=q.shape[-1], dtype=q.dtype
+            q.shape[2],
+            k[0].shape[2],
+            mask,
+            head_dim=q.shape[-1],
+            dtype=q.dtype,
+            group_size=cache.group_size,
         ):
             return decode_attention_quantized(q, k, v, scale=self.scale, mask=mask, **settings)
         keys, values = (dequantize_kv(t, **settings).astype(q.dtype) for t in (k, v))

@@ -88,7 +88,12 @@ def _fused_quantized(queries, keys, cache, mask, sinks) -> bool:
         return False
     shape = queries.shape
     return use_fused_quantized(
-        shape[-2], keys[0].shape[-2], mask, head_dim=shape[-1], dtype=queries.dtype
+        shape[-2],
+        keys[0].shape[-2],
+        mask,
+        head_dim=shape[-1],
+        dtype=queries.dtype,
+        group_size=cache.group_size,
     )
 
 
