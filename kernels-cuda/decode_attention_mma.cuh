@@ -9,6 +9,7 @@
 
 #include "attention_step_kernel.cuh"
 #include "decode_attention_common.cuh"
+#include "mma_m16n8k16.cuh"
 
 namespace attn_kernels::cuda {
 namespace {
@@ -26,55 +27,7 @@ namespace {
 constexpr int kMmaWarps = 4;
 constexpr int kMmaStep = 16;  // positions per warp step: the K of the P V mma
 
-template <typename T>
-__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                         uint32_t b1) {
-#if defined(__CUDACC__)
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-  __trap();  // plan() picks this kernel only on sm_80 and newer
-#else
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  } else {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-#endif
-#else  // the emulation (cuda_emu.h): gather the fragments with shuffles, sum in float
-  const int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
-  auto at = [](uint32_t w, int i) { return to_float(std::bit_cast<T>(uint16_t(w >> (16 * i)))); };
-  float row[2][16], col[2][16];  // A rows g, g + 8; B columns 2c, 2c + 1
-  for (int t = 0; t < 4; ++t) {
-    const uint32_t a0 = __shfl_sync(0xffffffffu, a[0], 4 * g + t);
-    const uint32_t a1 = __shfl_sync(0xffffffffu, a[1], 4 * g + t);
-    const uint32_t a2 = __shfl_sync(0xffffffffu, a[2], 4 * g + t);
-    const uint32_t a3 = __shfl_sync(0xffffffffu, a[3], 4 * g + t);
-    for (int i = 0; i < 2; ++i) {
-      row[0][2 * t + i] = at(a0, i), row[0][2 * t + 8 + i] = at(a2, i);
-      row[1][2 * t + i] = at(a1, i), row[1][2 * t + 8 + i] = at(a3, i);
-    }
-    for (int n = 0; n < 2; ++n) {
-      const uint32_t x0 = __shfl_sync(0xffffffffu, b0, 4 * (2 * c + n) + t);
-      const uint32_t x1 = __shfl_sync(0xffffffffu, b1, 4 * (2 * c + n) + t);
-      for (int i = 0; i < 2; ++i) col[n][2 * t + i] = at(x0, i), col[n][2 * t + 8 + i] = at(x1, i);
-    }
-  }
-  for (int r = 0; r < 2; ++r) {
-    for (int n = 0; n < 2; ++n) {
-      float sum = 0.0f;
-      for (int k = 0; k < 16; ++k) sum += row[r][k] * col[n][k];
-      d[2 * r + n] += sum;
-    }
-  }
-#endif
-}
+using tensor_core::mma16816;
 
 template <typename T>
 __device__ __forceinline__ uint32_t pack2(float lo, float hi) {

@@ -34,6 +34,7 @@
 
 #include "decode_attention_quantized_kernel.cuh"
 #include "decode_attention_quantized_stages.cuh"
+#include "mma_m16n8k16.cuh"
 
 namespace attn_kernels::cuda::quantized {
 
@@ -72,50 +73,7 @@ __device__ __forceinline__ uint32_t half2_bits(float lo, float hi) {
 #endif
 }
 
-// d += A B, m16n8k16, f16 operands, float32 accumulators (PTX ISA, "Matrix fragments for
-// mma.m16n8k16"). The emulation gathers the fragments with shuffles and sums in float.
-__device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                        uint32_t b1) {
-#if defined(__CUDACC__)
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-  __trap();  // plan_quantized() picks this kernel only on sm_80 and newer
-#else
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#endif
-#else
-  const int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
-  auto half_at = [](uint32_t w, int i) {
-    return float(std::bit_cast<_Float16>(uint16_t(w >> (16 * i))));
-  };
-  float row[2][16], col[2][16];  // A rows g, g + 8; B columns 2c, 2c + 1
-  for (int t = 0; t < 4; ++t) {
-    const uint32_t a0 = __shfl_sync(0xffffffffu, a[0], 4 * g + t);
-    const uint32_t a1 = __shfl_sync(0xffffffffu, a[1], 4 * g + t);
-    const uint32_t a2 = __shfl_sync(0xffffffffu, a[2], 4 * g + t);
-    const uint32_t a3 = __shfl_sync(0xffffffffu, a[3], 4 * g + t);
-    for (int i = 0; i < 2; ++i) {
-      row[0][2 * t + i] = half_at(a0, i), row[0][2 * t + 8 + i] = half_at(a2, i);
-      row[1][2 * t + i] = half_at(a1, i), row[1][2 * t + 8 + i] = half_at(a3, i);
-    }
-    for (int n = 0; n < 2; ++n) {
-      const uint32_t x0 = __shfl_sync(0xffffffffu, b0, 4 * (2 * c + n) + t);
-      const uint32_t x1 = __shfl_sync(0xffffffffu, b1, 4 * (2 * c + n) + t);
-      for (int i = 0; i < 2; ++i) col[n][2 * t + i] = half_at(x0, i), col[n][2 * t + 8 + i] = half_at(x1, i);
-    }
-  }
-  for (int r = 0; r < 2; ++r) {
-    for (int n = 0; n < 2; ++n) {
-      float sum = 0.0f;
-      for (int k = 0; k < 16; ++k) sum += row[r][k] * col[n][k];
-      d[2 * r + n] += sum;
-    }
-  }
-#endif
-}
+using tensor_core::mma16816;  // f16 operands here: the codes are exact in f16
 
 // (1024 + a, 1024 + b) - (1024, 1024) = (a, b), exactly (f16 subtraction of integers < 2048).
 __device__ __forceinline__ uint32_t minus_1024(uint32_t pair) {
@@ -414,7 +372,7 @@ __global__ void __launch_bounds__(kThreads, 2)
             uint32_t b0, b1;
             k_operand<BITS>(kw[u][n][st / KSB], st % KSB, b0, b1);
             const uint32_t a[4] = {qa[st][0], 0u, qa[st][1], 0u};
-            mma_f16(acc, a, b0, b1);
+            mma16816<__half>(acc, a, b0, b1);
           }
 #pragma unroll
           for (int e = 0; e < 2; ++e) {  // position at + 8n + 2c + e: element e * NG + G
@@ -490,7 +448,7 @@ __global__ void __launch_bounds__(kThreads, 2)
                                v_pair<BITS>(vw[u][0][b], vw[u][1][b], e + 1),
                                v_pair<BITS>(vw[u][2][b], vw[u][3][b], e),
                                v_pair<BITS>(vw[u][2][b], vw[u][3][b], e + 1)};
-        mma_f16(o[t], a, pb[G][0], pb[G][1]);
+        mma16816<__half>(o[t], a, pb[G][0], pb[G][1]);
       }
     }
   }
