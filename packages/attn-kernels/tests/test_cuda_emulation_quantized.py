@@ -30,7 +30,7 @@ def emulator(tmp_path_factory):
     )
 
 
-# (batch, Hq, Hkv, L, S, D, bits, group_size, causal, mask, splits)
+# Every case: (batch, Hq, Hkv, L, S, D, bits, group_size, causal, mask, splits).
 CASES = [
     (1, 32, 8, 1, 100, 128, 8, 64, False, False, 1),
     (1, 32, 8, 1, 1000, 128, 4, 64, False, False, 4),
@@ -40,17 +40,6 @@ CASES = [
     (1, 12, 2, 5, 333, 96, 8, 32, True, False, 5),
     (1, 8, 2, 2, 300, 128, 4, 32, False, True, 3),
 ]
-
-
-@pytest.mark.parametrize(
-    ("b", "hq", "hkv", "length", "s", "d", "bits", "group_size", "causal", "masked", "splits"),
-    CASES,
-)
-def test_cuda_quantized_kernel_under_emulation(
-    emulator, tmp_path, b, hq, hkv, length, s, d, bits, group_size, causal, masked, splits
-):
-    case = (b, hq, hkv, length, s, d, bits, group_size, causal, masked, splits)
-    run_case(emulator, tmp_path, case, kind="8x2")
 
 
 # 8x2p (the next step's rows prefetched): chunks of many steps and of less than one, a last step
@@ -63,14 +52,8 @@ PIPELINED_CASES = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("b", "hq", "hkv", "length", "s", "d", "bits", "group_size", "causal", "masked", "splits"),
-    PIPELINED_CASES,
-)
-def test_cuda_quantized_pipelined_kernel_under_emulation(
-    emulator, tmp_path, b, hq, hkv, length, s, d, bits, group_size, causal, masked, splits
-):
-    case = (b, hq, hkv, length, s, d, bits, group_size, causal, masked, splits)
+@pytest.mark.parametrize("case", PIPELINED_CASES)
+def test_cuda_quantized_pipelined_kernel_under_emulation(emulator, tmp_path, case):
     pipelined = run_case(emulator, tmp_path, case, kind="8x2p")
     np.testing.assert_array_equal(pipelined, run_case(emulator, tmp_path, case, kind="8x2"))
 
@@ -92,17 +75,6 @@ MMA_CASES = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("b", "hq", "hkv", "length", "s", "d", "bits", "group_size", "causal", "masked", "splits"),
-    MMA_CASES,
-)
-def test_cuda_quantized_mma_kernel_under_emulation(
-    emulator, tmp_path, b, hq, hkv, length, s, d, bits, group_size, causal, masked, splits
-):
-    case = (b, hq, hkv, length, s, d, bits, group_size, causal, masked, splits)
-    run_case(emulator, tmp_path, case, kind="mma")
-
-
 # mmacp (the mma kernel fed by a cp.async pipeline through shared memory): every bits x group
 # size, D 64/128/256, L 1-8, GQA tiles of 8 (two at 16 vectors), contexts of fewer positions
 # than one stage, of many stages per warp, cut inside a stage and inside a 16-byte run of
@@ -122,15 +94,17 @@ PIPELINED_MMA_CASES = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("b", "hq", "hkv", "length", "s", "d", "bits", "group_size", "causal", "masked", "splits"),
-    PIPELINED_MMA_CASES,
+# Each kernel over its cases, against float64 (run_case): 8x2 (the SIMT kernel), mma, mmacp.
+KERNEL_CASES = (
+    [("8x2", c) for c in CASES]
+    + [("mma", c) for c in MMA_CASES]
+    + [("mmacp", c) for c in PIPELINED_MMA_CASES]
 )
-def test_cuda_quantized_pipelined_mma_kernel_under_emulation(
-    emulator, tmp_path, b, hq, hkv, length, s, d, bits, group_size, causal, masked, splits
-):
-    case = (b, hq, hkv, length, s, d, bits, group_size, causal, masked, splits)
-    run_case(emulator, tmp_path, case, kind="mmacp")
+
+
+@pytest.mark.parametrize(("kind", "case"), KERNEL_CASES)
+def test_cuda_quantized_kernel_under_emulation(emulator, tmp_path, kind, case):
+    run_case(emulator, tmp_path, case, kind=kind)
 
 
 KINDS = {"8x2": 0, "mma": 1, "8x2p": 2, "mmacp": 3}  # the runner's config code of each kernel
