@@ -286,6 +286,22 @@ int sm_count() {
 
 namespace {
 
+// The context in `splits` chunks of whole `step`s (no empty chunk), the grid of `blocks` x
+// chunks, and the partial states and arrival counters a split call needs.
+void split_context(QuantizedPlan& plan, const QuantizedProblem& p, int blocks, int splits,
+                   int step) {
+  plan.chunk = (p.context + splits - 1) / splits;
+  plan.chunk = (plan.chunk + step - 1) / step * step;
+  splits = (p.context + plan.chunk - 1) / plan.chunk;
+  plan.splits = splits;
+  plan.grid[0] = blocks;
+  plan.grid[1] = splits;
+  const int vectors = p.group * p.query_len;
+  plan.partial_floats =
+      splits > 1 ? size_t(p.kv_rows) * vectors * splits * partial_stride(p.head_dim) : 0;
+  if (splits > 1) plan.arrival_slot = arrival_slots(plan.grid[0]);
+}
+
 // One launch of the mma kernel: blocks of 8 query vectors, the context split so that every SM
 // holds split_blocks_per_sm() blocks (as split-mma in decode_attention.cu: filling all resident
 // slots costs more in merged chunks than the extra warps bring), in chunks of at least two block
@@ -320,15 +336,7 @@ QuantizedPlan plan_mma(const QuantizedProblem& p, const std::string& kind) {
     const int per_sm = std::min(kernel->resident, split_blocks_per_sm());
     splits = std::clamp(per_sm * sm_count() / blocks, 1, std::max(wanted, 1));
   }
-  plan.chunk = (p.context + splits - 1) / splits;
-  plan.chunk = (plan.chunk + step - 1) / step * step;
-  splits = (p.context + plan.chunk - 1) / plan.chunk;
-  plan.splits = splits;
-  plan.grid[0] = blocks;
-  plan.grid[1] = splits;
-  plan.partial_floats =
-      splits > 1 ? size_t(p.kv_rows) * vectors * splits * partial_stride(p.head_dim) : 0;
-  if (splits > 1) plan.arrival_slot = arrival_slots(plan.grid[0]);
+  split_context(plan, p, blocks, splits, step);
   return plan;
 }
 
@@ -387,15 +395,7 @@ QuantizedPlan plan_quantized(const QuantizedProblem& p) {
   const int wanted = (p.context + 2 * step - 1) / (2 * step);
   int splits = std::clamp(kernel.resident * sm_count() / std::max(blocks, 1), 1, std::max(wanted, 1));
   if (blocks > int(kArrivalSlots / 64)) splits = 1;
-  plan.chunk = (p.context + splits - 1) / splits;
-  plan.chunk = (plan.chunk + step - 1) / step * step;
-  splits = (p.context + plan.chunk - 1) / plan.chunk;  // no empty chunks
-  plan.splits = splits;
-  plan.grid[0] = blocks;
-  plan.grid[1] = splits;
-  plan.partial_floats =
-      splits > 1 ? size_t(p.kv_rows) * vectors * splits * partial_stride(p.head_dim) : 0;
-  if (splits > 1) plan.arrival_slot = arrival_slots(plan.grid[0]);
+  split_context(plan, p, blocks, splits, step);
   return logged(plan, kind, p);
 }
 
