@@ -5,8 +5,11 @@ causal; RMS and largest absolute error over every output value.
 
     python tools/quantized_accuracy.py --device cpu|gpu --json-output PATH
 
-On a GPU, ATTN_QUANTIZED_VARIANT picks the CUDA kernel (8x2 by default, mma) and the record
-names it.
+A second figure separates faithfulness from luck: each path's error against float64 attention
+over the dequantized codes (scale * code + bias in float32), the function both paths compute.
+
+On a GPU, ATTN_QUANTIZED_VARIANT picks the CUDA kernel (mmacp by default, 8x2, mma) and the
+record names it. --bits and --group-size narrow the grid.
 """
 
 import argparse
@@ -24,18 +27,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "packages/attn-kern
 from reference import attention_f64, to_numpy
 
 
+def kq_f32(triple):
+    """A quantized triple with float32 scales and biases: dequantizing it does not round."""
+    codes, scales, biases = triple
+    return codes, scales.astype(mx.float32), biases.astype(mx.float32)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
     p.add_argument("--context", type=int, action="append", help="S (repeatable)")
+    p.add_argument("--bits", type=int, choices=[4, 8], action="append", help="(repeatable)")
+    p.add_argument("--group-size", type=int, choices=[32, 64, 128], action="append")
     p.add_argument("--json-output", type=Path)
     p.add_argument("--force", action="store_true")
     args = p.parse_args()
     mx.set_default_device(mx.gpu if args.device == "gpu" else mx.cpu)
     contexts = args.context or [1000, 4133]
     rows = []
-    for bits in (8, 4):
-        for group_size in (32, 64, 128):
+    for bits in args.bits or (8, 4):
+        for group_size in args.group_size or (32, 64, 128):
             for s in contexts:
                 for length in (1, 4):
                     keys = mx.random.split(mx.random.key(s + length + bits + group_size), 3)
@@ -45,6 +56,9 @@ def main() -> None:
                     kq = mx.quantize(k, group_size=group_size, bits=bits)
                     vq = mx.quantize(v, group_size=group_size, bits=bits)
                     exact = attention_f64(q, k, v, mask="causal")
+                    k_codes = mx.dequantize(*kq_f32(kq), group_size=group_size, bits=bits)
+                    v_codes = mx.dequantize(*kq_f32(vq), group_size=group_size, bits=bits)
+                    exact_codes = attention_f64(q, k_codes, v_codes, mask="causal")
                     ours = decode_attention_quantized(
                         q, kq, vq, mask="causal", group_size=group_size, bits=bits
                     )
@@ -59,9 +73,12 @@ def main() -> None:
                     }
                     for name, out in (("custom-quantized", ours), ("mlx-lm-quantized", theirs)):
                         err = to_numpy(out) - exact
+                        err_codes = to_numpy(out) - exact_codes
                         row[name] = {
                             "rms_error": float(np.sqrt(np.mean(err**2))),
                             "max_abs_error": float(np.abs(err).max()),
+                            "rms_error_vs_codes": float(np.sqrt(np.mean(err_codes**2))),
+                            "rms_output": float(np.sqrt(np.mean(to_numpy(out) ** 2))),
                         }
                     rows.append(row)
                     print(
@@ -69,7 +86,12 @@ def main() -> None:
                         f"{row['custom-quantized']['rms_error']:.3e} mlx-lm "
                         f"{row['mlx-lm-quantized']['rms_error']:.3e}; max ours "
                         f"{row['custom-quantized']['max_abs_error']:.3e} mlx-lm "
-                        f"{row['mlx-lm-quantized']['max_abs_error']:.3e}",
+                        f"{row['mlx-lm-quantized']['max_abs_error']:.3e}; rms vs codes ours "
+                        f"{row['custom-quantized']['rms_error_vs_codes']:.3e} mlx-lm "
+                        f"{row['mlx-lm-quantized']['rms_error_vs_codes']:.3e}; rms out ours "
+                        f"{row['custom-quantized']['rms_output']:.4f} mlx-lm "
+                        f"{row['mlx-lm-quantized']['rms_output']:.4f} exact "
+                        f"{np.sqrt(np.mean(exact**2)):.4f}",
                         flush=True,
                     )
     wins = sum(
@@ -86,7 +108,7 @@ def main() -> None:
                 "contexts": contexts,
                 "dtype": "bfloat16",
                 # the CUDA kernel's variant (kernels-cuda/decode_attention_quantized.cu)
-                "cuda_variant": os.environ.get("ATTN_QUANTIZED_VARIANT", "8x2")
+                "cuda_variant": os.environ.get("ATTN_QUANTIZED_VARIANT", "mmacp")
                 if args.device == "gpu"
                 else None,
             },
