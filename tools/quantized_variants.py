@@ -1,4 +1,5 @@
-"""Times decode_attention_quantized alone (Qwen3-4B shapes, L=1, group 64, 50 independent calls
+"""Times decode_attention_quantized alone (Qwen3-4B shapes, L=1, group 64 unless --group-size
+says otherwise, 50 independent calls
 per eval, median of 15 samples) at a few contexts: run once per ATTN_QUANTIZED_VARIANT (and
 ATTN_QUANTIZED_SPLIT_BLOCKS) to compare the CUDA kernel's variants
 (kernels-cuda/decode_attention_quantized.cu). With --baseline, mx.fast on the bf16 K/V the codes
@@ -6,10 +7,10 @@ came from is timed in alternation with ours (same samples, same process) and the
 
     ATTN_QUANTIZED_VARIANT=mma python3 tools/quantized_variants.py --baseline
 
-(The default variant is 8x2, the SIMT kernel; 8x2p is 8x2 with the next step's rows prefetched;
-mmacp the tensor-core kernel fed by a cp.async pipeline through shared memory; 16x2, 8x4 and mma,
-mma1, mma4 as listed in the kernel's variant(). A variant whose layout requirements fail runs 8x2:
-ATTN_QUANTIZED_LOG=1 prints the kernel each call shape really ran.)
+(The default variant is mmacp, the tensor-core kernel fed by a cp.async pipeline through shared
+memory; 8x2 is the SIMT kernel; 8x2p is 8x2 with the next step's rows prefetched; 16x2, 8x4 and
+mma, mma1, mma4 as listed in the kernel's variant(). A variant whose layout requirements fail runs
+8x2: ATTN_QUANTIZED_LOG=1 prints the kernel each call shape really ran.)
 """
 
 import argparse
@@ -35,20 +36,25 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--baseline", action="store_true", help="also time mx.fast on bf16 K/V")
     p.add_argument("--context", type=int, action="append", help="S (repeatable)")
+    p.add_argument("--bits", type=int, choices=[4, 8], action="append", help="(repeatable)")
+    p.add_argument("--group-size", type=int, choices=[32, 64, 128], default=64)
     args = p.parse_args()
-    label = os.environ.get("ATTN_QUANTIZED_VARIANT", "8x2")
+    label = os.environ.get("ATTN_QUANTIZED_VARIANT", "mmacp")
+    if args.group_size != 64:
+        label += f" group {args.group_size}"
     if "ATTN_QUANTIZED_SPLIT_BLOCKS" in os.environ:
         label += f" split-blocks {os.environ['ATTN_QUANTIZED_SPLIT_BLOCKS']}"
-    for bits in (8, 4):
+    group = args.group_size
+    for bits in args.bits or (8, 4):
         for s in args.context or (4096, 32768, 131072):
             q = mx.random.normal((1, 32, 1, 128)).astype(mx.bfloat16)
             k, v = (mx.random.normal((1, 8, s, 128)).astype(mx.bfloat16) for _ in range(2))
-            kq, vq = mx.quantize(k, bits=bits), mx.quantize(v, bits=bits)
+            kq, vq = (mx.quantize(x, group_size=group, bits=bits) for x in (k, v))
             mx.eval(q, k, v, kq, vq)
             nbytes = sum(a.nbytes for t in (kq, vq) for a in t)
             ours, theirs = [], []
             for i in range(18):  # 3 warm-up samples, 15 timed
-                x = sample(decode_attention_quantized, q, kq, vq, bits=bits)
+                x = sample(decode_attention_quantized, q, kq, vq, group_size=group, bits=bits)
                 if i >= 3:
                     ours.append(x)
                 if args.baseline:
