@@ -1,7 +1,6 @@
 """Times decode_attention_quantized alone (Qwen3-4B shapes, L=1, group 64 unless --group-size
-says otherwise, 50 independent calls
-per eval, median of 15 samples) at a few contexts: run once per ATTN_QUANTIZED_VARIANT (and
-ATTN_QUANTIZED_SPLIT_BLOCKS) to compare the CUDA kernel's variants
+says otherwise, 50 independent calls per eval, median of 15 samples) at a few contexts: run once
+per ATTN_QUANTIZED_VARIANT (and ATTN_QUANTIZED_SPLIT_BLOCKS) to compare the CUDA kernel's variants
 (kernels-cuda/decode_attention_quantized.cu). With --baseline, mx.fast on the bf16 K/V the codes
 came from is timed in alternation with ours (same samples, same process) and the ratio printed.
 
