@@ -96,7 +96,11 @@ def make_cases(args) -> list[dict]:
             mx.eval(copies)
             kv_sources["cold"] = itertools.cycle(copies).__next__
         for path, spin_us, prewake_us, threads, units, kv in itertools.product(
-            args.path, args.spin_us, args.prewake_us, args.call_threads, args.units_per_thread,
+            args.path,
+            args.spin_us,
+            args.prewake_us,
+            args.call_threads,
+            args.units_per_thread,
             args.kv,
         ):
             settings = (
@@ -156,7 +160,11 @@ def run(args) -> dict:
     rates = [read_rate_gbs()]
     samples = {c["name"]: [] for c in cases}
     order = []
+    start = time.perf_counter()
     for r in range(args.rounds):
+        if r > 0 and args.max_seconds and time.perf_counter() - start > args.max_seconds:
+            print(f"--max-seconds {args.max_seconds}: stopping after {r} rounds", file=sys.stderr)
+            break
         for i in range(len(cases)):
             case = cases[(i + r) % len(cases)]
             order.append({"round": r, "case": case["name"]})
@@ -258,6 +266,12 @@ def main(argv=None) -> None:
         "output as (4096 / N, N) @ (N, N) gives the next query (other work between calls, as "
         "in a decode step; N = 128: a small op, N = 4096: 64 MB of weights)",
     )
+    p.add_argument(
+        "--max-seconds",
+        type=float,
+        help="stop after the round that passes this many seconds (at least one round; the "
+        "record's execution_order says how many ran)",
+    )
     p.add_argument("--busy-companion", action="store_true", help="one other process spins")
     p.add_argument("--json-output", type=Path, help="write the record here")
     p.add_argument("--force", action="store_true", help="replace an existing --json-output")
@@ -317,7 +331,7 @@ def main(argv=None) -> None:
             companion.join()
     header = (
         f"MLX {mx.__version__}, pool threads {_ext.cpu_threads()}, paths {_ext.cpu_paths()}, "
-        f"{args.rounds} rounds x {args.block - 1} evals per case, read rate "
+        f"{order[-1]['round'] + 1} rounds x {args.block - 1} evals per case, read rate "
         f"{' / '.join(f'{r:.1f}' for r in rates)} GB/s (before / after; the floor takes the best)"
         + (", busy companion" if args.busy_companion else "")
         + (f", load average {os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else "")
