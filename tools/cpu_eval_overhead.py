@@ -160,9 +160,9 @@ def run(args) -> dict:
     rates = [read_rate_gbs()]
     samples = {c["name"]: [] for c in cases}
     order = []
-    start = time.perf_counter()
+    began = time.perf_counter()
     for r in range(args.rounds):
-        if r > 0 and args.max_seconds and time.perf_counter() - start > args.max_seconds:
+        if r > 0 and args.max_seconds and time.perf_counter() - began > args.max_seconds:
             print(f"--max-seconds {args.max_seconds}: stopping after {r} rounds", file=sys.stderr)
             break
         for i in range(len(cases)):

@@ -46,7 +46,11 @@ source tools/cpu_only_mlx_setup.sh  # steps 1-3
   done
   sweep=()
   for s in $SWEEP_CONTEXTS; do sweep+=(--context "$s"); done
-  for t in 4 8 12 default; do sweep+=(--call-threads "$t"); done
+  pool="$(python3 -c 'from attn_kernels import _ext; print(_ext.cpu_threads())')"
+  for t in 4 8 12; do
+    if [ "$t" -lt "$pool" ]; then sweep+=(--call-threads "$t"); fi  # a short trial's smaller pool
+  done
+  sweep+=(--call-threads default)
   for u in 1 2 4 default 16; do sweep+=(--units-per-thread "$u"); done
   # What is left of the budget, less ~10 s for the import, the cold copies and the last read rate.
   seconds=$((SWEEP_BUDGET - SECONDS - 10))
