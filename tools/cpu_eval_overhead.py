@@ -9,7 +9,12 @@ Cases (each sample is one mx.eval timed on the calling thread, as bench-operator
                 next call before they sleep; 0 is the previous pool, "default" the built-in),
                 --prewake-us (ATTN_KERNELS_POOL_PREWAKE_US: wake the workers when the op is
                 evaluated, before the stream's thread runs it, and poll that long; 0: off);
-                with --matmul-between N also with a float32 matmul between the calls of an eval
+                with --matmul-between N also with a float32 matmul between the calls of an eval;
+                --call-threads (ATTN_KERNELS_CALL_THREADS: the pool threads one call uses) and
+                --units-per-thread (ATTN_KERNELS_CPU_UNITS_PER_THREAD: the context split's
+                target) sweep the work split; --kv cold rotates copies of K/V totalling
+                --cold-mib, so every call reads K/V no call has read for that many MiB (past
+                the last-level cache, as a decode step's layers do), against hot: one set reused
 Both variables are read when an op is evaluated, so they are set between evals. A round runs
 every case in a rotated order (round r starts at case r), each as a block of --block evals of
 which the first is dropped (it follows another case); every other eval is kept. Prints medians
@@ -19,7 +24,8 @@ whose idle vCPUs halt, part of a wake-up is the hypervisor's). Usage (repository
 
     uv run --package llm-eval python tools/cpu_eval_overhead.py [--rounds 12] [--block 5] \\
         [--context 1024 ...] [--calls 1 --calls 8] [--spin-us 0 --spin-us 50] \\
-        [--path avx512 ...] [--json-output FILE]
+        [--path avx512 ...] [--call-threads 8 ...] [--units-per-thread 4 ...] \\
+        [--kv hot --kv cold] [--json-output FILE]
 """
 
 from __future__ import annotations
@@ -38,6 +44,16 @@ import mlx.core as mx
 SPIN_VARIABLE = "ATTN_KERNELS_POOL_SPIN_US"
 PREWAKE_VARIABLE = "ATTN_KERNELS_POOL_PREWAKE_US"
 PATH_VARIABLE = "ATTN_KERNELS_CPU_PATH"
+THREADS_VARIABLE = "ATTN_KERNELS_CALL_THREADS"
+UNITS_VARIABLE = "ATTN_KERNELS_CPU_UNITS_PER_THREAD"
+# Each case's environment: case key -> variable ("default": unset, the built-in).
+CASE_VARIABLES = {
+    "path": PATH_VARIABLE,
+    "spin_us": SPIN_VARIABLE,
+    "prewake_us": PREWAKE_VARIABLE,
+    "call_threads": THREADS_VARIABLE,
+    "units_per_thread": UNITS_VARIABLE,
+}
 
 
 def spin(seconds: float) -> None:
@@ -73,20 +89,38 @@ def make_cases(args) -> list[dict]:
         k = mx.random.normal((1, 8, context, 128), key=keys[1]).astype(mx.bfloat16)
         v = mx.random.normal((1, 8, context, 128), key=keys[2]).astype(mx.bfloat16)
         mx.eval(q, k, v)
-        for path, spin_us, prewake_us in itertools.product(
-            args.path, args.spin_us, args.prewake_us
+        kv_sources = {"hot": lambda k=k, v=v: (k, v)}
+        if "cold" in args.kv:  # copies in buffers of their own, handed out in turn by every case
+            count = max(2, -(-args.cold_mib * 2**20 // (2 * k.nbytes)))
+            copies = [(k * 1, v * 1) for _ in range(count)]
+            mx.eval(copies)
+            kv_sources["cold"] = itertools.cycle(copies).__next__
+        for path, spin_us, prewake_us, threads, units, kv in itertools.product(
+            args.path,
+            args.spin_us,
+            args.prewake_us,
+            args.call_threads,
+            args.units_per_thread,
+            args.kv,
         ):
-            settings = f"{path} spin={spin_us}" + (
-                f" prewake={prewake_us}" if prewake_us != "0" else ""
+            settings = (
+                f"{path} spin={spin_us}"
+                + (f" prewake={prewake_us}" if prewake_us != "0" else "")
+                + (f" threads={threads}" if threads != "default" else "")
+                + (f" units={units}" if units != "default" else "")
+                + (f" {kv}" if kv != "hot" else "")
             )
+            kv_for = kv_sources[kv]
             for calls in args.calls:
 
-                def fn(q=q, k=k, v=v, calls=calls):
-                    mx.eval([decode_attention_custom(q, k, v, scale=scale) for _ in range(calls)])
+                def fn(q=q, kv_for=kv_for, calls=calls):
+                    mx.eval(
+                        [decode_attention_custom(q, *kv_for(), scale=scale) for _ in range(calls)]
+                    )
 
-                def chained(q=q, k=k, v=v, calls=calls):
+                def chained(q=q, kv_for=kv_for, calls=calls):
                     for _ in range(calls):  # each call's query from a matmul of the last output
-                        out = decode_attention_custom(q, k, v, scale=scale)
+                        out = decode_attention_custom(q, *kv_for(), scale=scale)
                         q = (out.reshape(-1, n).astype(mx.float32) @ w).reshape(q.shape)
                         q = q.astype(mx.bfloat16)
                     mx.eval(q)
@@ -104,6 +138,9 @@ def make_cases(args) -> list[dict]:
                             "path": path,
                             "spin_us": spin_us,
                             "prewake_us": prewake_us,
+                            "call_threads": threads,
+                            "units_per_thread": units,
+                            "kv": kv,
                             "matmul_between": bool(suffix),
                             "fn": f,
                         }
@@ -123,15 +160,17 @@ def run(args) -> dict:
     rates = [read_rate_gbs()]
     samples = {c["name"]: [] for c in cases}
     order = []
+    began = time.perf_counter()
     for r in range(args.rounds):
+        if r > 0 and args.max_seconds and time.perf_counter() - began > args.max_seconds:
+            print(f"--max-seconds {args.max_seconds}: stopping after {r} rounds", file=sys.stderr)
+            break
         for i in range(len(cases)):
             case = cases[(i + r) % len(cases)]
             order.append({"round": r, "case": case["name"]})
-            set_env(PATH_VARIABLE, None if case.get("path", "auto") == "auto" else case["path"])
-            spin_us = case.get("spin_us", "default")
-            set_env(SPIN_VARIABLE, None if spin_us == "default" else spin_us)
-            prewake_us = case.get("prewake_us", "default")
-            set_env(PREWAKE_VARIABLE, None if prewake_us == "default" else prewake_us)
+            for key, name in CASE_VARIABLES.items():
+                value = case.get(key, "default")
+                set_env(name, None if value in ("default", "auto") else value)
             for b in range(args.block):
                 start = time.perf_counter()
                 case["fn"]()
@@ -140,7 +179,7 @@ def run(args) -> dict:
                     samples[case["name"]].append(elapsed * 1e6)
         print(f"round {r + 1}/{args.rounds}", file=sys.stderr)
     rates.append(read_rate_gbs())
-    for name in (PATH_VARIABLE, SPIN_VARIABLE, PREWAKE_VARIABLE):
+    for name in CASE_VARIABLES.values():
         set_env(name, None)
     results = {}
     for case in cases:
@@ -195,12 +234,43 @@ def main(argv=None) -> None:
     )
     p.add_argument("--path", action="append", help=f"{PATH_VARIABLE} values (default: auto)")
     p.add_argument(
+        "--call-threads",
+        action="append",
+        help=f"{THREADS_VARIABLE} values: threads one call uses, 1 to the pool's size, or "
+        "'default' (all of them; the default)",
+    )
+    p.add_argument(
+        "--units-per-thread",
+        action="append",
+        help=f"{UNITS_VARIABLE} values: (KV head x context chunk) units per thread the context "
+        "split aims at, 1 to 64, or 'default' (the built-in; the default)",
+    )
+    p.add_argument(
+        "--kv",
+        action="append",
+        choices=["hot", "cold"],
+        help="hot: every call reads one K/V set (cache-resident when it fits); cold: calls take "
+        "copies in turn, --cold-mib in all (default: hot)",
+    )
+    p.add_argument(
+        "--cold-mib",
+        type=int,
+        default=1024,
+        help="MiB of K/V copies per context for --kv cold (default 1024: past a 300 MiB L3)",
+    )
+    p.add_argument(
         "--matmul-between",
         type=int,
         metavar="N",
         help="also time each --calls > 1 case with a float32 matmul between the calls: the "
         "output as (4096 / N, N) @ (N, N) gives the next query (other work between calls, as "
         "in a decode step; N = 128: a small op, N = 4096: 64 MB of weights)",
+    )
+    p.add_argument(
+        "--max-seconds",
+        type=float,
+        help="stop after the round that passes this many seconds (at least one round; the "
+        "record's execution_order says how many ran)",
     )
     p.add_argument("--busy-companion", action="store_true", help="one other process spins")
     p.add_argument("--json-output", type=Path, help="write the record here")
@@ -211,6 +281,9 @@ def main(argv=None) -> None:
     args.spin_us = args.spin_us or ["0", "50"]
     args.prewake_us = args.prewake_us or ["0"]
     args.path = args.path or ["auto"]
+    args.call_threads = args.call_threads or ["default"]
+    args.units_per_thread = args.units_per_thread or ["default"]
+    args.kv = args.kv or ["hot"]
     if args.rounds < 1 or args.block < 2:
         p.error("--rounds must be >= 1 and --block >= 2 (a block's first eval is dropped)")
     if any(c < 1 for c in args.context + args.calls):
@@ -226,6 +299,14 @@ def main(argv=None) -> None:
                     ok = False
                 if not ok:
                     p.error(f"{option} {value!r}: microseconds in [0, 1e6] or 'default'")
+    for value in args.call_threads:
+        if value != "default" and not (value.isdigit() and int(value) >= 1):
+            p.error(f"--call-threads {value!r}: an integer >= 1 or 'default'")
+    for value in args.units_per_thread:
+        if value != "default" and not (value.isdigit() and 1 <= int(value) <= 64):
+            p.error(f"--units-per-thread {value!r}: an integer in [1, 64] or 'default'")
+    if args.cold_mib < 1:
+        p.error("--cold-mib must be >= 1")
     if args.json_output and args.json_output.exists() and not args.force:
         p.error(f"{args.json_output} exists; pass --force to replace it")
 
@@ -234,6 +315,9 @@ def main(argv=None) -> None:
     for path in args.path:
         if path != "auto" and path not in _ext.cpu_paths():
             p.error(f"--path {path}: this CPU runs {', '.join(_ext.cpu_paths())}")
+    for threads in args.call_threads:
+        if threads != "default" and int(threads) > _ext.cpu_threads():
+            p.error(f"--call-threads {threads}: the pool has {_ext.cpu_threads()} threads")
     companion = None
     if args.busy_companion:
         companion = multiprocessing.Process(target=spin, args=(3600.0,), daemon=True)
@@ -247,7 +331,7 @@ def main(argv=None) -> None:
             companion.join()
     header = (
         f"MLX {mx.__version__}, pool threads {_ext.cpu_threads()}, paths {_ext.cpu_paths()}, "
-        f"{args.rounds} rounds x {args.block - 1} evals per case, read rate "
+        f"{order[-1]['round'] + 1} rounds x {args.block - 1} evals per case, read rate "
         f"{' / '.join(f'{r:.1f}' for r in rates)} GB/s (before / after; the floor takes the best)"
         + (", busy companion" if args.busy_companion else "")
         + (f", load average {os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else "")

@@ -125,6 +125,14 @@ constexpr int64_t kMinParallelWork = int64_t{1} << 22;
 constexpr std::chrono::nanoseconds kDefaultWorkerSpin = std::chrono::microseconds(0);
 // Context chunks are at least this long, so merging stays negligible.
 constexpr int kMinChunk = 256;
+// Units (KV row x context chunk) per thread the context split aims at
+// (ATTN_KERNELS_CPU_UNITS_PER_THREAD overrides it; see cpu_context_chunks).
+constexpr int kDefaultUnitsPerThread = 8;
+
+// The split's sweep knobs, as the last evaluated op read them (cpu_split_from_env); read where
+// the op runs. call_threads 0: the whole pool.
+std::atomic<int> units_per_thread{kDefaultUnitsPerThread};
+std::atomic<int> call_threads{0};
 
 // Merges the chunk states of one query vector and writes its normalised output row: zeros when
 // no chunk saw a key (every key masked), NaN when any score was NaN (as the readable path).
@@ -159,7 +167,8 @@ void finish(const float* states, int chunks, int chunk_stride, const DecodeProbl
   }
 }
 
-// The threads a problem runs on: the pool's, or the caller alone below kMinParallelWork.
+// The threads a problem runs on: the pool's (or ATTN_KERNELS_CALL_THREADS of them), or the caller
+// alone below kMinParallelWork.
 int pool_threads(const DecodeProblem& p) {
   return cpu_threads_for(int64_t{p.kv_rows} * p.context * p.group * p.query_len * p.head_dim);
 }
@@ -180,6 +189,32 @@ std::chrono::nanoseconds microseconds_from_env(const char* name,
   return std::chrono::nanoseconds(static_cast<int64_t>(us * 1e3));
 }
 
+// $name as an integer in [lo, hi], else `fallback`; std::invalid_argument naming the variable.
+int integer_from_env(const char* name, int lo, int hi, int fallback) {
+  const char* env = std::getenv(name);
+  if (env == nullptr || *env == '\0') {
+    return fallback;
+  }
+  char* end = nullptr;
+  const long n = std::strtol(env, &end, 10);
+  if (end == env || *end != '\0' || n < lo || n > hi) {
+    throw std::invalid_argument(std::string(name) + "=" + env + ": expected an integer between " +
+                                std::to_string(lo) + " and " + std::to_string(hi));
+  }
+  return static_cast<int>(n);
+}
+
+// The sweep knobs of the split, read on the thread evaluating an op (as the path and the pool's
+// spin): ATTN_KERNELS_CALL_THREADS, the threads one call uses (1 to the pool's size; unset: all
+// of them), and ATTN_KERNELS_CPU_UNITS_PER_THREAD (1 to 64; unset: kDefaultUnitsPerThread).
+void cpu_split_from_env() {
+  call_threads.store(integer_from_env("ATTN_KERNELS_CALL_THREADS", 1, cpu_pool().size(), 0),
+                     std::memory_order_relaxed);
+  units_per_thread.store(
+      integer_from_env("ATTN_KERNELS_CPU_UNITS_PER_THREAD", 1, 64, kDefaultUnitsPerThread),
+      std::memory_order_relaxed);
+}
+
 template <typename T>
 void run(const DecodeProblem& p, const Kernel& kernel) {
   const int D = p.head_dim, S = p.context;
@@ -196,8 +231,11 @@ void run(const DecodeProblem& p, const Kernel& kernel) {
   states.resize(std::max(states.size(), static_cast<size_t>(units) * vectors * state_size));
   // Chunks of each key/value row still running: the unit that finishes a row's last chunk merges
   // the row, so merging runs in parallel and needs no second hand-off.
-  std::vector<std::atomic<int>> running(p.kv_rows);
-  for (auto& r : running) r.store(chunks, std::memory_order_relaxed);
+  struct alignas(64) Counter {  // a cache line each: every unit's completion writes one
+    std::atomic<int> n;
+  };
+  std::vector<Counter> running(p.kv_rows);
+  for (auto& r : running) r.n.store(chunks, std::memory_order_relaxed);
   const size_t scratch_size = kernel.scratch_floats(p);
   float* const all_states = states.data();  // the caller's: workers have thread_locals of their own
 
@@ -219,7 +257,7 @@ void run(const DecodeProblem& p, const Kernel& kernel) {
     const int begin = c * chunk_len, end = std::min(S, begin + chunk_len);
     float* st = all_states + static_cast<size_t>(unit) * vectors * state_size;
     kernel.attend(p, kv_row, begin, end, st, scratch.data());
-    if (running[kv_row].fetch_sub(1, std::memory_order_acq_rel) == 1) {
+    if (running[kv_row].n.fetch_sub(1, std::memory_order_acq_rel) == 1) {
       finish_row(kv_row);
     }
   };
@@ -228,7 +266,7 @@ void run(const DecodeProblem& p, const Kernel& kernel) {
       attend_unit(u);
     }
   } else {
-    cpu_pool().parallel_for(units, attend_unit);
+    cpu_pool().parallel_for(units, threads, attend_unit);
   }
 }
 
@@ -273,6 +311,7 @@ CpuPath cpu_path_from_env() {
   // the CPU stream's thread never reads the environment while Python may be writing it).
   cpu_pool().set_worker_spin(cpu_worker_spin());
   cpu_pool_prewake();
+  cpu_split_from_env();
   const char* env = std::getenv("ATTN_KERNELS_CPU_PATH");
   if (env == nullptr || *env == '\0' || std::strcmp(env, "auto") == 0) {
     return cpu_paths_supported().front();
@@ -360,16 +399,20 @@ void decode_attention_cpu_prepare(const DecodeProblem& p) {
 }
 
 int cpu_threads_for(int64_t multiply_adds) {
-  return multiply_adds < kMinParallelWork ? 1 : cpu_pool().size();
+  if (multiply_adds < kMinParallelWork) return 1;
+  const int pool = cpu_pool().size(), limit = call_threads.load(std::memory_order_relaxed);
+  return limit > 0 ? std::min(limit, pool) : pool;
 }
 
 // Split the context too until there are at least 8 units per thread, so every thread starts at
 // once and the pool's first-come hand-out evens out late starters. In-process A/B, Qwen3-4B
 // shapes, 2 threads, 8 vs 4 units per thread: 0.95/0.89 of the time at S = 1024, 0.97/0.98 at
-// 4096; 16 per thread: 1.05/1.03 at 1024.
+// 4096; 16 per thread: 1.05/1.03 at 1024. (16 threads, 8 KV heads: 16 chunks, 256 positions
+// each at S = 4096; tools/h200_cpu16_sweep.sh sweeps the 8.)
 int cpu_context_chunks(int kv_rows, int context, int threads) {
-  if (threads <= 1 || kv_rows >= 8 * threads) return 1;
-  const int wanted = (8 * threads + kv_rows - 1) / kv_rows;
+  const int per_thread = units_per_thread.load(std::memory_order_relaxed);
+  if (threads <= 1 || kv_rows >= per_thread * threads) return 1;
+  const int wanted = (per_thread * threads + kv_rows - 1) / kv_rows;
   return std::max(1, std::min(wanted, context / kMinChunk));
 }
 

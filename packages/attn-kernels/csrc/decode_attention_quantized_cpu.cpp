@@ -342,7 +342,7 @@ void run(const QuantizedProblem& p, Chunk attend) {
   if (threads == 1) {
     for (int u = 0; u < units; ++u) attend_unit(u);
   } else {
-    cpu_pool().parallel_for(units, attend_unit);
+    cpu_pool().parallel_for(units, threads, attend_unit);
   }
   for (int kv_row = 0; kv_row < p.kv_rows; ++kv_row) {
     for (int r = 0; r < vectors; ++r) {

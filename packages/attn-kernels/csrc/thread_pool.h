@@ -86,6 +86,20 @@ class ThreadPool {
     }
   }
 
+  // fn(i) for every i in [0, n) on at most `threads` threads (the caller included): that many
+  // tasks, each taking indices from a shared counter until none are left, so a sweep can run a
+  // call on part of the pool (ATTN_KERNELS_CALL_THREADS) with the same first-come hand-out.
+  void parallel_for(int n, int threads, const std::function<void(int)>& fn) {
+    if (threads >= size() || threads >= n) {
+      parallel_for(n, fn);
+      return;
+    }
+    std::atomic<int> next{0};
+    parallel_for(std::max(threads, 1), [&](int) {
+      for (int i; (i = next.fetch_add(1, std::memory_order_relaxed)) < n;) fn(i);
+    });
+  }
+
   // Runs fn(i) for every i in [0, n) and returns once all calls have finished: when the tasks
   // are done, not when every worker has woken up. A worker that wakes late (descheduled, or one
   // of many woken at once) finds nothing left and goes back to waiting; the caller does not wait
@@ -212,11 +226,14 @@ class ThreadPool {
   std::mutex call_mutex_;
   // Written by the caller before it publishes tasks_ (release), read after a claim (acquire).
   const std::function<void(int)>* job_ = nullptr;
-  std::atomic<uint64_t> tasks_{0};
-  std::atomic<uint32_t> done_{0};  // tasks of the current job finished
-  std::atomic<uint32_t> generation_{0};
+  // One cache line each for the words many threads write or poll at once: every task is a claim
+  // (tasks_) and a completion (done_), which the caller polls at the end, and polling workers
+  // read generation_; sharing a line, each write would take it from all the readers (16 cores).
+  alignas(64) std::atomic<uint64_t> tasks_{0};
+  alignas(64) std::atomic<uint32_t> done_{0};  // tasks of the current job finished
+  alignas(64) std::atomic<uint32_t> generation_{0};
   std::atomic<int> sleepers_{0};  // workers in (or about to enter) the futex wait
-  std::atomic<bool> caller_sleeps_{false};
+  alignas(64) std::atomic<bool> caller_sleeps_{false};
   std::atomic<int64_t> spin_ns_{0};
   std::atomic<int64_t> poll_until_{0};  // steady_clock ns: a prewake's deadline
   std::atomic<bool> stop_{false};

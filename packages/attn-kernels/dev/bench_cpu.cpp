@@ -9,7 +9,8 @@
 //   make bench-cpu-kernel ARGS="[PATH...]"      ARGS=handoff: the hand-off alone
 //
 // PATH: avx512, avx2, portable, neon (default: every path this CPU runs). ATTN_KERNELS_NUM_THREADS
-// caps the threads as in the extension. Prints one line per (state, S, path): median and min µs,
+// caps the threads as in the extension; ATTN_KERNELS_POOL_SPIN_US, ATTN_KERNELS_CALL_THREADS and
+// ATTN_KERNELS_CPU_UNITS_PER_THREAD apply as they do to the op. Prints one line per (state, S, path): median and min µs,
 // GB/s of K+V, and the fraction of the read rate measured first.
 #include <algorithm>
 #include <chrono>
@@ -75,6 +76,7 @@ int main(int argc, char** argv) {
     }
   }
   if (paths.empty()) paths = cpu_paths_supported();
+  cpu_path_from_env();  // applies the pool's spin and the split's knobs, as an op's evaluation
   const double read_gbs = measure_read_bandwidth(size_t{1} << 30, 5) / 1e9;
   std::printf("threads %d, read rate %.1f GB/s (2^30 bytes, best of 5)\n", cpu_threads(), read_gbs);
   handoff(cpu_threads(), cpu_worker_spin());

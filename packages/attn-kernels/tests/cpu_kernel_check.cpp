@@ -3,7 +3,8 @@
 // block and vector sizes, no/causal/explicit/boolean masks), odd head dims, strided K/V, a
 // context long enough to be split over threads, and the non-finite cases (NaN or inf in q, k,
 // v, scale or mask), with the pool's workers sleeping at once and polling between calls in
-// turn. Exit status 0 when every case passes. This is how arm64 (NEON) is checked
+// turn, on a pool of 4 threads (ATTN_KERNELS_NUM_THREADS, unless set) whose calls take all, 3 or
+// 2 of them with 1 to 8 units per thread in turn (the split's sweep knobs). Exit status 0 when every case passes. This is how arm64 (NEON) is checked
 // in CI: `make test-arm64` cross-compiles it and runs it under qemu-user (one seed: emulated, the
 // float64 reference dominates). Usage: cpu_kernel_check [--seeds N] [PATH...]. Natively:
 //
@@ -271,6 +272,8 @@ void run_case(const Case& c, const std::vector<CpuPath>& paths, uint32_t seed,
 
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  setenv("ATTN_KERNELS_NUM_THREADS", "4", 0);  // before the pool is made: more threads than tasks
+                                               // at times, and calls on part of the pool
   std::vector<CpuPath> paths;
   uint32_t seeds = 2;
   for (int a = 1; a < argc; ++a) {
@@ -328,6 +331,12 @@ int main(int argc, char** argv) {
     // The pool's workers sleep at once after one case and poll for the next after another, so
     // split contexts run through both hand-offs (woken from the futex, and found polling).
     setenv("ATTN_KERNELS_POOL_SPIN_US", n % 2 == 0 ? "0" : "200", 1);
+    // All, 3 or 2 of the pool's threads per call, and 8 (the default), 1 or 3 units per thread.
+    const char* threads[] = {"", "3", "2"};
+    const char* units[] = {"", "1", "3"};
+    setenv("ATTN_KERNELS_CALL_THREADS", threads[n % 3], 1);
+    setenv("ATTN_KERNELS_CPU_UNITS_PER_THREAD", units[n / 3 % 3], 1);
+    cpu_path_from_env();  // applies these, as an op's evaluation does
     for (uint32_t seed = 1; seed <= seeds; ++seed) {
       run_case(cases[n], paths, seed + 7 * uint32_t(n), failed);
     }

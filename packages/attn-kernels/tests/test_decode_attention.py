@@ -448,6 +448,44 @@ def test_cpu_pool_settings():
             os.environ.pop(variable, None)
 
 
+def test_cpu_split_settings():
+    """ATTN_KERNELS_CALL_THREADS (pool threads per call) and ATTN_KERNELS_CPU_UNITS_PER_THREAD
+    (the context split's target) change no result: a pool-sized shape (S = 1100, not a multiple
+    of 32) on one thread and on the pool in 1 to 4 context chunks (2 threads), against float64;
+    values out of range are refused with a ValueError naming the variable, at evaluation. (The
+    C++ check, make test-cpu-kernel, runs calls on part of a 4-thread pool.)"""
+    import attn_kernels._ext as ext
+
+    rng = np.random.default_rng(29)
+    q, k, v = (
+        mx.array(rng.standard_normal(shape).astype(np.float32))
+        for shape in ((1, 32, 1, 128), (1, 8, 1100, 128), (1, 8, 1100, 128))
+    )
+    expected = attention_f64(q, k, v)
+    pool = str(ext.cpu_threads())
+    variables = ("ATTN_KERNELS_CALL_THREADS", "ATTN_KERNELS_CPU_UNITS_PER_THREAD")
+    try:
+        for threads, units in [("1", "8"), (pool, "1"), (pool, "3"), ("", "64"), (pool, "")]:
+            os.environ.update(dict(zip(variables, (threads, units), strict=True)))
+            out = decode_attention_custom(q, k, v, stream=mx.cpu)
+            np.testing.assert_allclose(to_numpy(out), expected, **TOLERANCE[mx.float32])
+        for variable, bad in [
+            (variables[0], "0"),
+            (variables[0], str(ext.cpu_threads() + 1)),
+            (variables[0], "two"),
+            (variables[1], "65"),
+            (variables[1], "-1"),
+            (variables[1], "4.5"),
+        ]:
+            os.environ[variable] = bad
+            with pytest.raises(ValueError, match=f"{variable}={bad}"):
+                mx.eval(decode_attention_custom(q, k, v, stream=mx.cpu))
+            os.environ[variable] = ""
+    finally:
+        for variable in variables:
+            os.environ.pop(variable, None)
+
+
 @pytest.mark.skipif(
     platform.machine() != "x86_64" or sys.platform != "linux" or shutil.which("objdump") is None,
     reason="the AVX-512 path (and its prefetch) is built on x86-64 Linux only; needs objdump",
