@@ -137,7 +137,7 @@ int run(const std::string& dir, int b, int hq, int hkv, int L, int offset, int s
   chunk = (chunk + step - 1) / step * step;
   splits = (S + chunk - 1) / chunk;
   const size_t partial_floats = size_t(p.kv_rows) * vectors * splits * partial_stride(D);
-  const size_t shared_floats = mma_step_smem_bytes<T>(D, L) / sizeof(float);
+  const size_t shared_floats = mma_step_smem_bytes<T>(D) / sizeof(float);
   const unsigned gx = p.kv_rows * tiles, gy = splits;
 
   // The two-kernel path.
