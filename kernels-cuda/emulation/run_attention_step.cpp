@@ -108,6 +108,7 @@ int run(const std::string& dir, int b, int hq, int hkv, int L, int offset, int s
   s.dtype = std::is_same_v<T, __half> ? ElementType::float16 : ElementType::bfloat16;
   s.batch = b, s.length = L, s.q_heads = hq, s.kv_heads = hkv, s.head_dim = D, s.offset = offset;
   s.eps = 1e-6f, s.log2_base = std::log2(1e6f);
+  for (int j = 0; j < D / 2; ++j) s.inv_freq[j] = rope_inverse_frequency(j, D / 2, s.log2_base);
   const int64_t q_strides[3] = {int64_t(L) * hq * D, int64_t(hq) * D, 1};
   const int64_t kv_strides[3] = {int64_t(L) * hkv * D, int64_t(hkv) * D, 1};
   const int64_t cache[4] = {int64_t(hkv) * capacity * D, int64_t(capacity) * D, D, 1};

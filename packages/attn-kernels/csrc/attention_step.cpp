@@ -273,6 +273,10 @@ StepProblem make_step_problem(
   p.offset = offset;
   p.eps = eps;
   p.log2_base = std::log2(rope_base);
+  static_assert(sizeof(p.inv_freq) / sizeof(float) == kMaxHeadDim / 2);
+  for (int j = 0; j < p.head_dim / 2; ++j) {
+    p.inv_freq[j] = rope_inverse_frequency(j, p.head_dim / 2, p.log2_base);
+  }
   for (int i = 0; i < 3; ++i) {
     p.q_strides[i] = inputs[0].strides()[i];
     p.k_strides[i] = inputs[1].strides()[i];
