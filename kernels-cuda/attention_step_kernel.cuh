@@ -82,7 +82,9 @@ __device__ __forceinline__ void preprocess_row(const StepProblem& p, int b, int 
   const int64_t* s = is_q ? p.q_strides : p.k_strides;
   const T* x = static_cast<const T*>(is_q ? p.q : p.k) + b * s[0] + i * s[1] + int64_t{h} * D * s[2];
   const T* w = static_cast<const T*>(is_q ? p.q_weight : p.k_weight);
-  float lo[kSlots][kPairs], hi[kSlots][kPairs];
+  // Every load first (the row, its norm weights, a k row's v row): one memory round trip before
+  // the stores, not one per kind.
+  float lo[kSlots][kPairs], hi[kSlots][kPairs], w_lo[kSlots][kPairs], w_hi[kSlots][kPairs];
   float part[kSlots];
 #pragma unroll
   for (int u = 0; u < kSlots; ++u) {
@@ -93,8 +95,19 @@ __device__ __forceinline__ void preprocess_row(const StepProblem& p, int b, int 
       const bool here = active && j < half;
       lo[u][t] = here ? to_float(x[j * s[2]]) : 0.0f;
       hi[u][t] = here ? to_float(x[(j + half) * s[2]]) : 0.0f;
+      w_lo[u][t] = here && p.qk_norm ? to_float(w[j]) : 0.0f;
+      w_hi[u][t] = here && p.qk_norm ? to_float(w[j + half]) : 0.0f;
       part[u] += lo[u][t] * lo[u][t] + hi[u][t] * hi[u][t];
     }
+  }
+  constexpr int kV = kMaxD / kLanes;  // a lane's values of the v row
+  T v_row[kV];
+  const T* v = static_cast<const T*>(p.v) + b * p.v_strides[0] + i * p.v_strides[1] +
+               int64_t{h} * D * p.v_strides[2];
+#pragma unroll
+  for (int e = 0; e < kV; ++e) {
+    const int d = lane + kLanes * e;
+    if (active && !is_q && d < D) v_row[e] = v[d * p.v_strides[2]];
   }
   // The rotations next in the source: arithmetic the loads' latency can hide.
   float2 rot[kSlots][kPairs];
@@ -133,8 +146,8 @@ __device__ __forceinline__ void preprocess_row(const StepProblem& p, int b, int 
       // rounded once more), then RoPE in float32, rounded once. Without qk_norm: x as given.
       float a = lo[u][t], c = hi[u][t];
       if (p.qk_norm) {
-        a = to_float(from_float<T>(to_float(w[j]) * to_float(from_float<T>(a * r))));
-        c = to_float(from_float<T>(to_float(w[j + half]) * to_float(from_float<T>(c * r))));
+        a = to_float(from_float<T>(w_lo[u][t] * to_float(from_float<T>(a * r))));
+        c = to_float(from_float<T>(w_hi[u][t] * to_float(from_float<T>(c * r))));
       }
       const float2 cs = rot[u][t];
       dst[j * ds] = from_float<T>(a * cs.x - c * cs.y);
@@ -142,11 +155,13 @@ __device__ __forceinline__ void preprocess_row(const StepProblem& p, int b, int 
     }
   }
   if (!is_q) {
-    const T* v = static_cast<const T*>(p.v) + b * p.v_strides[0] + i * p.v_strides[1] +
-                 int64_t{h} * D * p.v_strides[2];
     T* vdst = static_cast<T*>(p.v_cache) + b * p.vc_strides[0] + h * p.vc_strides[1] +
               position * p.vc_strides[2];
-    for (int d = lane; d < D; d += kLanes) vdst[d * p.vc_strides[3]] = v[d * p.v_strides[2]];
+#pragma unroll
+    for (int e = 0; e < kV; ++e) {
+      const int d = lane + kLanes * e;
+      if (d < D) vdst[d * p.vc_strides[3]] = v_row[e];
+    }
   }
 }
 
