@@ -1,9 +1,9 @@
-// AttentionStep's preprocessing on NVIDIA GPUs: per (token, head), one warp normalises the q or k
-// row (RMSNorm in MLX's roundings; only with qk_norm), rotates it (RoPE, non-traditional) and
-// stores it (q to the attention's scratch, k into the cache) and copies v into the cache.
-// step_preprocess runs it for every row as its own kernel (attention_step.cu); attend_mma_step
-// (decode_attention_mma.cuh) runs the same warp code for the rows one attention block needs, so
-// that both paths round alike. Included by nvcc's .cu files and by
+// AttentionStep's preprocessing on NVIDIA GPUs: per (token, head), one warp (or half warp)
+// normalises the q or k row (RMSNorm in MLX's roundings; only with qk_norm), rotates it (RoPE,
+// non-traditional) and stores it (q to the attention's scratch, k into the cache) and copies v
+// into the cache. step_preprocess runs it for every row as its own kernel (attention_step.cu),
+// a warp per row; attend_mma_step (decode_attention_mma.cuh) runs the same row code for the rows
+// one attention block needs, a half warp per row, so that both paths round alike. Included by nvcc's .cu files and by
 // emulation/run_attention_step.cpp (cuda_emu.h).
 #pragma once
 
@@ -33,40 +33,98 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
   return __float2bfloat16_rn(x);
 }
 
-constexpr int kMaxPairsPerLane = 256 / 2 / 32;  // kMaxHeadDim / 2 pairs over 32 lanes
-
-// RoPE's rotation of pair j (of D/2) at `position`: the angle as MLX forms it (rope_angle), its
-// cosine and sine in double, each rounded once to float32.
-__device__ __forceinline__ float2 rope_cos_sin(int position, int j, int half, float log2_base) {
-  double sn, cs;
-  sincos(static_cast<double>(rope_angle(position, j, half, log2_base)), &sn, &cs);
-  return float2{static_cast<float>(cs), static_cast<float>(sn)};
+// RoPE's rotation at `position` of a pair with inverse frequency inv_freq (StepProblem's, from
+// the host): the angle as MLX forms it (rope_angle's float32 product), its cosine and sine in
+// float32 (no double, no table of rotations: each lane takes its own pairs'). The angle (up to
+// 2^17 at 131072 positions) loses its multiples of pi/2 in three parts (Cody-Waite: the first
+// product is exact under the FMA, the quotient has at most 17 bits), and Taylor polynomials on
+// [-pi/4, pi/4] (truncation below 2e-9) give the rest: within 7.1e-8 (1.2 units of 2^-24) of
+// the double cosine and sine of the same float angle at every position up to 131080 and pair of
+// D = 64 and 128, bases 1e4, 5e5 and 1e6 (checked on the host). sincosf is no option: under
+// --use_fast_math it is the unreduced MUFU approximation.
+__device__ __forceinline__ float2 rope_cos_sin(int position, float inv_freq) {
+  const float a = static_cast<float>(position) * inv_freq;
+  const float k = rintf(a * 0.636619772f);  // the nearest multiple of pi/2
+  float r = fmaf(-k, 1.57079637f, a);       // pi/2 = 1.57079637f - 4.37113883e-8f - 1.71512451e-15f
+  r = fmaf(-k, -4.37113883e-8f, r);
+  r = fmaf(-k, -1.71512451e-15f, r);
+  const float r2 = r * r;
+  const float s = fmaf(
+      r * r2, fmaf(r2, fmaf(r2, fmaf(r2, 1.0f / 362880, -1.0f / 5040), 1.0f / 120), -1.0f / 6), r);
+  const float c = fmaf(
+      r2,
+      fmaf(r2, fmaf(r2, fmaf(r2, fmaf(r2, -1.0f / 3628800, 1.0f / 40320), -1.0f / 720), 1.0f / 24),
+           -0.5f),
+      1.0f);
+  switch (static_cast<int>(k) & 3) {  // the angle is r + k pi/2
+    case 0: return float2{c, s};
+    case 1: return float2{-s, c};
+    case 2: return float2{-c, -s};
+    default: return float2{s, -c};
+  }
 }
 
-// One warp (all 32 lanes call it) prepares token i of batch b for head `head` of the Hq + Hkv:
-// a q head to q_dst (D contiguous values), a k head into the k cache at offset + i with its v row
-// copied into the v cache. `rotation`: token i's rope_cos_sin of every pair, or nullptr (the lanes
-// compute their pairs').
-template <typename T>
+// kLanes lanes (32: a warp; 16: a half warp) prepare token i of batch b for head `head` of the
+// Hq + Hkv: a q head to q_dst (D contiguous values), a k head into the k cache at offset + i with
+// its v row copied into the v cache. All kLanes lanes call it; with kLanes = 16 both halves of
+// the warp must (the shuffles name all 32 lanes): a half with no row passes active = false.
+// Pair j belongs to slot j % 32, as in the 32-lane form; a half warp's lane holds slots lane and
+// lane + 16 and adds their sums first, which is the 32-lane butterfly's first step: both forms
+// round alike. kMaxD: the largest D the caller passes (sizes the lanes' registers).
+template <typename T, int kLanes = 32, int kMaxD = 256>
 __device__ __forceinline__ void preprocess_row(const StepProblem& p, int b, int i, int head,
-                                               int lane, T* q_dst, const float2* rotation) {
+                                               int lane, T* q_dst, bool active = true) {
+  static_assert(kLanes == 32 || kLanes == 16);
+  constexpr int kSlots = 32 / kLanes, kPairs = (kMaxD / 2 + 31) / 32;  // per slot
   const int D = p.head_dim, half = D / 2, position = p.offset + i;
   const bool is_q = head < p.q_heads;
   const int h = is_q ? head : head - p.q_heads;
   const int64_t* s = is_q ? p.q_strides : p.k_strides;
   const T* x = static_cast<const T*>(is_q ? p.q : p.k) + b * s[0] + i * s[1] + int64_t{h} * D * s[2];
   const T* w = static_cast<const T*>(is_q ? p.q_weight : p.k_weight);
-  float lo[kMaxPairsPerLane], hi[kMaxPairsPerLane];
-  float sum = 0.0f;
+  // Every load first (the row, its norm weights, a k row's v row): one memory round trip before
+  // the stores, not one per kind.
+  float lo[kSlots][kPairs], hi[kSlots][kPairs], w_lo[kSlots][kPairs], w_hi[kSlots][kPairs];
+  float part[kSlots];
 #pragma unroll
-  for (int t = 0; t < kMaxPairsPerLane; ++t) {
-    const int j = lane + 32 * t;
-    lo[t] = j < half ? to_float(x[j * s[2]]) : 0.0f;
-    hi[t] = j < half ? to_float(x[(j + half) * s[2]]) : 0.0f;
-    sum += lo[t] * lo[t] + hi[t] * hi[t];
+  for (int u = 0; u < kSlots; ++u) {
+    part[u] = 0.0f;
+#pragma unroll
+    for (int t = 0; t < kPairs; ++t) {
+      const int j = lane + kLanes * u + 32 * t;
+      const bool here = active && j < half;
+      lo[u][t] = here ? to_float(x[j * s[2]]) : 0.0f;
+      hi[u][t] = here ? to_float(x[(j + half) * s[2]]) : 0.0f;
+      w_lo[u][t] = here && p.qk_norm ? to_float(w[j]) : 0.0f;
+      w_hi[u][t] = here && p.qk_norm ? to_float(w[j + half]) : 0.0f;
+      part[u] += lo[u][t] * lo[u][t] + hi[u][t] * hi[u][t];
+    }
   }
+  constexpr int kV = kMaxD / kLanes;  // a lane's values of the v row
+  T v_row[kV];
+  const T* v = static_cast<const T*>(p.v) + b * p.v_strides[0] + i * p.v_strides[1] +
+               int64_t{h} * D * p.v_strides[2];
 #pragma unroll
-  for (int m = 16; m > 0; m /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, m);
+  for (int e = 0; e < kV; ++e) {
+    const int d = lane + kLanes * e;
+    if (active && !is_q && d < D) v_row[e] = v[d * p.v_strides[2]];
+  }
+  // The rotations next in the source: arithmetic the loads' latency can hide.
+  float2 rot[kSlots][kPairs];
+#pragma unroll
+  for (int u = 0; u < kSlots; ++u) {
+#pragma unroll
+    for (int t = 0; t < kPairs; ++t) {
+      const int j = lane + kLanes * u + 32 * t;
+      rot[u][t] = active && j < half ? rope_cos_sin(position, p.inv_freq[j]) : float2{};
+    }
+  }
+  float sum = part[0];
+#pragma unroll
+  for (int u = 1; u < kSlots; ++u) sum += part[u];
+#pragma unroll
+  for (int m = kLanes / 2; m > 0; m /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, m);
+  if (!active) return;
   const float r = p.qk_norm ? rsqrtf(sum / D + p.eps) : 1.0f;
   T* dst;
   int64_t ds;
@@ -79,27 +137,31 @@ __device__ __forceinline__ void preprocess_row(const StepProblem& p, int b, int 
     ds = p.kc_strides[3];
   }
 #pragma unroll
-  for (int t = 0; t < kMaxPairsPerLane; ++t) {
-    const int j = lane + 32 * t;
-    if (j >= half) break;
-    // mx.fast.rms_norm's roundings: x·r to T, times the weight in T (exact in float, then
-    // rounded once more), then RoPE in float32, rounded once. Without qk_norm: x as given.
-    float a = lo[t], c = hi[t];
-    if (p.qk_norm) {
-      a = to_float(from_float<T>(to_float(w[j]) * to_float(from_float<T>(a * r))));
-      c = to_float(from_float<T>(to_float(w[j + half]) * to_float(from_float<T>(c * r))));
+  for (int u = 0; u < kSlots; ++u) {
+#pragma unroll
+    for (int t = 0; t < kPairs; ++t) {
+      const int j = lane + kLanes * u + 32 * t;
+      if (j >= half) break;
+      // mx.fast.rms_norm's roundings: x·r to T, times the weight in T (exact in float, then
+      // rounded once more), then RoPE in float32, rounded once. Without qk_norm: x as given.
+      float a = lo[u][t], c = hi[u][t];
+      if (p.qk_norm) {
+        a = to_float(from_float<T>(w_lo[u][t] * to_float(from_float<T>(a * r))));
+        c = to_float(from_float<T>(w_hi[u][t] * to_float(from_float<T>(c * r))));
+      }
+      const float2 cs = rot[u][t];
+      dst[j * ds] = from_float<T>(a * cs.x - c * cs.y);
+      dst[(j + half) * ds] = from_float<T>(a * cs.y + c * cs.x);
     }
-    const float2 cs = rotation ? rotation[j] : rope_cos_sin(position, j, half, p.log2_base);
-    const float cf = cs.x, sf = cs.y;
-    dst[j * ds] = from_float<T>(a * cf - c * sf);
-    dst[(j + half) * ds] = from_float<T>(a * sf + c * cf);
   }
   if (!is_q) {
-    const T* v = static_cast<const T*>(p.v) + b * p.v_strides[0] + i * p.v_strides[1] +
-                 int64_t{h} * D * p.v_strides[2];
     T* vdst = static_cast<T*>(p.v_cache) + b * p.vc_strides[0] + h * p.vc_strides[1] +
               position * p.vc_strides[2];
-    for (int d = lane; d < D; d += 32) vdst[d * p.vc_strides[3]] = v[d * p.v_strides[2]];
+#pragma unroll
+    for (int e = 0; e < kV; ++e) {
+      const int d = lane + kLanes * e;
+      if (d < D) vdst[d * p.vc_strides[3]] = v_row[e];
+    }
   }
 }
 
@@ -113,7 +175,7 @@ __global__ void step_preprocess(StepProblem p) {
   T* q_dst = head < p.q_heads ? static_cast<T*>(p.q_out) +
                                    ((int64_t{b} * p.q_heads + head) * p.length + i) * p.head_dim
                              : nullptr;
-  preprocess_row<T>(p, b, i, head, lane, q_dst, nullptr);
+  preprocess_row<T>(p, b, i, head, lane, q_dst);
 }
 
 }  // namespace attn_kernels::cuda::step

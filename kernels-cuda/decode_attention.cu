@@ -285,7 +285,7 @@ template <typename T, int D>
 CUfunction mma_step_kernel() {
   static const CUfunction kernel =
       resolve(reinterpret_cast<const void*>(&attend_mma_step<T, D>), kMmaWarps * 32,
-              mma_step_smem_bytes<T>(D, kStepMaxLength))
+              mma_step_smem_bytes<T>(D))
           .function;
   return kernel;
 }
@@ -412,8 +412,8 @@ Plan plan_mma(const DecodeProblem& p) {
     const bool f16 = p.dtype == ElementType::float16;
     plan.attend_step = f16 ? mma_step_kernel<__half>(p.head_dim)
                            : mma_step_kernel<__nv_bfloat16>(p.head_dim);
-    plan.attend_step_smem = f16 ? mma_step_smem_bytes<__half>(p.head_dim, p.query_len)
-                                : mma_step_smem_bytes<__nv_bfloat16>(p.head_dim, p.query_len);
+    plan.attend_step_smem = f16 ? mma_step_smem_bytes<__half>(p.head_dim)
+                                : mma_step_smem_bytes<__nv_bfloat16>(p.head_dim);
   }
   const int tiles = (p.group * p.query_len + kMmaVectors - 1) / kMmaVectors;
   // A merge costs ~2-3 µs on the H200 (the arrival atomic and L2 round trips): more than the

@@ -65,19 +65,20 @@ __device__ __forceinline__ void load_words(uint32_t (&dst)[N], const void* src) 
 }
 
 // attend_mma's shared memory: finish()'s slots (attend_smem_bytes in decode_attention.cu), then,
-// in attend_mma_step, the tile's query vectors as the step prepares them (kMmaVectors x D) and the
-// rotations of the step's tokens (L x D/2 (cos, sin) pairs).
-constexpr int kStepMaxLength = 8;  // attend_mma_step's L: the rotations' shared memory
+// in attend_mma_step, the tile's query vectors as the step prepares them (kMmaVectors x D).
+// attend_mma_step takes L <= kStepMaxLength: a block then has at most 16 rows to prepare, one
+// round of its 8 half warps or two.
+constexpr int kStepMaxLength = 8;
 __host__ __device__ constexpr int mma_smem_floats(int D) {
   return kMmaWarps * kMmaVectors * partial_stride(D) + 2 * kMmaVectors;
 }
 template <typename T>
-__host__ __device__ constexpr uint32_t mma_step_smem_bytes(int D, int L) {
-  return mma_smem_floats(D) * sizeof(float) + kMmaVectors * D * sizeof(T) + L * D / 2 * 8;
+__host__ __device__ constexpr uint32_t mma_step_smem_bytes(int D) {
+  return mma_smem_floats(D) * sizeof(float) + kMmaVectors * D * sizeof(T);
 }
 
 // AttentionStep folded into the attention (attend_mma_step): before its loop, a block prepares
-// the step's rows it needs with the preprocessing's own warp code (preprocess_row, so the roundings
+// the step's rows it needs with the preprocessing's own row code (preprocess_row, so the roundings
 // are step_preprocess's): its tile's query vectors into shared memory, and the new positions
 // [offset, offset + L) that fall in its chunk [begin, end) into the caches, which its own loop
 // then reads (after the barrier; the loads are plain ld.global, not the read-only path). No other
@@ -85,31 +86,38 @@ __host__ __device__ constexpr uint32_t mma_step_smem_bytes(int D, int L) {
 // its own chunk. Blocks of other tiles with the same (kv_row, split) write the same rows: the same
 // code on the same inputs, so identical bytes; whichever store lands last, every read (its own
 // block's, after its barrier, or the next call's) sees those bytes. Having only tile 0 write
-// would leave the other tiles nothing to read before tile 0 has run. The rotations (a double
-// sine and cosine per pair) are computed once per token by all threads, not once per row by a
-// warp that may have two to four rows.
+// would leave the other tiles nothing to read before tile 0 has run.
+// This runs before the block's first K/V load, so it is kept short: a half warp per row (the 4 q
+// vectors and 1 new k row of a Qwen3 decode step's last chunk in one round of the 8 half warps,
+// not two rounds of 4 warps), each lane rotating its own pairs in float32 (no shared table, no
+// barrier before the rows).
 template <typename T, int D>
 __device__ __forceinline__ void prepare_step_rows(const DecodeProblem& p, const StepProblem& s,
-                                                  T* staged, float2* rotations, int kv_row,
-                                                  int tile, int begin, int end) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-  const int L = p.query_len, first = tile * kMmaVectors, half = D / 2;
-  for (int at = threadIdx.x; at < L * half; at += blockDim.x) {
-    rotations[at] = step::rope_cos_sin(s.offset + at / half, at % half, half, s.log2_base);
-  }
-  __syncthreads();
+                                                  T* staged, int kv_row, int tile, int begin,
+                                                  int end) {
+  constexpr int kRowLanes = 16;
+  const int lane = threadIdx.x % kRowLanes, team = threadIdx.x / kRowLanes;
+  const int teams = blockDim.x / kRowLanes;
+  const int L = p.query_len, first = tile * kMmaVectors;
   const int count = min(kMmaVectors, p.group * L - first);
   const int b = kv_row / p.kv_heads, h = kv_row % p.kv_heads;
   const int from = max(begin, s.offset), news = max(min(end, s.offset + L) - from, 0);
-  for (int item = warp; item < count + news; item += warps) {
+  // Rounds over all teams alike, one call site: both halves of a warp join every round's
+  // shuffles (the same shfl instructions).
+  for (int at = 0; at < count + news; at += teams) {
+    const int item = at + team;
+    int i, head;
+    T* q_dst = nullptr;
     if (item < count) {  // query vector first + item: row kv_row * group + r / L, token r % L
-      const int r = first + item, row = kv_row * p.group + r / L, i = r % L;
-      step::preprocess_row<T>(s, b, i, row % p.q_heads, lane, staged + item * D,
-                              rotations + i * half);
-    } else {
-      const int i = from + (item - count) - s.offset;
-      step::preprocess_row<T>(s, b, i, s.q_heads + h, lane, nullptr, rotations + i * half);
+      const int r = first + item;
+      i = r % L;
+      head = (kv_row * p.group + r / L) % p.q_heads;
+      q_dst = staged + item * D;
+    } else {  // a new position of the chunk; past count + news, none (the row unused)
+      i = min(from + (item - count) - s.offset, L - 1);
+      head = s.q_heads + h;
     }
+    step::preprocess_row<T, kRowLanes, D>(s, b, i, head, lane, q_dst, item < count + news);
   }
   __syncthreads();
 }
@@ -169,8 +177,7 @@ __device__ __forceinline__ void attend_mma_body(const DecodeProblem& p, float* p
 #endif
   if constexpr (kFold) {  // after the prefetch, which then overlaps the step's rows
     T* staged = reinterpret_cast<T*>(smem + mma_smem_floats(D));
-    float2* rotations = reinterpret_cast<float2*>(staged + kMmaVectors * D);
-    prepare_step_rows<T, D>(p, *step, staged, rotations, kv_row, tile, begin, end);
+    prepare_step_rows<T, D>(p, *step, staged, kv_row, tile, begin, end);
     if (real) load_words<4>(q, staged + g * D + c * 8);
   }
   // o[t]: O^T tile t, rows = dims dim(t) (c0, c1) and + 1 (c2, c3), columns = vectors

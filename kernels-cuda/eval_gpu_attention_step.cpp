@@ -1,9 +1,10 @@
 // AttentionStep's eval_gpu through MLX's CUDA command encoder: the preprocessing kernel
 // (attention_step.cu), then DecodeAttention's attend kernel over the updated caches, as graph
 // nodes with their dependencies; a cache copy first when a cache cannot be donated, and the
-// token-first reordering after attention when L > 1. With ATTN_STEP_FOLD=1, where the attention
-// runs split-mma on donated caches (the decode case) with schedule `auto` and L <= 8
-// (plan.attend_step), one kernel does both (attend_mma_step, decode_attention_mma.cuh).
+// token-first reordering after attention when L > 1. With fold (the primitive's; unset: the
+// process default, ATTN_STEP_FOLD=1), where the attention runs split-mma on donated caches (the
+// decode case) and L <= 8 (plan.attend_step), one kernel does both (attend_mma_step,
+// decode_attention_mma.cuh).
 #include <cstdlib>
 #include <string>
 
@@ -21,9 +22,10 @@ size_t align256(size_t bytes) {
   return (bytes + 255) / 256 * 256;
 }
 
-// ATTN_STEP_FOLD=1 runs the folded kernel where it applies (opt-in, read once): on the H200 it
-// launched 364 kernels per step instead of 400 but decoded no faster (docs/fused-step.md).
-bool fold_enabled() {
+// The fold's process default, for calls that leave it unset: ATTN_STEP_FOLD=1 (opt-in, read
+// once). On the H200 it launched 364 kernels per step instead of 400 but decoded no faster
+// (docs/fused-step.md).
+bool fold_by_default() {
   static const bool enabled = [] {
     const char* v = std::getenv("ATTN_STEP_FOLD");
     return v != nullptr && std::string(v) == "1";
@@ -111,9 +113,8 @@ void AttentionStep::eval_gpu(
   int chunk = plan.chunk;
   unsigned slot = plan.arrival_slot;
   const dim3 attend_grid(plan.attend_grid[0], plan.attend_grid[1]);
-  // The folded kernel under `auto` only: an explicit schedule (split-mma included) keeps the two
-  // kernels, which the GPU tests compare it with.
-  if (plan.attend_step && schedule_ == "auto" && donated[0] && donated[1] && fold_enabled()) {
+  if (plan.attend_step && donated[0] && donated[1] && fold_.value_or(fold_by_default())) {
+    count_folded_step();
     void* args[] = {&attention, &partials, &chunk, &slot, &step};
     encoder.add_kernel_node_raw(
         plan.attend_step, attend_grid, dim3(plan.attend_threads), dim3(1, 1, 1),

@@ -14,7 +14,9 @@ variant, the step anatomy (after one request's prefill, 16 steps): host time to 
 step's lazy graph (the model call and the argmax, no eval), the time of mx.eval of that graph
 when nothing else is queued (host encoding plus GPU plus the wait), and the pipelined step
 time (1 / decode tok/s), and the slowest pipelined step. attention_step_cache_copies() counts
-caches the fused op had to copy (per request; 0 in a decode loop, docs/fused-step.md).
+caches the fused op had to copy (per request; 0 in a decode loop, docs/fused-step.md),
+attention_step_folds() the steps it ran as one kernel (CUDA's fold: every layer's decode
+steps under decode-attention-fold).
 
     python3 tools/step_bench.py --model qwen3-tiny --device cpu --workloads 20+6   # a smoke run
 """
@@ -40,7 +42,7 @@ from pathlib import Path
 import mlx.core as mx
 import qwen3_model
 import qwen3_model.model as model_module
-from attn_kernels import attention_step_cache_copies
+from attn_kernels import attention_step_cache_copies, attention_step_folds
 from llm_eval import bench
 from llm_eval.record import SCHEMA_VERSION, collect_metadata, write_record
 from mlx_lm.generate import generate_step, generation_stream
@@ -53,6 +55,9 @@ from mlx_lm.generate import generate_step, generation_stream
 # matmuls (Model.set_residual_in_matmul, an experiment on the kernel count).
 # decode-attention-add-norm: the fused step with the residual add after attention and the
 # post-attention norm in one kernel on CUDA (Model.set_add_norm, the same experiment).
+# decode-attention-fold: the fused step as one kernel on CUDA (Model.set_fold_step(True):
+# attention_step's fold, the preprocessing inside the attention's blocks); decode-attention
+# leaves the fold to the process default (off unless ATTN_STEP_FOLD=1).
 VARIANTS = [
     "decode-attention",
     "mlx-lm",
@@ -61,6 +66,7 @@ VARIANTS = [
     "decode-attention-mlx-rule",
     "decode-attention-addmm",
     "decode-attention-add-norm",
+    "decode-attention-fold",
 ]
 FUSED_STEP = model_module.attention_step
 
@@ -125,6 +131,7 @@ def pick(variant, ours, make_ours, twin, make_twin):
     ours.set_fused_step(variant != "decode-attention-unfused")
     ours.set_residual_in_matmul(variant == "decode-attention-addmm")
     ours.set_add_norm(variant == "decode-attention-add-norm")
+    ours.set_fold_step(True if variant == "decode-attention-fold" else None)
     return ours, make_ours
 
 
@@ -138,7 +145,7 @@ def stream_for(device):
 
 def request(model, make_cache, prompt, output_len, stream) -> dict:
     cache = make_cache(model)
-    copies = attention_step_cache_copies()
+    copies, folds = attention_step_cache_copies(), attention_step_folds()
     start = time.perf_counter()
     times, token_ids = [], []
     steps = generate_step(prompt, model, max_tokens=output_len, prompt_cache=cache, stream=stream)
@@ -154,6 +161,7 @@ def request(model, make_cache, prompt, output_len, stream) -> dict:
         "step_ms": [(b - a) * 1e3 for a, b in itertools.pairwise(times)],
         "token_ids": token_ids,
         "cache_copies": attention_step_cache_copies() - copies,
+        "folded_steps": attention_step_folds() - folds,
     }
 
 
@@ -264,6 +272,7 @@ def run(args):
         "metadata": collect_metadata(device),
         "model_config": qwen3_model.CONFIGS[args.model].to_dict(),
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "attn_step_fold_default": os.environ.get("ATTN_STEP_FOLD") == "1",
         "execution_order": order_log,
         "results": results,
     }
@@ -330,7 +339,8 @@ def run(args):
                     f" build {entry['anatomy'][v]['median_build_ms']:.2f} ms, eval"
                     f" {entry['anatomy'][v]['median_eval_ms']:.2f} ms; slowest pipelined step"
                     f" {max(t for s in samples[v] for t in s['step_ms']):.1f} ms;"
-                    f" cache copies {sum(s['cache_copies'] for s in samples[v])}"
+                    f" cache copies {sum(s['cache_copies'] for s in samples[v])};"
+                    f" folded steps {sum(s['folded_steps'] for s in samples[v])}"
                     f"; greedy tokens as mlx-lm's in"
                     f" {sum(s['token_ids'] in theirs for s in samples[v])}/{len(samples[v])}",
                     flush=True,

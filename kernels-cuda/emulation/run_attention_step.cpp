@@ -3,6 +3,7 @@
 // the updated caches) and the folded kernel (attend_mma_step), each on its own copy of the caches.
 //
 //   run_attention_step DIR
+//   run_attention_step --rotations DIR
 //
 // DIR holds config.txt ("B Hq Hkv L offset D dtype splits capacity qk_norm", dtype 0 = f16,
 // 1 = bf16) and float32 inputs, each exactly representable in the dtype: q.bin (B, L, Hq·D), k.bin
@@ -11,6 +12,9 @@
 // float32 out_chain.bin and out_fold.bin (B, Hq, L, D: the attention's heads-first output) and
 // kc_chain.bin, vc_chain.bin, kc_fold.bin, vc_fold.bin. The launches follow plan_mma() with the
 // split count given (chunks of whole 64-position block steps, no empty chunk).
+// With --rotations, DIR holds rotations.txt ("D base") and positions.bin (int32) instead, and it
+// writes rotations.bin: float32 (positions, D/2, 3), the angle of each pair as the kernels form
+// it (the position times StepProblem's inverse frequency) and rope_cos_sin's cosine and sine.
 #include <cstdio>
 #include <fstream>
 #include <functional>
@@ -108,6 +112,7 @@ int run(const std::string& dir, int b, int hq, int hkv, int L, int offset, int s
   s.dtype = std::is_same_v<T, __half> ? ElementType::float16 : ElementType::bfloat16;
   s.batch = b, s.length = L, s.q_heads = hq, s.kv_heads = hkv, s.head_dim = D, s.offset = offset;
   s.eps = 1e-6f, s.log2_base = std::log2(1e6f);
+  for (int j = 0; j < D / 2; ++j) s.inv_freq[j] = rope_inverse_frequency(j, D / 2, s.log2_base);
   const int64_t q_strides[3] = {int64_t(L) * hq * D, int64_t(hq) * D, 1};
   const int64_t kv_strides[3] = {int64_t(L) * hkv * D, int64_t(hkv) * D, 1};
   const int64_t cache[4] = {int64_t(hkv) * capacity * D, int64_t(capacity) * D, D, 1};
@@ -137,7 +142,7 @@ int run(const std::string& dir, int b, int hq, int hkv, int L, int offset, int s
   chunk = (chunk + step - 1) / step * step;
   splits = (S + chunk - 1) / chunk;
   const size_t partial_floats = size_t(p.kv_rows) * vectors * splits * partial_stride(D);
-  const size_t shared_floats = mma_step_smem_bytes<T>(D, L) / sizeof(float);
+  const size_t shared_floats = mma_step_smem_bytes<T>(D) / sizeof(float);
   const unsigned gx = p.kv_rows * tiles, gy = splits;
 
   // The two-kernel path.
@@ -172,11 +177,39 @@ int run(const std::string& dir, int b, int hq, int hkv, int L, int offset, int s
   return 0;
 }
 
+int rotations(const std::string& dir) {
+  std::ifstream config(dir + "/rotations.txt");
+  int D;
+  float base;
+  if (!(config >> D >> base) || D < 2 || D > 256 || D % 2 != 0) {
+    std::fprintf(stderr, "bad %s/rotations.txt\n", dir.c_str());
+    return 2;
+  }
+  std::ifstream f(dir + "/positions.bin", std::ios::binary);
+  std::vector<char> raw{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+  std::vector<int32_t> positions(raw.size() / sizeof(int32_t));
+  std::memcpy(positions.data(), raw.data(), positions.size() * sizeof(int32_t));
+  const int half = D / 2;
+  const float log2_base = std::log2(base);
+  std::vector<float> out;
+  for (const int32_t position : positions) {
+    for (int j = 0; j < half; ++j) {
+      const float inv_freq = rope_inverse_frequency(j, half, log2_base);
+      const float2 cs = step::rope_cos_sin(position, inv_freq);
+      out.insert(out.end(), {static_cast<float>(position) * inv_freq, cs.x, cs.y});
+    }
+  }
+  std::ofstream(dir + "/rotations.bin", std::ios::binary)
+      .write(reinterpret_cast<const char*>(out.data()), out.size() * sizeof(float));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc == 3 && std::string(argv[1]) == "--rotations") return rotations(argv[2]);
   if (argc != 2) {
-    std::fprintf(stderr, "usage: %s DIR\n", argv[0]);
+    std::fprintf(stderr, "usage: %s DIR | --rotations DIR\n", argv[0]);
     return 2;
   }
   const std::string dir = argv[1];

@@ -14,6 +14,7 @@ namespace attn_kernels {
 namespace {
 
 std::atomic<uint64_t> cache_copies{0};
+std::atomic<uint64_t> folded_steps{0};
 
 std::string shape_str(const mx::array& a) {
   std::ostringstream os;
@@ -67,6 +68,7 @@ std::vector<mx::array> attention_step(
     float scale,
     const std::string& schedule,
     bool owned_caches,
+    std::optional<bool> fold,
     mx::StreamOrDevice s) {
   if (std::find(schedules().begin(), schedules().end(), schedule) == schedules().end()) {
     std::string names;
@@ -183,7 +185,7 @@ std::vector<mx::array> attention_step(
       {dtype, dtype, dtype},
       std::make_shared<AttentionStep>(
           stream, offset, qk_norm, qk_norm ? eps : 0.0f, rope_base, scale, schedule,
-          owned_caches),
+          owned_caches, fold),
       std::move(inputs));
 }
 
@@ -191,7 +193,7 @@ bool AttentionStep::is_equivalent(const mx::Primitive& other) const {
   auto& o = static_cast<const AttentionStep&>(other);
   return offset_ == o.offset_ && qk_norm_ == o.qk_norm_ && eps_ == o.eps_ &&
          rope_base_ == o.rope_base_ && scale_ == o.scale_ && schedule_ == o.schedule_ &&
-         owned_caches_ == o.owned_caches_;
+         owned_caches_ == o.owned_caches_ && fold_ == o.fold_;
 }
 
 std::array<bool, 2> donate_caches(
@@ -243,6 +245,14 @@ uint64_t attention_step_cache_copies() {
   return cache_copies.load(std::memory_order_relaxed);
 }
 
+uint64_t attention_step_folds() {
+  return folded_steps.load(std::memory_order_relaxed);
+}
+
+void count_folded_step() {
+  folded_steps.fetch_add(1, std::memory_order_relaxed);
+}
+
 StepProblem make_step_problem(
     const std::vector<mx::array>& inputs,
     const std::vector<mx::array>& outputs,
@@ -263,6 +273,10 @@ StepProblem make_step_problem(
   p.offset = offset;
   p.eps = eps;
   p.log2_base = std::log2(rope_base);
+  static_assert(sizeof(p.inv_freq) / sizeof(float) == kMaxHeadDim / 2);
+  for (int j = 0; j < p.head_dim / 2; ++j) {
+    p.inv_freq[j] = rope_inverse_frequency(j, p.head_dim / 2, p.log2_base);
+  }
   for (int i = 0; i < 3; ++i) {
     p.q_strides[i] = inputs[0].strides()[i];
     p.k_strides[i] = inputs[1].strides()[i];

@@ -27,6 +27,10 @@ namespace attn_kernels {
 // owned_caches: the caller promises that no other array reading the caches' memory (a view of
 // them) is read past offset after this step; then a cache array nothing else holds is updated in
 // place even while an earlier step that read it still runs (MLX's rule copies it then).
+// fold: on CUDA, where the attention plan is split-mma (bf16/f16, D 64 or 128), L <= 8 and both
+// caches are donated, the step runs as one kernel (attend_mma_step) instead of the preprocessing
+// kernel and the attend kernel; unset: the process default (ATTN_STEP_FOLD=1 turns it on, read
+// once). A CUDA schedule choice: the CPU and Metal ignore it.
 std::vector<mx::array> attention_step(
     const mx::array& q,
     const mx::array& k,
@@ -41,6 +45,7 @@ std::vector<mx::array> attention_step(
     float scale,
     const std::string& schedule = "auto",
     bool owned_caches = false,
+    std::optional<bool> fold = std::nullopt,
     mx::StreamOrDevice s = {});
 
 // The primitive's inputs: q, k, v, the caches, then the norm weights when it normalises.
@@ -56,7 +61,8 @@ class AttentionStep : public mx::Primitive {
       float rope_base,
       float scale,
       std::string schedule,
-      bool owned_caches)
+      bool owned_caches,
+      std::optional<bool> fold)
       : mx::Primitive(stream),
         offset_(offset),
         qk_norm_(qk_norm),
@@ -64,7 +70,8 @@ class AttentionStep : public mx::Primitive {
         rope_base_(rope_base),
         scale_(scale),
         schedule_(std::move(schedule)),
-        owned_caches_(owned_caches) {}
+        owned_caches_(owned_caches),
+        fold_(fold) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
@@ -81,6 +88,7 @@ class AttentionStep : public mx::Primitive {
   float eps_, rope_base_, scale_;
   std::string schedule_;
   bool owned_caches_;
+  std::optional<bool> fold_;  // unset: the process default (CUDA only)
 };
 
 // Gives each output cache (outputs[1], outputs[2]) its input's buffer when MLX may donate it
@@ -93,6 +101,11 @@ std::array<bool, 2> donate_caches(
 // How many cache copies the op has made since the process started (a diagnostic: a decode
 // loop whose caches can be donated makes none).
 uint64_t attention_step_cache_copies();
+
+// How many steps have run as one kernel (fold) since the process started (a diagnostic: the
+// CUDA eval counts them; elsewhere it stays 0).
+uint64_t attention_step_folds();
+void count_folded_step();
 
 // The StepProblem of evaluated inputs and allocated outputs, pointers left for the backend
 // (CPU: data(), CUDA: gpu_ptr) to fill (the norm weights' only where qk_norm).

@@ -101,6 +101,7 @@ Returns:
       "scale"_a,
       "schedule"_a = "auto",
       "owned_caches"_a = false,
+      "fold"_a = nb::none(),
       nb::kw_only(),
       "stream"_a = nb::none(),
       "One decode step of attention after the projections (see attn_kernels.attention_step).");
@@ -108,4 +109,8 @@ Returns:
       "attention_step_cache_copies",
       &attn_kernels::attention_step_cache_copies,
       "How many times attention_step has copied a cache it could not update in place.");
+  m.def(
+      "attention_step_folds",
+      &attn_kernels::attention_step_folds,
+      "How many attention steps have run as one kernel (CUDA's fold).");
 }

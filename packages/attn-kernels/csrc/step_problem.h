@@ -30,17 +30,25 @@ struct StepProblem {
   bool qk_norm;
   float eps;  // RMSNorm's (unused without qk_norm)
   float log2_base;  // log2 of the RoPE base
+  // rope_inverse_frequency of pairs j < head_dim / 2, computed once per call on the host (the
+  // CUDA kernels read it: no power per pair on the device).
+  float inv_freq[128];
   int64_t q_strides[3], k_strides[3], v_strides[3];
   int64_t kc_strides[4], vc_strides[4];
 };
 
-// The angle of RoPE pair j (of D/2) at position `position`, formed as MLX's RoPE forms it
-// (float32 inverse frequency 2^(-j/(D/2) · log2 base), times the position in float32), so that
-// the fused step rotates by mx.fast.rope's angles. The power is taken in double and rounded
-// once: at position p an ulp of the frequency moves the angle by p ulps.
-ATTN_HOST_DEVICE inline float rope_angle(int position, int j, int half, float log2_base) {
+// RoPE's inverse frequency of pair j (of D/2), formed as MLX's RoPE forms it: 2^(-j/(D/2) · log2
+// base) with the exponent in float32. The power is taken in double and rounded once: at position
+// p an ulp of the frequency moves the angle by p ulps.
+ATTN_HOST_DEVICE inline float rope_inverse_frequency(int j, int half, float log2_base) {
   const float d = static_cast<float>(j) / static_cast<float>(half);
-  return static_cast<float>(position) * static_cast<float>(exp2(static_cast<double>(-d * log2_base)));
+  return static_cast<float>(exp2(static_cast<double>(-d * log2_base)));
+}
+
+// The angle of RoPE pair j at `position`: the position times the inverse frequency in float32, as
+// MLX's RoPE forms it, so that the fused step rotates by mx.fast.rope's angles.
+ATTN_HOST_DEVICE inline float rope_angle(int position, int j, int half, float log2_base) {
+  return static_cast<float>(position) * rope_inverse_frequency(j, half, log2_base);
 }
 
 }  // namespace attn_kernels

@@ -3,12 +3,11 @@ update, decode_attention_custom) and a float64 step, on every backend here, with
 (Qwen3) and without (Llama, Qwen2); cache donation."""
 
 import itertools
-import os
 
 import mlx.core as mx
 import numpy as np
 import pytest
-from attn_kernels import attention_step, attention_step_cache_copies
+from attn_kernels import attention_step, attention_step_cache_copies, attention_step_folds
 from conftest import TOLERANCE
 from reference import to_numpy
 from step_reference import step_f64, unfused_step
@@ -461,6 +460,22 @@ def test_bad_schedule_and_constants():
             attention_step(**bad(**norms), eps=EPS, rope_base=-1.0)
 
 
+def test_fold_is_a_cuda_choice():
+    """fold picks CUDA's kernels: on the CPU True, False and None give the same bits and no step
+    is counted as folded."""
+    offset, capacity = 61, 128
+    inputs = make_step(5, 1, 8, 2, 3, 64, capacity, mx.bfloat16)
+    folds = attention_step_folds()
+    results = []
+    for fold in (None, False, True):
+        out = attention_step(*inputs, offset, eps=EPS, rope_base=BASE, fold=fold, stream=mx.cpu)
+        results.append([to_numpy(x) for x in out])
+    for other in results[1:]:
+        for got, want in zip(other, results[0], strict=True):
+            np.testing.assert_array_equal(got, want)
+    assert attention_step_folds() == folds
+
+
 @pytest.mark.parametrize("missing", ["q_norm_weight", "k_norm_weight"])
 def test_one_norm_weight_alone(missing):
     """Both norm weights or neither: the error names the one that is None."""
@@ -485,7 +500,7 @@ def test_bad_inputs_without_norms(changes, message):
         attention_step(**args, rope_base=BASE)
 
 
-def donated_step(inputs, capacity, offset, schedule):
+def donated_step(inputs, capacity, offset, schedule, fold=None):
     """One step on fresh caches (the same random ones on every call for a capacity) that nobody
     else holds: donated."""
     *head, _, _ = inputs
@@ -497,19 +512,27 @@ def donated_step(inputs, capacity, offset, schedule):
     mx.eval(k_cache, v_cache)
     copies = attention_step_cache_copies()
     out, k_cache, v_cache = attention_step(
-        *head, k_cache, v_cache, offset, eps=EPS, rope_base=BASE, schedule=schedule, stream=mx.gpu
+        *head,
+        k_cache,
+        v_cache,
+        offset,
+        eps=EPS,
+        rope_base=BASE,
+        schedule=schedule,
+        fold=fold,
+        stream=mx.gpu,
     )
     mx.eval(out, k_cache, v_cache)
     assert attention_step_cache_copies() == copies, "a cache was copied: not the decode path"
     return out, k_cache, v_cache
 
 
-# On CUDA with ATTN_STEP_FOLD=1 (read once per process: set it for the whole pytest run),
-# `auto` with donated caches and L <= 8 runs the folded kernel (attend_mma_step: the
-# preprocessing inside the split-mma attention's blocks); an explicit split-mma schedule runs the
-# two kernels (step_preprocess, attend_mma) with the same plan. Offsets 64m - L // 2 put the new
-# positions across a multiple of 64, which at these head counts is the last chunk's start
-# (chunks of one 64-position block step) once the context splits (m = 32); m = 3: one chunk.
+# On CUDA, fold=True with donated caches and L <= 8 runs the folded kernel (attend_mma_step: the
+# preprocessing inside the split-mma attention's blocks, counted by attention_step_folds());
+# fold=False runs the two kernels (step_preprocess, attend_mma) with the same plan. Offsets
+# 64m - L // 2 put the new positions across a multiple of 64, which at these head counts is the
+# last chunk's start (chunks of one 64-position block step) once the context splits (m = 32);
+# m = 3: one chunk; m = 2047: positions near 131072 (the float32 rotation's range reduction).
 FOLD_GRID = [
     (dtype, heads, d, length, m)
     for dtype in (mx.float16, mx.bfloat16)
@@ -517,13 +540,10 @@ FOLD_GRID = [
     for d in (64, 128)
     for length in (1, 3, 8)
     for m in (3, 32)
-]
+] + [(mx.bfloat16, (8, 2), 128, 1, 2047), (mx.float16, (4, 4), 64, 3, 2047)]
 
 
-@pytest.mark.skipif(
-    not mx.cuda.is_available() or os.environ.get("ATTN_STEP_FOLD") != "1",
-    reason="the folded step is CUDA's, opt-in with ATTN_STEP_FOLD=1",
-)
+@pytest.mark.skipif(not mx.cuda.is_available(), reason="the folded step is CUDA's")
 @pytest.mark.parametrize(
     "dtype,heads,d,length,m",
     FOLD_GRID,
@@ -536,8 +556,11 @@ def test_folded_step_matches_two_kernels_gpu(dtype, heads, d, length, m):
     offset = 64 * m - length // 2
     capacity = capacity_for(offset + length)
     inputs = make_step(offset, 1, hq, hkv, length, d, capacity, dtype)
-    folded = donated_step(inputs, capacity, offset, "auto")
-    two = donated_step(inputs, capacity, offset, "split-mma")
+    folds = attention_step_folds()
+    folded = donated_step(inputs, capacity, offset, "auto", fold=True)
+    assert attention_step_folds() == folds + 1, "fold=True ran two kernels"
+    two = donated_step(inputs, capacity, offset, "auto", fold=False)
+    assert attention_step_folds() == folds + 1, "fold=False ran the folded kernel"
     # Not bit for bit: on the H200 (354698b) 10 of these 48 cases differed from the two kernels
     # in 0.03-1.3% of the outputs (one k_cache value once) by 1-4 units in the last place (the
     # shared row code compiled in two translation units), while they match under the emulation.

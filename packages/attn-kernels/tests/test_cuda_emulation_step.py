@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from conftest import TOLERANCE
 from emulation import CSRC, KERNELS_CUDA, build_runner
-from step_reference import step_f64
+from step_reference import rope_angles, step_f64
 
 EPS, BASE = 1e-6, 1_000_000.0  # as the runner sets them
 STEP = 64  # the mma kernel's block step: chunks are multiples of it
@@ -114,3 +114,28 @@ def test_folded_step_under_emulation(
     for got, before in ((kc, before_k), (vc, before_v)):
         np.testing.assert_array_equal(got[:, :, :offset], before[:, :, :offset])
         np.testing.assert_array_equal(got[:, :, end:], before[:, :, end:])
+
+
+@pytest.mark.parametrize(("d", "base"), [(128, 1_000_000.0), (64, 10_000.0), (128, 500_000.0)])
+def test_rotations_in_float32(emulator, tmp_path, d, base):
+    """rope_cos_sin (float32: a three-part reduction by pi/2 and polynomials) against float64's
+    cosine and sine of the same float32 angle, at positions up to 131080 (angles up to 2^17, where
+    a careless reduction loses everything), within one unit of 2^-23; and the angles are the
+    float32 products of the float64 step (step_reference.rope_angles)."""
+    rng = np.random.default_rng(d)
+    positions = np.unique(
+        np.concatenate(
+            [np.arange(0, 300), rng.integers(0, 131081, 3000), np.arange(131000, 131081)]
+        )
+    ).astype(np.int32)
+    (tmp_path / "rotations.txt").write_text(f"{d} {base}\n")
+    (tmp_path / "positions.bin").write_bytes(positions.tobytes())
+    subprocess.run(
+        [str(emulator), "--rotations", str(tmp_path)], check=True, timeout=600, capture_output=True
+    )
+    got = np.fromfile(tmp_path / "rotations.bin", dtype=np.float32)
+    got = got.reshape(len(positions), d // 2, 3).astype(np.float64)
+    angle, cos, sin = got[..., 0], got[..., 1], got[..., 2]
+    np.testing.assert_array_equal(angle, rope_angles(positions, d, base))
+    np.testing.assert_allclose(cos, np.cos(angle), rtol=0, atol=2.0**-23)
+    np.testing.assert_allclose(sin, np.sin(angle), rtol=0, atol=2.0**-23)

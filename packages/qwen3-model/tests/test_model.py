@@ -330,6 +330,33 @@ def test_copied_cache_continues_apart(monkeypatch, copier):
             assert mx.allclose(logits, expected, atol=1e-5).item(), tokens
 
 
+def test_fold_step_switch(monkeypatch):
+    """set_fold_step (an experiment, CUDA's): every decode step's AttentionStep gets the fold
+    asked for (None by default: the process default); on the CPU the logits are equal."""
+    widen_guard(monkeypatch)
+    folds = []
+    step = model_module.attention_step
+    monkeypatch.setattr(
+        model_module,
+        "attention_step",
+        lambda *a, **k: folds.append(k["fold"]) or step(*a, **k),
+    )
+    model = load("qwen3-tiny", dtype=mx.bfloat16, seed=11)
+    prompt = mx.random.randint(10, 990, (1, 20), key=mx.random.key(6))
+    logits = []
+    for enabled in (None, True, False):
+        if enabled is not None:
+            model.set_fold_step(enabled)
+        cache = make_cache(model)
+        model(prompt, cache)
+        folds.clear()
+        logits.append([model(mx.array([[t]]), cache) for t in (3, 500)])
+        assert folds == [enabled] * 2 * model.args.num_hidden_layers
+    for other in logits[1:]:
+        for a, b in zip(other, logits[0], strict=True):
+            assert mx.array_equal(a, b).item()
+
+
 def test_add_norm_switch(monkeypatch):
     """set_add_norm(True) (an experiment): each decode step of the fused step hands the residual
     add and the post-attention norm to add_rms_norm, once per layer, and the prefill does not;

@@ -16,7 +16,11 @@ from attn_kernels.attention import (
     decode_attention_custom,
     scaled_dot_product_attention,
 )
-from attn_kernels.attention_step import attention_step, attention_step_cache_copies
+from attn_kernels.attention_step import (
+    attention_step,
+    attention_step_cache_copies,
+    attention_step_folds,
+)
 from attn_kernels.quantized import decode_attention_quantized, dequantize_kv
 
 __all__ = [
@@ -24,6 +28,7 @@ __all__ = [
     "SCHEDULES",
     "attention_step",
     "attention_step_cache_copies",
+    "attention_step_folds",
     "causal_mask",
     "decode_attention_custom",
     "decode_attention_quantized",

@@ -35,6 +35,7 @@ def attention_step(
     scale: float | None = None,
     schedule: str = "auto",
     owned_caches: bool = False,
+    fold: bool | None = None,
     stream: mx.Stream | mx.Device | None = None,
 ) -> tuple[mx.array, mx.array, mx.array]:
     """Normalise, rotate, cache and attend in one `AttentionStep` primitive.
@@ -59,6 +60,12 @@ def attention_step(
             the rule copies whole caches). A cache array the caller still holds is copied either
             way. A decode loop that keeps only the returned caches (qwen3_model's KVCache) passes
             True.
+        fold: on CUDA, run the step as one kernel (the preprocessing inside the attention's
+            blocks) where the attention plan is split-mma (bfloat16/float16, D 64 or 128), L <= 8
+            and both caches are updated in place; elsewhere, and with False, two kernels. None:
+            the process default, off unless the environment variable ATTN_STEP_FOLD=1 (read once
+            per process). The CPU and Metal ignore it. attention_step_folds() counts the steps
+            that ran folded.
 
     Returns:
         (out, k_cache, v_cache): out (B, L, Hq·D) in q's dtype, causal attention over
@@ -96,6 +103,7 @@ def attention_step(
         float(scale),
         schedule,
         bool(owned_caches),
+        None if fold is None else bool(fold),
         stream=stream,
     )
     return out, k_cache, v_cache
@@ -104,3 +112,8 @@ def attention_step(
 def attention_step_cache_copies() -> int:
     """Caches `attention_step` has copied so far in this process (0 in a donating decode loop)."""
     return _ext.attention_step_cache_copies()
+
+
+def attention_step_folds() -> int:
+    """`attention_step` calls that ran as one kernel (CUDA's fold) so far in this process."""
+    return _ext.attention_step_folds()

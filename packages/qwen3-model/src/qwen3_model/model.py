@@ -113,6 +113,7 @@ class Attention(nn.Module):
         self.fused_step = True  # decode-attention: fused projections and AttentionStep
         self.residual_in_matmul = False  # with the step: o_proj and down_proj as mx.addmm
         self.add_norm = False  # with the step: residual add + post-attention norm in one kernel
+        self.fold_step = None  # the step as one kernel on CUDA (None: the process default)
 
     def fuse_projections(self) -> None:
         self.qkv = FusedLinear([self.q_proj, self.k_proj, self.v_proj])
@@ -160,6 +161,7 @@ class Attention(nn.Module):
                 # The cache holds only the returned buffers and reads [0, offset) of them, so
                 # they stay in place while the previous step still runs (pipelined generation).
                 owned_caches=True,
+                fold=self.fold_step,
             )
             cache.advance(keys, values, length)
             return project_out(self.o_proj, out, residual, self.residual_in_matmul)
@@ -344,6 +346,14 @@ class Model(nn.Module):
         the H200 (c4fc9c8) it saved a kernel per layer but decoded slower."""
         for layer in self.layers:
             layer.self_attn.add_norm = enabled
+
+    def set_fold_step(self, enabled: bool | None) -> None:
+        """The fused step as one kernel on CUDA (attention_step's fold: the preprocessing inside
+        the attention's blocks) or, False, as two; None (the default): the process default
+        (ATTN_STEP_FOLD=1 turns it on). An experiment on the kernel count (docs/fused-step.md);
+        other backends ignore it."""
+        for layer in self.layers:
+            layer.self_attn.fold_step = enabled
 
     def shard(self, group: mx.distributed.Group | None = None) -> None:
         """Tensor-parallel in place over `group` (mlx-lm's layout; see sharding.py). The sharded
