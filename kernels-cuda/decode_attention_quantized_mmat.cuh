@@ -153,6 +153,72 @@ __host__ __device__ constexpr int mmat_stages() {
   return fit < 2 ? 2 : fit > 8 ? 8 : fit;
 }
 
+// stage_in()'s copies of a whole sub-step (16 positions before the chunk's end) from per-lane
+// source pointers that advance by one warp step per sub-step, instead of addresses recomputed
+// from the position each time (about 50 instructions of a sub-step's ~400 in mmacp's loop).
+template <int BITS, int D, int GS>
+struct StageCopies {
+  using S = StageLayout<BITS, D, GS>;
+  static constexpr int kPieces = S::kRowBytes / 16;  // per row
+  static constexpr int kRowsPerPass = 32 / kPieces, kPasses = kStagePositions / kRowsPerPass;
+  static constexpr int kScalePieces = 4 * S::kScaleBytes / 16;  // of the four arrays
+  static constexpr bool kScalesAtOnce = kScalePieces <= 32;     // one piece per lane at most
+  const char* k;      // this lane's first K piece of the sub-step at `at`
+  const char* v;      // V likewise
+  const char* scale;  // its piece of the scales and biases (lanes < kScalePieces)
+  int to;             // its first piece's offset in a stage
+  int scale_to;
+
+  __device__ __forceinline__ StageCopies(const char* const (&codes)[2],
+                                         const int64_t (&row_bytes)[2],
+                                         const char* const (&scales)[4], int at, int lane) {
+    const int first_row = lane / kPieces, piece = lane % kPieces;
+    k = codes[0] + (at + first_row) * row_bytes[0] + piece * 16;
+    v = codes[1] + (at + first_row) * row_bytes[1] + piece * 16;
+    to = first_row * S::kPitch + piece * 16;
+    const int a = lane / (kScalePieces / 4) % 4, scale_piece = lane % (kScalePieces / 4);
+    const char* row = a == 0 ? scales[0] : a == 1 ? scales[1] : a == 2 ? scales[2] : scales[3];
+    scale = row + int64_t{at} * S::kGroups * 2 + scale_piece * 16;
+    scale_to = S::kScales + a * S::kScaleBytes + scale_piece * 16;
+  }
+  __device__ __forceinline__ void copy(char* stage, const int64_t (&row_bytes)[2],
+                                       const char* const (&codes)[2],
+                                       const char* const (&scales)[4], int at, int begin, int end,
+                                       int lane) const {
+#pragma unroll
+    for (int x = 0; x < kPasses; ++x) {
+      copy_async16(stage + to + x * kRowsPerPass * S::kPitch, k + x * kRowsPerPass * row_bytes[0],
+                   16);
+      copy_async16(stage + S::kV + to + x * kRowsPerPass * S::kPitch,
+                   v + x * kRowsPerPass * row_bytes[1], 16);
+    }
+    if constexpr (kScalesAtOnce) {
+      if (lane < kScalePieces) copy_async16(stage + scale_to, scale, 16);
+    } else {
+      stage_scales(stage, scales, at, begin, end, lane);
+    }
+  }
+  __device__ __forceinline__ void advance(const int64_t (&row_bytes)[2], int positions) {
+    k += positions * row_bytes[0];
+    v += positions * row_bytes[1];
+    scale += positions * S::kGroups * 2;
+  }
+  // The scales and biases as stage_in() copies them (zero-filled past `end`).
+  __device__ __forceinline__ static void stage_scales(char* stage, const char* const (&scales)[4],
+                                                      int p0, int begin, int end, int lane) {
+    constexpr int kPerArray = S::kScaleBytes / 16;
+    const int valid = (end - p0) * S::kGroups * 2;
+    for (int i = lane; i < 4 * kPerArray; i += 32) {
+      const int a = i / kPerArray, piece = i % kPerArray;
+      const int bytes = min(max(valid - piece * 16, 0), 16);
+      const char* row = a == 0 ? scales[0] : a == 1 ? scales[1] : a == 2 ? scales[2] : scales[3];
+      const char* from = row + (bytes > 0 ? int64_t{p0} * S::kGroups * 2 + piece * 16
+                                          : int64_t{begin} * S::kGroups * 2);
+      copy_async16(stage + S::kScales + a * S::kScaleBytes + piece * 16, from, bytes);
+    }
+  }
+};
+
 // The shared memory the mmat kernel takes with STAGES stages per warp.
 template <int BITS, int D, int GS, int STAGES>
 __host__ __device__ constexpr int mmat_smem_bytes() {
@@ -289,16 +355,22 @@ __global__ void __launch_bounds__(kThreads, BLOCKS)
     }
     copy_async_commit();  // one group per sub-step, empty or not: wait counts groups
   }
+  // Sources of the next copy: the sub-step STAGES - 1 ahead of the warp's first.
+  StageCopies<BITS, D, GS> copies(codes, row_bytes, scale_rows,
+                                  begin + warp * kMmaStep + (STAGES - 1) * kWarpStep, lane);
   // ldmatrix: lane 8i + k gives row k of matrix i = piece 2x + i / 2 of V row 8 (i % 2) + k.
   const int v_lane_offset =
       Stage::kV + (8 * (lane / 8 % 2) + lane % 8) * Stage::kPitch + 16 * (lane / 16);
   int step = 0;
   for (int at = begin + warp * kMmaStep; at < end; at += kWarpStep, ++step) {
     const int ahead = at + (STAGES - 1) * kWarpStep;
-    if (ahead < end) {
-      stage_in<BITS, D, GS>(stages + (step + STAGES - 1) % STAGES * Stage::kBytes, codes,
-                            row_bytes, scale_rows, ahead, begin, end, lane);
+    char* const next = stages + (step + STAGES - 1) % STAGES * Stage::kBytes;
+    if (ahead + kStagePositions <= end) {
+      copies.copy(next, row_bytes, codes, scale_rows, ahead, begin, end, lane);
+    } else if (ahead < end) {  // the chunk's last sub-step: rows clamped, scales zero-filled
+      stage_in<BITS, D, GS>(next, codes, row_bytes, scale_rows, ahead, begin, end, lane);
     }
+    copies.advance(row_bytes, kWarpStep);
     copy_async_commit();
     copy_async_wait<STAGES - 1>();
     __syncwarp();  // every lane's copies of this stage are visible to the warp
