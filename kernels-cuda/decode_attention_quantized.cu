@@ -93,6 +93,11 @@ const Kernel& kernel_for(int lpr, unsigned smem) {
   }
 }
 
+// The transposed-score variants (mmat, mmat3, mmat4).
+bool is_mmat(const std::string& kind) {
+  return kind.rfind("mmat", 0) == 0;
+}
+
 // The kernel variant: "mmacp" (the default: the tensor-core kernel fed by a cp.async pipeline
 // through shared memory, decode_attention_quantized_stages.cuh, where its layout requirements
 // hold, else 8x2; H200 at c87cd3e, Qwen3-4B shapes: 90-93 µs at S = 131072 against 369-374 for
@@ -104,10 +109,6 @@ const Kernel& kernel_for(int lpr, unsigned smem) {
 // for bf16, D = 128, group 64), mmat, mmat3 or mmat4 (mmacp with the scores transposed and fewer
 // instructions per position, decode_attention_quantized_mmat.cuh, sized for 2, 3 or 4 blocks per
 // SM; where mmacp applies, else 8x2).
-bool is_mmat(const std::string& kind) {
-  return kind.rfind("mmat", 0) == 0;
-}
-
 const std::string& variant(ElementType dtype) {
   static const std::string chosen = [] {
     const char* env = std::getenv("ATTN_QUANTIZED_VARIANT");
