@@ -156,13 +156,14 @@ __host__ __device__ constexpr int mmat_stages() {
 // stage_in()'s copies of a whole sub-step (16 positions before the chunk's end) from per-lane
 // source pointers that advance by one warp step per sub-step, instead of addresses recomputed
 // from the position each time (about 50 instructions of a sub-step's ~400 in mmacp's loop).
+// Where the scales take more than one 16-byte piece per lane (D = 256, group 32), stage_in().
 template <int BITS, int D, int GS>
 struct StageCopies {
   using S = StageLayout<BITS, D, GS>;
   static constexpr int kPieces = S::kRowBytes / 16;  // per row
   static constexpr int kRowsPerPass = 32 / kPieces, kPasses = kStagePositions / kRowsPerPass;
   static constexpr int kScalePieces = 4 * S::kScaleBytes / 16;  // of the four arrays
-  static constexpr bool kScalesAtOnce = kScalePieces <= 32;     // one piece per lane at most
+  static constexpr bool kApplies = kScalePieces <= 32;  // one scale piece per lane at most
   const char* k;      // this lane's first K piece of the sub-step at `at`
   const char* v;      // V likewise
   const char* scale;  // its piece of the scales and biases (lanes < kScalePieces)
@@ -182,8 +183,6 @@ struct StageCopies {
     scale_to = S::kScales + a * S::kScaleBytes + scale_piece * 16;
   }
   __device__ __forceinline__ void copy(char* stage, const int64_t (&row_bytes)[2],
-                                       const char* const (&codes)[2],
-                                       const char* const (&scales)[4], int at, int begin, int end,
                                        int lane) const {
 #pragma unroll
     for (int x = 0; x < kPasses; ++x) {
@@ -192,30 +191,12 @@ struct StageCopies {
       copy_async16(stage + S::kV + to + x * kRowsPerPass * S::kPitch,
                    v + x * kRowsPerPass * row_bytes[1], 16);
     }
-    if constexpr (kScalesAtOnce) {
-      if (lane < kScalePieces) copy_async16(stage + scale_to, scale, 16);
-    } else {
-      stage_scales(stage, scales, at, begin, end, lane);
-    }
+    if (lane < kScalePieces) copy_async16(stage + scale_to, scale, 16);
   }
   __device__ __forceinline__ void advance(const int64_t (&row_bytes)[2], int positions) {
     k += positions * row_bytes[0];
     v += positions * row_bytes[1];
     scale += positions * S::kGroups * 2;
-  }
-  // The scales and biases as stage_in() copies them (zero-filled past `end`).
-  __device__ __forceinline__ static void stage_scales(char* stage, const char* const (&scales)[4],
-                                                      int p0, int begin, int end, int lane) {
-    constexpr int kPerArray = S::kScaleBytes / 16;
-    const int valid = (end - p0) * S::kGroups * 2;
-    for (int i = lane; i < 4 * kPerArray; i += 32) {
-      const int a = i / kPerArray, piece = i % kPerArray;
-      const int bytes = min(max(valid - piece * 16, 0), 16);
-      const char* row = a == 0 ? scales[0] : a == 1 ? scales[1] : a == 2 ? scales[2] : scales[3];
-      const char* from = row + (bytes > 0 ? int64_t{p0} * S::kGroups * 2 + piece * 16
-                                          : int64_t{begin} * S::kGroups * 2);
-      copy_async16(stage + S::kScales + a * S::kScaleBytes + piece * 16, from, bytes);
-    }
   }
 };
 
@@ -365,8 +346,8 @@ __global__ void __launch_bounds__(kThreads, BLOCKS)
   for (int at = begin + warp * kMmaStep; at < end; at += kWarpStep, ++step) {
     const int ahead = at + (STAGES - 1) * kWarpStep;
     char* const next = stages + (step + STAGES - 1) % STAGES * Stage::kBytes;
-    if (ahead + kStagePositions <= end) {
-      copies.copy(next, row_bytes, codes, scale_rows, ahead, begin, end, lane);
+    if (StageCopies<BITS, D, GS>::kApplies && ahead + kStagePositions <= end) {
+      copies.copy(next, row_bytes, lane);
     } else if (ahead < end) {  // the chunk's last sub-step: rows clamped, scales zero-filled
       stage_in<BITS, D, GS>(next, codes, row_bytes, scale_rows, ahead, begin, end, lane);
     }
