@@ -33,6 +33,7 @@
 #include "decode_attention_quantized_cuda.h"
 #include "decode_attention_quantized_kernel.cuh"
 #include "decode_attention_quantized_mma.cuh"
+#include "decode_attention_quantized_mmat.cuh"
 
 namespace attn_kernels::cuda {
 namespace {
@@ -92,6 +93,11 @@ const Kernel& kernel_for(int lpr, unsigned smem) {
   }
 }
 
+// The transposed-score variants (mmat, mmat3, mmat4).
+bool is_mmat(const std::string& kind) {
+  return kind.rfind("mmat", 0) == 0;
+}
+
 // The kernel variant: "mmacp" (the default: the tensor-core kernel fed by a cp.async pipeline
 // through shared memory, decode_attention_quantized_stages.cuh, where its layout requirements
 // hold, else 8x2; H200 at c87cd3e, Qwen3-4B shapes: 90-93 µs at S = 131072 against 369-374 for
@@ -100,30 +106,35 @@ const Kernel& kernel_for(int lpr, unsigned smem) {
 // 8x4 or 8x2p (8x2 with the next step's rows loaded while this step computes; these three bf16
 // only), mma (the tensor-core kernel loading straight into registers, where it applies, else
 // 8x2), mma1, mma2 or mma4 (that many sub-steps of loads in flight; other than mma's default only
-// for bf16, D = 128, group 64).
+// for bf16, D = 128, group 64), mmat, mmat3 or mmat4 (mmacp with the scores transposed and fewer
+// instructions per position, decode_attention_quantized_mmat.cuh, sized for 2, 3 or 4 blocks per
+// SM; where mmacp applies, else 8x2).
 const std::string& variant(ElementType dtype) {
   static const std::string chosen = [] {
     const char* env = std::getenv("ATTN_QUANTIZED_VARIANT");
     const std::string name = env ? env : "mmacp";
     // A typo must not time the default under another name.
     for (const char* known :
-         {"8x2", "16x2", "8x4", "8x2p", "mma", "mma1", "mma2", "mma4", "mmacp"}) {
+         {"8x2", "16x2", "8x4", "8x2p", "mma", "mma1", "mma2", "mma4", "mmacp", "mmat", "mmat3",
+          "mmat4"}) {
       if (name == known) return name;
     }
     throw std::invalid_argument("ATTN_QUANTIZED_VARIANT='" + name +
-                                "': use 8x2, 16x2, 8x4, 8x2p, mma, mma1, mma2, mma4 or mmacp");
+                                "': use 8x2, 16x2, 8x4, 8x2p, mma, mma1, mma2, mma4, mmacp, "
+                                "mmat, mmat3 or mmat4");
   }();
-  static const std::string plain = chosen == "mmacp"              ? chosen
+  static const std::string plain = chosen == "mmacp" || is_mmat(chosen) ? chosen
                                    : chosen.rfind("mma", 0) == 0 ? std::string("mma")
                                                                  : "8x2";
   return dtype == ElementType::bfloat16 ? chosen : plain;
 }
 
-// Blocks per SM that a split mma call fills (ATTN_QUANTIZED_SPLIT_BLOCKS for A/B runs).
-int split_blocks_per_sm() {
+// Blocks per SM that a split mma call fills (ATTN_QUANTIZED_SPLIT_BLOCKS for A/B runs; else
+// `designed`, the blocks per SM the kernel is sized for).
+int split_blocks_per_sm(int designed) {
   static const int blocks = [] {
     const char* env = std::getenv("ATTN_QUANTIZED_SPLIT_BLOCKS");
-    if (!env) return 2;
+    if (!env) return 0;
     char* end = nullptr;
     const long n = std::strtol(env, &end, 10);
     if (end == env || *end != '\0' || n < 1 || n > 8) {
@@ -132,7 +143,7 @@ int split_blocks_per_sm() {
     }
     return static_cast<int>(n);
   }();
-  return blocks;
+  return blocks > 0 ? blocks : designed;
 }
 
 template <typename T>
@@ -202,9 +213,54 @@ const Kernel& pipelined_kernel_for(const QuantizedProblem& p) {
   }
 }
 
-// The sub-steps the mma kernel for `p` takes under variant `kind` (mmacp: one per stage).
+template <typename T, int BITS, int D, int GS, int BLOCKS>
+const Kernel& mmat_kernel_for() {
+  constexpr int kStages = mmat_stages<BITS, D, GS, BLOCKS>();
+  static const Kernel kernel = [] {
+    const void* symbol = reinterpret_cast<const void*>(
+        &attend_quantized_mmat<T, BITS, D, GS, kStages, BLOCKS>);
+    return resolve(symbol, mmat_smem_bytes<BITS, D, GS, kStages>());
+  }();
+  return kernel;
+}
+
+template <typename T, int BITS, int D, int BLOCKS>
+const Kernel& mmat_kernel_for(int group_size) {
+  switch (group_size) {
+    case 32: return mmat_kernel_for<T, BITS, D, 32, BLOCKS>();
+    case 64: return mmat_kernel_for<T, BITS, D, 64, BLOCKS>();
+    default:
+      if constexpr (D >= 128) return mmat_kernel_for<T, BITS, D, 128, BLOCKS>();
+      throw std::invalid_argument("[decode_attention_quantized] group_size larger than head_dim");
+  }
+}
+
+template <typename T, int BITS, int BLOCKS>
+const Kernel& mmat_kernel_for(const QuantizedProblem& p) {
+  switch (p.head_dim) {
+    case 64: return mmat_kernel_for<T, BITS, 64, BLOCKS>(p.group_size);
+    case 128: return mmat_kernel_for<T, BITS, 128, BLOCKS>(p.group_size);
+    default: return mmat_kernel_for<T, BITS, 256, BLOCKS>(p.group_size);
+  }
+}
+
+// Blocks per SM the variant's kernel is sized for.
+int designed_blocks(const std::string& kind) {
+  return kind == "mmat3" ? 3 : kind == "mmat4" ? 4 : 2;
+}
+
+template <typename T>
+const Kernel& mmat_kernel_for(const QuantizedProblem& p, const std::string& kind) {
+  switch (designed_blocks(kind)) {
+    case 3: return p.bits == 8 ? mmat_kernel_for<T, 8, 3>(p) : mmat_kernel_for<T, 4, 3>(p);
+    case 4: return p.bits == 8 ? mmat_kernel_for<T, 8, 4>(p) : mmat_kernel_for<T, 4, 4>(p);
+    default: return p.bits == 8 ? mmat_kernel_for<T, 8, 2>(p) : mmat_kernel_for<T, 4, 2>(p);
+  }
+}
+
+// The sub-steps the mma kernel for `p` takes under variant `kind` (mmacp, mmat: one per stage).
 int mma_substeps(const QuantizedProblem& p, const std::string& kind) {
-  if (kind == "mmacp") return 1;
+  if (kind == "mmacp" || is_mmat(kind)) return 1;
   if (p.dtype == ElementType::bfloat16 && p.head_dim == 128 && p.group_size == 64) {
     if (kind == "mma1") return 1;
     if (kind == "mma4") return 4;
@@ -311,7 +367,10 @@ QuantizedPlan plan_mma(const QuantizedProblem& p, const std::string& kind) {
   plan.threads = kThreads;
   const bool half = p.dtype == ElementType::float16;
   const Kernel* kernel;
-  if (kind == "mmacp") {
+  if (is_mmat(kind)) {
+    kernel = half ? &mmat_kernel_for<__half>(p, kind) : &mmat_kernel_for<__nv_bfloat16>(p, kind);
+    plan.smem = kernel->smem;
+  } else if (kind == "mmacp") {
     kernel = half ? (p.bits == 8 ? &pipelined_kernel_for<__half, 8>(p)
                                  : &pipelined_kernel_for<__half, 4>(p))
                   : (p.bits == 8 ? &pipelined_kernel_for<__nv_bfloat16, 8>(p)
@@ -333,7 +392,7 @@ QuantizedPlan plan_mma(const QuantizedProblem& p, const std::string& kind) {
   int splits = 1;
   if (p.context > 4 * step && blocks <= int(kArrivalSlots / 64)) {
     const int wanted = (p.context + 2 * step - 1) / (2 * step);
-    const int per_sm = std::min(kernel->resident, split_blocks_per_sm());
+    const int per_sm = std::min(kernel->resident, split_blocks_per_sm(designed_blocks(kind)));
     splits = std::clamp(per_sm * sm_count() / blocks, 1, std::max(wanted, 1));
   }
   split_context(plan, p, blocks, splits, step);
@@ -373,7 +432,8 @@ QuantizedPlan plan_quantized(const QuantizedProblem& p) {
   QuantizedPlan plan{};
   std::string kind = variant(p.dtype);
   if (kind.rfind("mma", 0) == 0) {
-    if (mma_applies(p, kind == "mmacp")) return logged(plan_mma(p, kind), kind, p);
+    const bool staged = kind == "mmacp" || is_mmat(kind);
+    if (mma_applies(p, staged)) return logged(plan_mma(p, kind), kind, p);
     kind = "8x2";
   }
   const int values = kind == "16x2" ? 16 : 8, positions = kind == "8x4" ? 4 : 2;

@@ -12,6 +12,8 @@
 #      registers, shared memory, occupancy);
 #   4. the GPU tests of test_quantized.py under mmacp, as far as the time allows.
 # Every step has a time limit within what is left, so a call cut short returns what was written.
+# SANITY and VARIANTS replace the lists of steps 1 and 2; NCU=0 and TESTS=0 skip steps 3 and 4
+# (tools/h200_quantized_tune.sh runs it so).
 #   bash tools/h200_quantized_variants.sh        outputs under $OUT (quantized-variants*.txt)
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"
@@ -25,22 +27,22 @@ limited() {
   if [ "$left" -le 0 ]; then echo "(skipped, out of time: $*)"; return 0; fi
   timeout "$((want < left ? want : left))" "$@"
 }
-for variant in mmacp mma; do
+for variant in ${SANITY:-mmacp mma}; do
   echo "== sanity $variant"
   ATTN_QUANTIZED_LOG=1 ATTN_QUANTIZED_VARIANT=$variant limited 60 \
     python3 tools/gpu_quantized_sanity.py
 done 2>&1 | tee "$OUT/quantized-variants-sanity.txt"
-for variant in mmacp 8x2 mma 8x2p mmacp 8x2; do
+for variant in ${VARIANTS:-mmacp 8x2 mma 8x2p mmacp 8x2}; do
   ATTN_QUANTIZED_LOG=1 ATTN_QUANTIZED_VARIANT=$variant limited 25 \
     python3 tools/quantized_variants.py --baseline
 done 2>&1 | tee "$OUT/quantized-variants.txt"
-for bits in 8 4; do
+[ "${NCU:-1}" = 0 ] || for bits in 8 4; do
   ATTN_QUANTIZED_VARIANT=mmacp limited 20 ncu --clock-control none -k regex:attend_quantized \
     --section SpeedOfLight --section LaunchStats --section Occupancy \
     python3 tools/gpu_profile_quantized.py $bits 131072 2>&1 |
     grep -E "attend_quantized|Duration|DRAM Throughput|Memory Throughput|Grid Size|Registers|Shared Memory|Achieved Occupancy|Block Limit|skipped" |
     sed "s/^/mmacp $bits-bit: /"
 done 2>&1 | tee "$OUT/quantized-variants-ncu.txt"
-ATTN_QUANTIZED_VARIANT=mmacp limited 60 python3 -m pytest -q -x \
+[ "${TESTS:-1}" = 0 ] || ATTN_QUANTIZED_VARIANT=mmacp limited 60 python3 -m pytest -q -x \
   packages/attn-kernels/tests/test_quantized.py -k gpu 2>&1 | tail -15 |
   tee "$OUT/quantized-variants-tests.txt"

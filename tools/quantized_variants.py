@@ -8,8 +8,9 @@ came from is timed in alternation with ours (same samples, same process) and the
 
 (The default variant is mmacp, the tensor-core kernel fed by a cp.async pipeline through shared
 memory; 8x2 is the SIMT kernel; 8x2p is 8x2 with the next step's rows prefetched; 16x2, 8x4 and
-mma, mma1, mma4 as listed in the kernel's variant(). A variant whose layout requirements fail runs
-8x2: ATTN_QUANTIZED_LOG=1 prints the kernel each call shape really ran.)
+mma, mma1, mma4, and mmat, mmat3, mmat4 (mmacp with transposed scores; docs/quantized-kv.md) as
+listed in the kernel's variant(). A variant whose layout requirements fail runs 8x2:
+ATTN_QUANTIZED_LOG=1 prints the kernel each call shape really ran.)
 """
 
 import argparse

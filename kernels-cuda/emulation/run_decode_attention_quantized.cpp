@@ -10,7 +10,9 @@
 // with the split count given. kind 0 runs the SIMT kernel (8x2) on float32 storage, kind 2 its
 // pipelined variant (8x2p); kind 1 the tensor-core kernel (decode_attention_quantized_mma.cuh) on
 // half storage: queries, scales and biases rounded to f16, the output f16 (written back as
-// float32); kind 3 its cp.async-pipelined variant (mmacp), likewise.
+// float32); kind 3 its cp.async-pipelined variant (mmacp), likewise; kinds 4, 5, 6 the
+// transposed-score variants mmat, mmat3, mmat4 (decode_attention_quantized_mmat.cuh: their stage
+// counts; launch bounds do not apply here).
 #include <cstdio>
 #include <fstream>
 #include <iterator>
@@ -25,6 +27,7 @@
 // The kernel source itself, unchanged.
 #include "../decode_attention_quantized_kernel.cuh"
 #include "../decode_attention_quantized_mma.cuh"
+#include "../decode_attention_quantized_mmat.cuh"
 
 namespace {
 
@@ -60,9 +63,20 @@ Kernel kernel_for(int lpr, bool pipelined) {
 
 // The mma kernel (U sub-steps as plan_quantized() takes them) or, pipelined, mmacp's, with the
 // shared memory it takes (bytes).
+// The mmat kernel sized for BLOCKS (2, 3, 4) blocks per SM, as plan_quantized() takes it.
+template <int BITS, int D, int GS, int BLOCKS>
+std::pair<Kernel, size_t> mmat_kernel_for() {
+  constexpr int kStages = mmat_stages<BITS, D, GS, BLOCKS>();
+  return {&attend_quantized_mmat<__half, BITS, D, GS, kStages, BLOCKS>,
+          mmat_smem_bytes<BITS, D, GS, kStages>()};
+}
+
 template <int BITS, int D, int GS>
-std::pair<Kernel, size_t> mma_kernel_for(bool pipelined) {
+std::pair<Kernel, size_t> mma_kernel_for(bool pipelined, int mmat_blocks) {
   constexpr int U = D == 256 ? 1 : 2;
+  if (mmat_blocks == 2) return mmat_kernel_for<BITS, D, GS, 2>();
+  if (mmat_blocks == 3) return mmat_kernel_for<BITS, D, GS, 3>();
+  if (mmat_blocks == 4) return mmat_kernel_for<BITS, D, GS, 4>();
   if (pipelined) {
     return {&attend_quantized_mma<__half, BITS, D, GS, 1, StageLayout<BITS, D, GS>::kStages>,
             pipelined_smem_bytes<BITS, D, GS>()};
@@ -72,18 +86,18 @@ std::pair<Kernel, size_t> mma_kernel_for(bool pipelined) {
 }
 
 template <int BITS, int D>
-std::pair<Kernel, size_t> mma_kernel_for(int group_size, bool pipelined) {
-  if (group_size == 32) return mma_kernel_for<BITS, D, 32>(pipelined);
-  if (group_size == 64) return mma_kernel_for<BITS, D, 64>(pipelined);
-  if constexpr (D >= 128) return mma_kernel_for<BITS, D, 128>(pipelined);
+std::pair<Kernel, size_t> mma_kernel_for(int group_size, bool pipelined, int mmat_blocks) {
+  if (group_size == 32) return mma_kernel_for<BITS, D, 32>(pipelined, mmat_blocks);
+  if (group_size == 64) return mma_kernel_for<BITS, D, 64>(pipelined, mmat_blocks);
+  if constexpr (D >= 128) return mma_kernel_for<BITS, D, 128>(pipelined, mmat_blocks);
   throw std::invalid_argument("group size");
 }
 
 template <int BITS>
-std::pair<Kernel, size_t> mma_kernel_for(int d, int group_size, bool pipelined) {
-  if (d == 64) return mma_kernel_for<BITS, 64>(group_size, pipelined);
-  if (d == 128) return mma_kernel_for<BITS, 128>(group_size, pipelined);
-  if (d == 256) return mma_kernel_for<BITS, 256>(group_size, pipelined);
+std::pair<Kernel, size_t> mma_kernel_for(int d, int group_size, bool pipelined, int mmat_blocks) {
+  if (d == 64) return mma_kernel_for<BITS, 64>(group_size, pipelined, mmat_blocks);
+  if (d == 128) return mma_kernel_for<BITS, 128>(group_size, pipelined, mmat_blocks);
+  if (d == 256) return mma_kernel_for<BITS, 256>(group_size, pipelined, mmat_blocks);
   throw std::invalid_argument("the mma kernel takes head_dim 64, 128 or 256");
 }
 
@@ -105,7 +119,9 @@ int main(int argc, char** argv) {
   int b, hq, hkv, L, S, D, bits, group_size, causal, mask_kind, splits, capacity, kind;
   config >> b >> hq >> hkv >> L >> S >> D >> bits >> group_size >> causal >> mask_kind >> splits >>
       capacity >> kind;
-  const bool staged = kind == 3, mma = kind == 1 || staged, pipelined = kind == 2;
+  const int mmat_blocks = kind >= 4 && kind <= 6 ? kind - 2 : 0;  // 0: not mmat
+  const bool staged = kind == 3 || mmat_blocks > 0, mma = kind == 1 || staged;
+  const bool pipelined = kind == 2;
   const auto q = read<float>(dir + "/q.bin"), mask = read<float>(dir + "/mask.bin");
   const auto kc = read<uint32_t>(dir + "/kc.bin"), vc = read<uint32_t>(dir + "/vc.bin");
   const auto ks = read<float>(dir + "/ks.bin"), kb = read<float>(dir + "/kb.bin");
@@ -170,8 +186,9 @@ int main(int argc, char** argv) {
   Kernel kernel;
   size_t smem_bytes = kWarps * vpb * partial_stride(D) * sizeof(float);
   if (mma) {
-    std::tie(kernel, smem_bytes) = bits == 8 ? mma_kernel_for<8>(D, group_size, staged)
-                                             : mma_kernel_for<4>(D, group_size, staged);
+    std::tie(kernel, smem_bytes) = bits == 8
+                                       ? mma_kernel_for<8>(D, group_size, staged, mmat_blocks)
+                                       : mma_kernel_for<4>(D, group_size, staged, mmat_blocks);
   } else {
     kernel = bits == 8 ? kernel_for<8>(lpr, pipelined) : kernel_for<4>(lpr, pipelined);
   }
@@ -197,6 +214,10 @@ int main(int argc, char** argv) {
   std::ofstream(dir + "/out.bin", std::ios::binary)
       .write(reinterpret_cast<const char*>(out.data()), out.size() * sizeof(float));
   std::printf("splits %d chunk %d %s\n", splits, chunk,
-              staged ? "mma pipelined" : mma ? "mma" : pipelined ? "simt pipelined" : "simt");
+              mmat_blocks ? "mmat"
+              : staged    ? "mma pipelined"
+              : mma       ? "mma"
+              : pipelined ? "simt pipelined"
+                          : "simt");
   return 0;
 }
