@@ -70,13 +70,9 @@ def test_against_dequantized_reference(device, length, heads, s, mask_kind):
 @pytest.mark.parametrize("length", [1, 2, 5, 8])
 @pytest.mark.parametrize("s", [100, 1000, 2085])
 @pytest.mark.parametrize(("bits", "group_size"), SETTINGS)
-def test_no_worse_than_mlx_lm(request, device, length, s, bits, group_size):
+def test_no_worse_than_mlx_lm(device, length, s, bits, group_size):
     """Both quantized paths on the same codes, against float64 attention over the original
     (unquantized) K/V: ours is at least as accurate as mlx-lm's, and the two agree."""
-    if device == mx.gpu and mx.cuda.is_available() and (bits, group_size) == (4, 128):
-        # Open: on the H200 (8x2 at f6e6a5d, mmacp at 354698b) every 4-bit group-128 case had
-        # ours' RMS error above mlx-lm's; the guard keeps CUDA to group 64 (docs/quantized-kv.md).
-        request.applymarker(pytest.mark.xfail(reason="CUDA 4-bit group 128: open", strict=False))
     dtype = mx.bfloat16
     q, k, v, _ = make_inputs(s + length + bits, 1, 32, 8, length, s, 128, dtype, "none")
     kq, vq = quantize(k, group_size, bits), quantize(v, group_size, bits)
@@ -92,7 +88,15 @@ def test_no_worse_than_mlx_lm(request, device, length, s, bits, group_size):
     # the largest single error is noise (either path wins it at 4 bits); ours also skips the
     # rounding of the scaled queries and the scores to the cache dtype.
     err_ours = np.sqrt(np.mean((to_numpy(ours) - exact) ** 2))
-    err_theirs = np.sqrt(np.mean((to_numpy(theirs) - exact) ** 2))
+    try:
+        err_theirs = np.sqrt(np.mean((to_numpy(theirs) - exact) ** 2))
+    except RuntimeError as e:
+        # MLX 0.32.4's CUDA quantized_matmul has no kernel for 4 bits, group 128 at these shapes
+        # (H200, 8340ee2): "No implementation for problem shape". Ours is checked against the
+        # codes' float64 attention in test_against_dequantized_reference either way.
+        if device == mx.gpu and "No implementation" in str(e):
+            pytest.skip(f"mlx-lm's path raised on this MLX: {e}")
+        raise
     assert err_ours <= err_theirs, (err_ours, err_theirs)
     if device == mx.cpu:
         # On MLX 0.32.4's CUDA backend mlx-lm's path is far from float64 on these shapes (H200:
