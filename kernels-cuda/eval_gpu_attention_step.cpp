@@ -2,7 +2,7 @@
 // (attention_step.cu), then DecodeAttention's attend kernel over the updated caches, as graph
 // nodes with their dependencies; a cache copy first when a cache cannot be donated, and the
 // token-first reordering after attention when L > 1. With fold (the primitive's; unset: the
-// process default, ATTN_STEP_FOLD=1), where the attention runs split-mma on donated caches (the
+// process default: on unless ATTN_STEP_FOLD=0), where the attention runs split-mma on donated caches (the
 // decode case) and L <= 8 (plan.attend_step), one kernel does both (attend_mma_step,
 // decode_attention_mma.cuh).
 #include <cstdlib>
@@ -22,13 +22,13 @@ size_t align256(size_t bytes) {
   return (bytes + 255) / 256 * 256;
 }
 
-// The fold's process default, for calls that leave it unset: ATTN_STEP_FOLD=1 (opt-in, read
-// once). On the H200 it launched 364 kernels per step instead of 400 but decoded no faster
-// (docs/fused-step.md).
+// The fold's process default, for calls that leave it unset: on, unless ATTN_STEP_FOLD=0 (read
+// once). On the H200 (8340ee2, one process, rounds rotated) it launched 364 kernels per step
+// instead of 400 and decoded as fast as the two kernels (docs/fused-step.md).
 bool fold_by_default() {
   static const bool enabled = [] {
     const char* v = std::getenv("ATTN_STEP_FOLD");
-    return v != nullptr && std::string(v) == "1";
+    return v == nullptr || std::string(v) != "0";
   }();
   return enabled;
 }

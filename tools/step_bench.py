@@ -57,7 +57,7 @@ from mlx_lm.generate import generate_step, generation_stream
 # post-attention norm in one kernel on CUDA (Model.set_add_norm, the same experiment).
 # decode-attention-fold: the fused step as one kernel on CUDA (Model.set_fold_step(True):
 # attention_step's fold, the preprocessing inside the attention's blocks); decode-attention
-# leaves the fold to the process default (off unless ATTN_STEP_FOLD=1).
+# leaves the fold to the process default (on unless ATTN_STEP_FOLD=0).
 VARIANTS = [
     "decode-attention",
     "mlx-lm",
@@ -272,7 +272,7 @@ def run(args):
         "metadata": collect_metadata(device),
         "model_config": qwen3_model.CONFIGS[args.model].to_dict(),
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "attn_step_fold_default": os.environ.get("ATTN_STEP_FOLD") == "1",
+        "attn_step_fold_default": os.environ.get("ATTN_STEP_FOLD") != "0",
         "execution_order": order_log,
         "results": results,
     }

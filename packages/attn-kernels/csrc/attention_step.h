@@ -29,8 +29,8 @@ namespace attn_kernels {
 // place even while an earlier step that read it still runs (MLX's rule copies it then).
 // fold: on CUDA, where the attention plan is split-mma (bf16/f16, D 64 or 128), L <= 8 and both
 // caches are donated, the step runs as one kernel (attend_mma_step) instead of the preprocessing
-// kernel and the attend kernel; unset: the process default (ATTN_STEP_FOLD=1 turns it on, read
-// once). A CUDA schedule choice: the CPU and Metal ignore it.
+// kernel and the attend kernel; unset: the process default (on; ATTN_STEP_FOLD=0 turns it off,
+// read once). A CUDA schedule choice: the CPU and Metal ignore it.
 std::vector<mx::array> attention_step(
     const mx::array& q,
     const mx::array& k,

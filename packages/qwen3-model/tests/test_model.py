@@ -331,7 +331,7 @@ def test_copied_cache_continues_apart(monkeypatch, copier):
 
 
 def test_fold_step_switch(monkeypatch):
-    """set_fold_step (an experiment, CUDA's): every decode step's AttentionStep gets the fold
+    """set_fold_step (CUDA's): every decode step's AttentionStep gets the fold
     asked for (None by default: the process default); on the CPU the logits are equal."""
     widen_guard(monkeypatch)
     folds = []

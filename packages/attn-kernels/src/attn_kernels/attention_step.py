@@ -63,7 +63,7 @@ def attention_step(
         fold: on CUDA, run the step as one kernel (the preprocessing inside the attention's
             blocks) where the attention plan is split-mma (bfloat16/float16, D 64 or 128), L <= 8
             and both caches are updated in place; elsewhere, and with False, two kernels. None:
-            the process default, off unless the environment variable ATTN_STEP_FOLD=1 (read once
+            the process default, on unless the environment variable ATTN_STEP_FOLD=0 (read once
             per process). The CPU and Metal ignore it. attention_step_folds() counts the steps
             that ran folded.
 

@@ -350,8 +350,8 @@ class Model(nn.Module):
     def set_fold_step(self, enabled: bool | None) -> None:
         """The fused step as one kernel on CUDA (attention_step's fold: the preprocessing inside
         the attention's blocks) or, False, as two; None (the default): the process default
-        (ATTN_STEP_FOLD=1 turns it on). An experiment on the kernel count (docs/fused-step.md);
-        other backends ignore it."""
+        (on; ATTN_STEP_FOLD=0 turns it off): 364 kernels per decode step instead of 400, no
+        slower on the H200 (docs/fused-step.md); other backends ignore it."""
         for layer in self.layers:
             layer.self_attn.fold_step = enabled
 
