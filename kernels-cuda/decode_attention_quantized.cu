@@ -14,10 +14,10 @@
 // one rescale; warps, then blocks, then the chunks of a split (in the group's last block to
 // finish, one launch per call) are combined with the online-softmax merge.
 //
-// That SIMT kernel is the fallback. The default is the tensor-core kernel fed by a cp.async
-// pipeline ("mmacp": decode_attention_quantized_mma.cuh + _stages.cuh), 4x faster at long
-// contexts on the H200; plan_quantized() takes it where its layout requirements hold (variant()
-// below names the A/B alternatives).
+// That SIMT kernel is the fallback. The default is the tensor-core kernel with transposed scores
+// fed by a cp.async pipeline ("mmat4": decode_attention_quantized_mmat.cuh + _stages.cuh), 4-6x
+// faster at long contexts on the H200; plan_quantized() takes it where its layout requirements
+// hold (variant() below names the A/B alternatives).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -98,21 +98,22 @@ bool is_mmat(const std::string& kind) {
   return kind.rfind("mmat", 0) == 0;
 }
 
-// The kernel variant: "mmacp" (the default: the tensor-core kernel fed by a cp.async pipeline
-// through shared memory, decode_attention_quantized_stages.cuh, where its layout requirements
-// hold, else 8x2; H200 at c87cd3e, Qwen3-4B shapes: 90-93 µs at S = 131072 against 369-374 for
-// 8x2 and 132 for mx.fast on bf16 K/V, docs/quantized-kv.md), or for A/B runs,
-// ATTN_QUANTIZED_VARIANT=8x2 (the SIMT kernel: 8 values per lane, 2 positions per step), 16x2,
+// The kernel variant: "mmat4" (the default: the tensor-core kernel with transposed scores fed
+// by a cp.async pipeline through shared memory, sized for 4 blocks per SM,
+// decode_attention_quantized_mmat.cuh, where its layout requirements hold, else 8x2; H200 at
+// 8340ee2, Qwen3-4B shapes, group 64: 85.8 / 59.7 µs at S = 131072, 8 / 4 bits, against mmacp's
+// 91-92 / 93 and mx.fast's 133 on bf16 K/V, docs/quantized-kv.md), or for A/B runs,
+// ATTN_QUANTIZED_VARIANT=mmacp (the untransposed tensor-core kernel on the same pipeline,
+// decode_attention_quantized_mma.cuh + _stages.cuh), mmat or mmat3 (mmat4's kernel sized for 2
+// or 3 blocks per SM), 8x2 (the SIMT kernel: 8 values per lane, 2 positions per step), 16x2,
 // 8x4 or 8x2p (8x2 with the next step's rows loaded while this step computes; these three bf16
 // only), mma (the tensor-core kernel loading straight into registers, where it applies, else
 // 8x2), mma1, mma2 or mma4 (that many sub-steps of loads in flight; other than mma's default only
-// for bf16, D = 128, group 64), mmat, mmat3 or mmat4 (mmacp with the scores transposed and fewer
-// instructions per position, decode_attention_quantized_mmat.cuh, sized for 2, 3 or 4 blocks per
-// SM; where mmacp applies, else 8x2).
+// for bf16, D = 128, group 64).
 const std::string& variant(ElementType dtype) {
   static const std::string chosen = [] {
     const char* env = std::getenv("ATTN_QUANTIZED_VARIANT");
-    const std::string name = env ? env : "mmacp";
+    const std::string name = env ? env : "mmat4";
     // A typo must not time the default under another name.
     for (const char* known :
          {"8x2", "16x2", "8x4", "8x2p", "mma", "mma1", "mma2", "mma4", "mmacp", "mmat", "mmat3",
