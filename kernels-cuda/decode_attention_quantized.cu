@@ -47,14 +47,21 @@ struct Kernel {
 };
 
 // A kernel's driver handle (MLX's libmlx carries its own CUDA runtime) and how many of its
-// blocks of kThreads threads an SM holds with `smem` bytes of shared memory (above 48 KB allowed
-// on the handle itself, which is what MLX's graph launches).
+// blocks of kThreads threads an SM holds with `smem` bytes of dynamic shared memory (allowed on
+// the handle itself, which is what MLX's graph launches, once the block's total passes 48 KB).
+// The total counts the kernel's static shared memory (finish()'s flag): mmat4 at 4 bits, group
+// 32 asks exactly 48 KB of dynamic memory, and without the opt-in it could not launch (H200,
+// 8e285a6: "cuGraphAddKernelNode ... invalid argument").
 Kernel resolve(const void* symbol, unsigned smem) {
   cudaFunction_t f;
   if (cudaGetFuncBySymbol(&f, symbol) != cudaSuccess) {
     throw std::runtime_error("[decode_attention_quantized] cudaGetFuncBySymbol failed");
   }
-  if (smem > 48 * 1024 &&
+  cudaFuncAttributes attributes{};
+  if (cudaFuncGetAttributes(&attributes, symbol) != cudaSuccess) {
+    throw std::runtime_error("[decode_attention_quantized] cudaFuncGetAttributes failed");
+  }
+  if (smem + attributes.sharedSizeBytes > 48 * 1024 &&
       (cuFuncSetAttribute(reinterpret_cast<CUfunction>(f),
                           CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, int(smem)) !=
            CUDA_SUCCESS ||
