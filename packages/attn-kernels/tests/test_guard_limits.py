@@ -80,10 +80,10 @@ def test_unknown_backend():
 
 
 def test_quantized_group_sizes():
-    """CUDA's quantized kernel only for the group size its records cover (64); the CPU's for
-    every group size its tests check; a group size not given skips the check."""
+    """CUDA's quantized kernel only for the group sizes its records cover (64 and 128); the CPU's
+    for every group size its tests check; a group size not given skips the check."""
     assert guard.use_fused_quantized(1, 4096, None, "cuda", group_size=64)
-    assert not guard.use_fused_quantized(1, 4096, None, "cuda", group_size=128)
+    assert guard.use_fused_quantized(1, 4096, None, "cuda", group_size=128)
     assert not guard.use_fused_quantized(1, 4096, None, "cuda", group_size=32)
     assert guard.use_fused_quantized(1, 4096, None, "cuda")
     for group_size in (32, 64, 128):
