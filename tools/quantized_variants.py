@@ -6,10 +6,11 @@ came from is timed in alternation with ours (same samples, same process) and the
 
     ATTN_QUANTIZED_VARIANT=mma python3 tools/quantized_variants.py --baseline
 
-(The default variant is mmacp, the tensor-core kernel fed by a cp.async pipeline through shared
-memory; 8x2 is the SIMT kernel; 8x2p is 8x2 with the next step's rows prefetched; 16x2, 8x4 and
-mma, mma1, mma4, and mmat, mmat3, mmat4 (mmacp with transposed scores; docs/quantized-kv.md) as
-listed in the kernel's variant(). A variant whose layout requirements fail runs 8x2:
+(The default variant is mmat4: the tensor-core kernel with transposed scores fed by a cp.async
+pipeline through shared memory, sized for 4 blocks per SM; mmat and mmat3 are the same kernel
+sized for 2 and 3; mmacp computes the scores untransposed; 8x2 is the SIMT kernel; 8x2p is 8x2
+with the next step's rows prefetched; 16x2, 8x4 and mma, mma1, mma4 as listed in the kernel's
+variant(); docs/quantized-kv.md. A variant whose layout requirements fail runs 8x2:
 ATTN_QUANTIZED_LOG=1 prints the kernel each call shape really ran.)
 """
 
@@ -39,7 +40,7 @@ def main():
     p.add_argument("--bits", type=int, choices=[4, 8], action="append", help="(repeatable)")
     p.add_argument("--group-size", type=int, choices=[32, 64, 128], default=64)
     args = p.parse_args()
-    label = os.environ.get("ATTN_QUANTIZED_VARIANT", "mmacp")
+    label = os.environ.get("ATTN_QUANTIZED_VARIANT", "mmat4")
     if args.group_size != 64:
         label += f" group {args.group_size}"
     if "ATTN_QUANTIZED_SPLIT_BLOCKS" in os.environ:
