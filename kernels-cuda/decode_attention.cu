@@ -241,7 +241,7 @@ __global__ void __launch_bounds__(kMaxThreads, kMaxThreads > 256 ? 1 : ATTN_BLOC
 // finish()'s shared memory: one (max, denominator, 2 unused, D accumulators) per warp and vector,
 // then a (common max, denominator) per vector; the merge reuses it.
 uint32_t attend_smem_bytes(int warps, int vpb, int head_dim) {
-  return static_cast<uint32_t>((warps * vpb * partial_stride(head_dim) + 2 * vpb) * sizeof(float));
+  return static_cast<uint32_t>(finish_smem_floats(warps, vpb, head_dim) * sizeof(float));
 }
 
 // A kernel as plan() needs it. MLX's libmlx carries its own CUDA runtime: hand it driver handles,
@@ -379,7 +379,7 @@ int split_count(const DecodeProblem& p, int per_sm, uint32_t smem, int blocks, i
   if (vpb * ((p.head_dim + 3) / 4) > kMergeItems * threads) return 1;  // one merge pass per tile
   const int wanted = (p.context + min_chunk - 1) / min_chunk;
   const int room = per_sm * sm_count();
-  const int fit = (static_cast<int>(smem / sizeof(float)) - vpb) / (2 * vpb);
+  const int fit = max_merged_splits(static_cast<int>(smem / sizeof(float)), vpb);
   return std::clamp(std::min(room / blocks, fit), 1, wanted);
 }
 

@@ -1,9 +1,9 @@
 // The device code DecodeAttention's attend kernels share (decode_attention.cu's SIMT kernels and
-// decode_attention_mma.cuh's tensor-core kernel): conversions, the mask, the block combine
-// (finish) and the split merge by the last block to arrive. Included by decode_attention.cu for
-// nvcc and by emulation/run_attention_step.cpp, which runs it on the CPU under
-// emulation/cuda_emu.h. Included by one translation unit per program (anonymous namespace and
-// the __device__ arrival counters).
+// decode_attention_mma.cuh's tensor-core kernel) and DecodeAttentionQuantized's kernels reuse:
+// conversions, the mask, the block combine (finish) and the split merge by the last block to
+// arrive. Included by decode_attention.cu and decode_attention_quantized_kernel.cuh for nvcc and
+// by the emulation runners (emulation/cuda_emu.h). Included by one translation unit per program
+// (anonymous namespace and the __device__ arrival counters).
 #pragma once
 
 #if defined(__CUDACC__)
@@ -98,6 +98,18 @@ __host__ __device__ constexpr int partial_stride(int D) {
   return 4 + (D + 3) / 4 * 4;
 }
 
+// The shared memory finish() takes: one state per warp and vector, then a (max, denominator)
+// pair per vector.
+__host__ __device__ constexpr int finish_smem_floats(int warps, int vpb, int D) {
+  return warps * vpb * partial_stride(D) + 2 * vpb;
+}
+
+// The most chunks whose merge fits `smem_floats` (merge_chunks_with: factors and denominators of
+// every chunk, a total per vector).
+__host__ __device__ constexpr int max_merged_splits(int smem_floats, int vpb) {
+  return (smem_floats - vpb) / (2 * vpb);
+}
+
 // Called by every thread after its partial stores; true in the last block of the group to
 // arrive, which then sees every block's partials. The barrier orders the block's stores before
 // thread 0's arrival; the arrival is a release (publishes them) and an acquire (the last block
@@ -138,8 +150,8 @@ constexpr int kMergeUnroll = 8;  // chunks' accumulator loads in flight per item
 // accumulators over the chunks. A merge of up to UNROLL chunks costs one round trip to L2.
 // (Folding each chunk in online instead, with no shared phase, was 1.2 µs slower at 32 chunks;
 // docs/cuda-kernel.md.)
-template <typename T, int VPB, int ITEMS, int UNROLL>
-__device__ void merge_chunks_with(const DecodeProblem& p, float* smem, const float* partials,
+template <typename T, int VPB, int ITEMS, int UNROLL, typename Problem>
+__device__ void merge_chunks_with(const Problem& p, float* smem, const float* partials,
                                   int kv_row, int tile, int splits) {
   const int D = p.head_dim, L = p.query_len, vectors = p.group * L, stride = partial_stride(D);
   const int first = tile * VPB, count = min(VPB, vectors - first);
@@ -234,14 +246,15 @@ __device__ void merge_chunks_with(const DecodeProblem& p, float* smem, const flo
 // 16-32 chunks (L=1 S=1024/2048/4096: 8.91/11.37/13.23 -> 8.33/10.50/12.36 µs kernel-only). The
 // tensor-core kernel (8 vectors, 168 registers) has room for 32 in flight, which pays past 16
 // chunks only: below, the loads past the last chunk repeat it (S=512/1024 +0.2 µs, S=2048/4096
-// -0.36; dev/h200-bench_attend-merge32.txt). The SIMT kernels' 128-register cap would spill.
-template <typename T, int VPB>
-__device__ void merge_chunks(const DecodeProblem& p, float* smem, const float* partials,
-                             int kv_row, int tile, int splits) {
+// -0.36; dev/h200-bench_attend-merge32.txt). The SIMT kernels' 128-register cap would spill
+// (WIDE false: the quantized kernels, sized for 2-4 blocks per SM, take 16).
+template <typename T, int VPB, bool WIDE, typename Problem>
+__device__ void merge_chunks(const Problem& p, float* smem, const float* partials, int kv_row,
+                             int tile, int splits) {
   const int count = min(VPB, p.group * p.query_len - tile * VPB);
   if (count * ((p.head_dim + 3) / 4) <= int(blockDim.x)) {
     constexpr int kWide = kMergeItems * kMergeUnroll;
-    if (VPB == kMmaVectors && splits > kWide) {
+    if (WIDE && splits > kWide) {
       merge_chunks_with<T, VPB, 1, 2 * kWide>(p, smem, partials, kv_row, tile, splits);
     } else {
       merge_chunks_with<T, VPB, 1, kWide>(p, smem, partials, kv_row, tile, splits);
@@ -257,8 +270,9 @@ __device__ void merge_chunks(const DecodeProblem& p, float* smem, const float* p
 // common max, each warp's rescale factor (stored over its max) and the denominator; then the
 // threads combine output dimensions across warps and write the output (one chunk) or the
 // block's partial state, which the group's last block merges.
-template <typename T, int VPB>
-__device__ void finish(const DecodeProblem& p, float* smem, float* partials, int kv_row, int tile,
+// Shared memory: finish_smem_floats(); a split call's merge takes 2 * VPB * splits + VPB floats.
+template <typename T, int VPB, bool WIDE_MERGE = VPB == kMmaVectors, typename Problem>
+__device__ void finish(const Problem& p, float* smem, float* partials, int kv_row, int tile,
                        int split, int splits, unsigned slot) {
   const int D = p.head_dim, L = p.query_len, vectors = p.group * L;
   const int stride = partial_stride(D), warps = blockDim.x / 32;
@@ -313,7 +327,7 @@ __device__ void finish(const DecodeProblem& p, float* smem, float* partials, int
     }
   }
   if (splits > 1 && last_to_arrive(slot, splits)) {
-    merge_chunks<T, VPB>(p, smem, partials, kv_row, tile, splits);
+    merge_chunks<T, VPB, WIDE_MERGE>(p, smem, partials, kv_row, tile, splits);
   }
 }
 

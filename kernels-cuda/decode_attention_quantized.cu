@@ -351,9 +351,14 @@ int sm_count() {
 namespace {
 
 // The context in `splits` chunks of whole `step`s (no empty chunk), the grid of `blocks` x
-// chunks, and the partial states and arrival counters a split call needs.
+// chunks, and the partial states and arrival counters a split call needs. finish()'s merge
+// takes one pass over a tile's output (as split_count() in decode_attention.cu) and keeps two
+// floats per vector (`vpb` of them) and chunk in the kernel's shared memory (plan.smem).
 void split_context(QuantizedPlan& plan, const QuantizedProblem& p, int blocks, int splits,
-                   int step) {
+                   int step, int vpb) {
+  const int quads = (p.head_dim + 3) / 4;
+  if (vpb * quads > kMergeItems * kThreads) splits = 1;  // D = 256 with 8 vectors per tile
+  splits = std::clamp(splits, 1, max_merged_splits(int(plan.smem / sizeof(float)), vpb));
   plan.chunk = (p.context + splits - 1) / splits;
   plan.chunk = (plan.chunk + step - 1) / step * step;
   splits = (p.context + plan.chunk - 1) / plan.chunk;
@@ -385,7 +390,7 @@ QuantizedPlan plan_mma(const QuantizedProblem& p, const std::string& kind) {
                                  : &pipelined_kernel_for<__nv_bfloat16, 4>(p));
     plan.smem = kernel->smem;
   } else {
-    plan.smem = kWarps * kMmaVectors * partial_stride(p.head_dim) * sizeof(float);
+    plan.smem = states_smem_bytes(kMmaVectors, p.head_dim);
     kernel = half ? (p.bits == 8 ? &mma_kernel_for<__half, 8>(p, kind, plan.smem)
                                  : &mma_kernel_for<__half, 4>(p, kind, plan.smem))
                   : (p.bits == 8 ? &mma_kernel_for<__nv_bfloat16, 8>(p, kind, plan.smem)
@@ -403,7 +408,7 @@ QuantizedPlan plan_mma(const QuantizedProblem& p, const std::string& kind) {
     const int per_sm = std::min(kernel->resident, split_blocks_per_sm(designed_blocks(kind)));
     splits = std::clamp(per_sm * sm_count() / blocks, 1, std::max(wanted, 1));
   }
-  split_context(plan, p, blocks, splits, step);
+  split_context(plan, p, blocks, splits, step, kMmaVectors);
   return plan;
 }
 
@@ -448,7 +453,7 @@ QuantizedPlan plan_quantized(const QuantizedProblem& p) {
   int lpr = 32 / values;  // lanes per row: a power of two covering D with `values` values per lane
   while (lpr * values < p.head_dim) lpr *= 2;
   plan.threads = kThreads;
-  plan.smem = kWarps * kVectors * partial_stride(p.head_dim) * sizeof(float);
+  plan.smem = states_smem_bytes(kVectors, p.head_dim);
   const Kernel& kernel = p.dtype == ElementType::float32 ? kernel_for<float>(p.bits, lpr, kind, plan.smem)
                          : p.dtype == ElementType::float16
                              ? kernel_for<__half>(p.bits, lpr, kind, plan.smem)
@@ -463,7 +468,7 @@ QuantizedPlan plan_quantized(const QuantizedProblem& p) {
   const int wanted = (p.context + 2 * step - 1) / (2 * step);
   int splits = std::clamp(kernel.resident * sm_count() / std::max(blocks, 1), 1, std::max(wanted, 1));
   if (blocks > int(kArrivalSlots / 64)) splits = 1;
-  split_context(plan, p, blocks, splits, step);
+  split_context(plan, p, blocks, splits, step, kVectors);
   return logged(plan, kind, p);
 }
 

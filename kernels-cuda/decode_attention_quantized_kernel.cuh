@@ -3,43 +3,23 @@
 // runs it on the CPU with every thread of a block as a host thread (emulation/cuda_emu.h).
 #pragma once
 
-#if defined(__CUDACC__)
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#define ATTN_SHARED_FLOATS(name) extern __shared__ __align__(16) float name[]
-#define ATTN_SHARED_FLAG(name) __shared__ bool name
-#endif
-
 #include <cmath>
 #include <cstdint>
 
+// Conversions, finish() (the warps' combine, the split merge by the last block to arrive) and
+// the arrival counters: DecodeAttention's, on states of the same layout.
+#include "decode_attention_common.cuh"
 #include "quantized_problem.h"
 
 namespace attn_kernels::cuda::quantized {
 
-
-constexpr float kNegInf = -INFINITY;
 constexpr int kVectors = 4;   // query vectors per block
 constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
 
-__device__ __forceinline__ float to_float(float x) {
-  return x;
-}
-__device__ __forceinline__ float to_float(__half x) {
-  return __half2float(x);
-}
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) {
-  return __bfloat162float(x);
-}
-__device__ __forceinline__ void store(float* p, float x) {
-  *p = x;
-}
-__device__ __forceinline__ void store(__half* p, float x) {
-  *p = __float2half_rn(x);
-}
-__device__ __forceinline__ void store(__nv_bfloat16* p, float x) {
-  *p = __float2bfloat16_rn(x);
+// Shared memory of a kernel whose blocks hold `vpb` vectors, before its own stages.
+__host__ __device__ constexpr int states_smem_bytes(int vpb, int D) {
+  return finish_smem_floats(kWarps, vpb, D) * int(sizeof(float));
 }
 
 __device__ __forceinline__ float mask_value(const QuantizedProblem& p, int64_t at) {
@@ -110,90 +90,6 @@ __device__ __forceinline__ bool rows_aligned(const uint32_t* codes, const int64_
   const int words = bytes / 4;
   return strides[3] == 1 && reinterpret_cast<uintptr_t>(codes) % bytes == 0 &&
          strides[0] % words == 0 && strides[1] % words == 0 && strides[2] % words == 0;
-}
-
-// Partial state of one vector and chunk: max, denominator, D accumulators.
-__host__ __device__ constexpr int partial_stride(int D) {
-  return D + 2;
-}
-
-constexpr unsigned kArrivalSlots = 1u << 16;
-__device__ unsigned arrivals[kArrivalSlots];
-
-// Called by every thread after its partial stores; true in the last block of the group to
-// arrive (which then sees every block's partials: each thread fences its own stores).
-__device__ bool last_to_arrive(unsigned slot, int splits) {
-  ATTN_SHARED_FLAG(last);
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    unsigned* counter = &arrivals[(slot + blockIdx.x) % kArrivalSlots];
-    last = atomicAdd(counter, 1u) == unsigned(splits - 1);
-    if (last) *counter = 0u;  // every block of this call has arrived: ready for the slot's reuse
-  }
-  __syncthreads();
-  if (last) __threadfence();
-  return last;
-}
-
-// The end of every variant: smem holds a (max, denominator, D accumulators) state per warp and
-// vector of the tile (VPB vectors, kWarps warps, partial_stride(D) floats each). The warps are
-// merged into the block's state; unsplit, that is the output, else the chunk's partial state, and
-// the last block of the group to arrive merges every chunk's.
-template <typename T, int VPB>
-__device__ void finish(const QuantizedProblem& p, float* smem, float* partials, int kv_row,
-                       int tile, int split, int splits, unsigned slot) {
-  const int D = p.head_dim, L = p.query_len, vectors = p.group * L;
-  const int stride = partial_stride(D);
-  // The warps into the block's state: each thread takes (vector, dimension) items.
-  const int count = min(VPB, vectors - tile * VPB);
-  for (int item = threadIdx.x; item < count * D; item += kThreads) {
-    const int v = item / D, d = item % D;
-    float common = kNegInf;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) common = fmaxf(common, smem[(w * VPB + v) * stride]);
-    float total = 0.0f, sum = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      const float* state = smem + (w * VPB + v) * stride;
-      const float f = state[0] == kNegInf ? 0.0f : __expf(state[0] - common);
-      total += state[1] * f;
-      sum += state[2 + d] * f;
-    }
-    const int r = tile * VPB + v;
-    if (splits == 1) {
-      const int row = kv_row * p.group + r / L, i = r % L;
-      T* out = static_cast<T*>(p.out) + (int64_t{row} * L + i) * D;
-      store(out + d, total > 0.0f ? sum / total : 0.0f);
-    } else {
-      float* part = partials + ((int64_t{kv_row} * vectors + r) * splits + split) * stride;
-      if (d == 0) {
-        part[0] = common;
-        part[1] = total;
-      }
-      part[2 + d] = sum;
-    }
-  }
-  if (splits == 1 || !last_to_arrive(slot, splits)) return;
-
-  // The last block of the group merges every chunk's state.
-  for (int item = threadIdx.x; item < count * D; item += kThreads) {
-    const int v = item / D, d = item % D;
-    const int r = tile * VPB + v;
-    const float* part = partials + (int64_t{kv_row} * vectors + r) * splits * stride;
-    float common = kNegInf;
-    for (int s = 0; s < splits; ++s) common = fmaxf(common, __ldcg(part + s * stride));
-    float total = 0.0f, sum = 0.0f;
-    for (int s = 0; s < splits; ++s) {
-      const float mx = __ldcg(part + s * stride);
-      const float f = mx == kNegInf ? 0.0f : __expf(mx - common);
-      total += __ldcg(part + s * stride + 1) * f;
-      sum += __ldcg(part + s * stride + 2 + d) * f;
-    }
-    const int row = kv_row * p.group + r / L, i = r % L;
-    T* out = static_cast<T*>(p.out) + (int64_t{row} * L + i) * D;
-    store(out + d, total > 0.0f ? sum / total : 0.0f);
-  }
 }
 
 // The rows a walker reads in one step (8x2p's prefetch), scales and biases as stored.
@@ -424,12 +320,12 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm(VALUES, POSITIONS, PIP
         state[1] = l[v];
       }
 #pragma unroll
-      for (int e = 0; e < kValues; ++e) state[2 + d0 + e] = acc[v][e];
+      for (int e = 0; e < kValues; ++e) state[4 + d0 + e] = acc[v][e];
     }
   }
   __syncthreads();
 
-  finish<T, kVectors>(p, smem, partials, kv_row, tile, split, splits, slot);
+  finish<T, kVectors, false>(p, smem, partials, kv_row, tile, split, splits, slot);
 }
 
 }  // namespace attn_kernels::cuda::quantized

@@ -38,7 +38,6 @@
 
 namespace attn_kernels::cuda::quantized {
 
-constexpr int kMmaVectors = 8;  // query vectors per block: the rows of Q's tile (of 16) in use
 constexpr int kMmaStep = 16;    // positions per warp and sub-step: the K of the P V mma
 constexpr uint32_t kHalf1024x2 = 0x64006400u;
 static_assert(kStagePositions == kMmaStep, "a stage holds one sub-step");
@@ -49,7 +48,7 @@ template <int BITS, int D, int GS>
 __host__ __device__ constexpr int pipelined_smem_bytes() {
   using S = StageLayout<BITS, D, GS>;
   const int stages = kWarps * S::kStages * S::kBytes;
-  const int states = kWarps * kMmaVectors * partial_stride(D) * int(sizeof(float));
+  const int states = states_smem_bytes(kMmaVectors, D);
   return stages > states ? stages : states;
 }
 
@@ -460,7 +459,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     v_bias[G] += __shfl_xor_sync(0xffffffffu, v_bias[G], 2);
   }
 
-  // finish()'s states: [warp][vector][max, denominator, D accumulators].
+  // finish()'s states: [warp][vector][max, denominator, 2 unused, D accumulators].
   if constexpr (STAGES > 0) {
     copy_async_wait<0>();  // (every group left is empty: nothing is copied past the chunk)
     __syncthreads();       // the states reuse other warps' stages
@@ -479,8 +478,8 @@ __global__ void __launch_bounds__(kThreads, 2)
     for (int t = 0; t < kSteps; ++t) {
       const int b = t / VTB, d = b * BV + g * VC + 2 * (t % VTB);
       if (b * BV / GS != G) continue;
-      float* v0 = states + 2 * c * stride + 2 + d;
-      float* v1 = states + (2 * c + 1) * stride + 2 + d;
+      float* v0 = states + 2 * c * stride + 4 + d;
+      float* v1 = states + (2 * c + 1) * stride + 4 + d;
       v0[0] = o[t][0] + bias0;
       v1[0] = o[t][1] + bias1;
       v0[1] = o[t][2] + bias0;
@@ -488,7 +487,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
   }
   __syncthreads();
-  finish<T, kMmaVectors>(p, smem, partials, kv_row, tile, split, splits, slot);
+  finish<T, kMmaVectors, false>(p, smem, partials, kv_row, tile, split, splits, slot);
 }
 
 }  // namespace attn_kernels::cuda::quantized

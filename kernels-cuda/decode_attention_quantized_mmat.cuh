@@ -205,7 +205,7 @@ template <int BITS, int D, int GS, int STAGES>
 __host__ __device__ constexpr int mmat_smem_bytes() {
   using S = StageLayout<BITS, D, GS>;
   const int stages = kWarps * STAGES * S::kBytes;
-  const int states = kWarps * kMmaVectors * partial_stride(D) * int(sizeof(float));
+  const int states = states_smem_bytes(kMmaVectors, D);
   return stages > states ? stages : states;
 }
 
@@ -509,7 +509,7 @@ __global__ void __launch_bounds__(kThreads, BLOCKS)
     }
   }
 
-  // finish()'s states: [warp][vector][max, denominator, D accumulators].
+  // finish()'s states: [warp][vector][max, denominator, 2 unused, D accumulators].
   copy_async_wait<0>();  // (every group left is empty: nothing is copied past the chunk)
   __syncthreads();       // the states reuse other warps' stages
   const int stride = partial_stride(D);
@@ -524,12 +524,12 @@ __global__ void __launch_bounds__(kThreads, BLOCKS)
 #pragma unroll
     for (int t = 0; t < kSteps; ++t) {
       const int G = v_dim<BITS>(t, 0, 0) / GS;
-      state[2 + v_dim<BITS>(t, g, 0)] = o[t][v] + v_bias[G][v];
-      state[2 + v_dim<BITS>(t, g, 1)] = o[t][2 + v] + v_bias[G][v];
+      state[4 + v_dim<BITS>(t, g, 0)] = o[t][v] + v_bias[G][v];
+      state[4 + v_dim<BITS>(t, g, 1)] = o[t][2 + v] + v_bias[G][v];
     }
   }
   __syncthreads();
-  finish<T, kMmaVectors>(p, smem, partials, kv_row, tile, split, splits, slot);
+  finish<T, kMmaVectors, false>(p, smem, partials, kv_row, tile, split, splits, slot);
 }
 
 }  // namespace attn_kernels::cuda::quantized

@@ -1,7 +1,7 @@
 """Times decode_attention_quantized alone (Qwen3-4B shapes, L=1, group 64 unless --group-size
-says otherwise, 50 independent calls per eval, median of 15 samples) at a few contexts: run once
-per ATTN_QUANTIZED_VARIANT (and ATTN_QUANTIZED_SPLIT_BLOCKS) to compare the CUDA kernel's variants
-(kernels-cuda/decode_attention_quantized.cu). With --baseline, mx.fast on the bf16 K/V the codes
+says otherwise, 50 calls per eval, independent or --chain'ed, median of 15 samples) at a few
+contexts: run once per ATTN_QUANTIZED_VARIANT (and ATTN_QUANTIZED_SPLIT_BLOCKS) to compare the
+CUDA kernel's variants (kernels-cuda/decode_attention_quantized.cu). With --baseline, mx.fast on the bf16 K/V the codes
 came from is timed in alternation with ours (same samples, same process) and the ratio printed.
 
     ATTN_QUANTIZED_VARIANT=mma python3 tools/quantized_variants.py --baseline
@@ -26,10 +26,17 @@ HBM_BYTES_PER_S = 4.3e12  # the floor's rate: operators.py's DEFAULT_GPU_BANDWID
 HBM_PEAK_BYTES_PER_S = 4.8e12  # the H200's HBM3e peak (issue 25's target: 85% of it)
 
 
-def sample(fn, *args, calls=50, **kwargs):
-    """µs per call of `calls` independent calls in one eval."""
+def sample(fn, q, *args, calls=50, chain=False, **kwargs):
+    """µs per call of `calls` calls in one eval: independent (the GPU may overlap one call's
+    tail with the next one's start) or chained, each call's output the next one's queries (a
+    decode step's attention waits for the layer before it)."""
     start = time.perf_counter()
-    mx.eval([fn(*args, **kwargs) for _ in range(calls)])
+    if chain:
+        for _ in range(calls):
+            q = fn(q, *args, **kwargs)
+        mx.eval(q)
+    else:
+        mx.eval([fn(q, *args, **kwargs) for _ in range(calls)])
     return (time.perf_counter() - start) / calls * 1e6
 
 
@@ -39,8 +46,11 @@ def main():
     p.add_argument("--context", type=int, action="append", help="S (repeatable)")
     p.add_argument("--bits", type=int, choices=[4, 8], action="append", help="(repeatable)")
     p.add_argument("--group-size", type=int, choices=[32, 64, 128], default=64)
+    p.add_argument("--chain", action="store_true", help="each call's output is the next's queries")
     args = p.parse_args()
     label = os.environ.get("ATTN_QUANTIZED_VARIANT", "mmat4")
+    if args.chain:
+        label += " chained"
     if args.group_size != 64:
         label += f" group {args.group_size}"
     if "ATTN_QUANTIZED_SPLIT_BLOCKS" in os.environ:
@@ -55,11 +65,26 @@ def main():
             nbytes = sum(a.nbytes for t in (kq, vq) for a in t)
             ours, theirs = [], []
             for i in range(18):  # 3 warm-up samples, 15 timed
-                x = sample(decode_attention_quantized, q, kq, vq, group_size=group, bits=bits)
+                x = sample(
+                    decode_attention_quantized,
+                    q,
+                    kq,
+                    vq,
+                    chain=args.chain,
+                    group_size=group,
+                    bits=bits,
+                )
                 if i >= 3:
                     ours.append(x)
                 if args.baseline:
-                    y = sample(mx.fast.scaled_dot_product_attention, q, k, v, scale=128**-0.5)
+                    y = sample(
+                        mx.fast.scaled_dot_product_attention,
+                        q,
+                        k,
+                        v,
+                        chain=args.chain,
+                        scale=128**-0.5,
+                    )
                     if i >= 3:
                         theirs.append(y)
             us = statistics.median(ours)

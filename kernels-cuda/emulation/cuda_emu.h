@@ -33,6 +33,15 @@ struct uint4 {
 struct uint2 {
   unsigned x, y;
 };
+struct float2 {
+  float x, y;
+};
+struct float4 {
+  float x, y, z, w;
+};
+inline float4 make_float4(float x, float y, float z, float w) {
+  return {x, y, z, w};
+}
 
 namespace emu {
 
@@ -122,8 +131,12 @@ inline unsigned __byte_perm(unsigned x, unsigned y, unsigned selector) {
   for (int i = 0; i < 4; ++i) r |= unsigned(bytes[(selector >> (4 * i)) & 7]) << (8 * i);
   return r;
 }
+using std::isnan;
 using std::max;
 using std::min;
+inline float rsqrtf(float x) {
+  return 1.0f / std::sqrt(x);
+}
 inline float fmaxf(float a, float b) {
   return std::fmax(a, b);
 }

@@ -26,20 +26,6 @@
 
 #include "cuda_emu.h"
 
-struct float2 {
-  float x, y;
-};
-struct float4 {
-  float x, y, z, w;
-};
-inline float4 make_float4(float x, float y, float z, float w) {
-  return {x, y, z, w};
-}
-inline float rsqrtf(float x) {
-  return 1.0f / std::sqrt(x);
-}
-using std::isnan;
-
 // The kernels' source itself, unchanged.
 #include "../decode_attention_mma.cuh"
 

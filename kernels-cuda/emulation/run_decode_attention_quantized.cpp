@@ -13,6 +13,7 @@
 // float32); kind 3 its cp.async-pipelined variant (mmacp), likewise; kinds 4, 5, 6 the
 // transposed-score variants mmat, mmat3, mmat4 (decode_attention_quantized_mmat.cuh: their stage
 // counts; launch bounds do not apply here).
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <iterator>
@@ -32,6 +33,7 @@
 namespace {
 
 using namespace attn_kernels;
+using namespace attn_kernels::cuda;
 using namespace attn_kernels::cuda::quantized;
 
 template <typename T>
@@ -81,8 +83,7 @@ std::pair<Kernel, size_t> mma_kernel_for(bool pipelined, int mmat_blocks) {
     return {&attend_quantized_mma<__half, BITS, D, GS, 1, StageLayout<BITS, D, GS>::kStages>,
             pipelined_smem_bytes<BITS, D, GS>()};
   }
-  return {&attend_quantized_mma<__half, BITS, D, GS, U>,
-          kWarps * kMmaVectors * partial_stride(D) * sizeof(float)};
+  return {&attend_quantized_mma<__half, BITS, D, GS, U>, states_smem_bytes(kMmaVectors, D)};
 }
 
 template <int BITS, int D>
@@ -175,16 +176,8 @@ int main(int argc, char** argv) {
   const int step = staged ? kWarps * kMmaStep
                    : mma  ? kWarps * (D == 256 ? 1 : 2) * kMmaStep
                           : 2 * (kThreads / lpr);
-  int chunk = (S + splits - 1) / splits;
-  chunk = (chunk + step - 1) / step * step;
-  splits = (S + chunk - 1) / chunk;
-  std::vector<float> partials(size_t(p.kv_rows) * vectors * splits * partial_stride(D));
-  std::vector<unsigned> counters(kArrivalSlots);
-  blockDim.x = kThreads;
-  gridDim.x = p.kv_rows * tiles;
-  gridDim.y = splits;
   Kernel kernel;
-  size_t smem_bytes = kWarps * vpb * partial_stride(D) * sizeof(float);
+  size_t smem_bytes = states_smem_bytes(vpb, D);
   if (mma) {
     std::tie(kernel, smem_bytes) = bits == 8
                                        ? mma_kernel_for<8>(D, group_size, staged, mmat_blocks)
@@ -192,6 +185,16 @@ int main(int argc, char** argv) {
   } else {
     kernel = bits == 8 ? kernel_for<8>(lpr, pipelined) : kernel_for<4>(lpr, pipelined);
   }
+  // split_context()'s limits: one merge pass per tile, the merge's chunks in shared memory.
+  if (vpb * ((D + 3) / 4) > kMergeItems * kThreads) splits = 1;
+  splits = std::clamp(splits, 1, max_merged_splits(int(smem_bytes / sizeof(float)), vpb));
+  int chunk = (S + splits - 1) / splits;
+  chunk = (chunk + step - 1) / step * step;
+  splits = (S + chunk - 1) / chunk;
+  std::vector<float> partials(size_t(p.kv_rows) * vectors * splits * partial_stride(D));
+  blockDim.x = kThreads;
+  gridDim.x = p.kv_rows * tiles;
+  gridDim.y = splits;
   for (unsigned y = 0; y < gridDim.y; ++y) {
     for (unsigned x = 0; x < gridDim.x; ++x) {
       emu::Block block(kThreads, smem_bytes / sizeof(float));
