@@ -82,3 +82,28 @@ def test_bench_quantized_caches_in_every_model(tmp_path):
         2 * a.num_hidden_layers * a.num_key_value_heads * (a.head_dim // 2 + 2 * 2)
     )
     assert record["config"]["weights_tag"] == "bf16-kv4bit"
+
+
+def test_mlx_lm_full_precision_peer(tmp_path):
+    """--mlx-lm-kv-bits none: ours keeps its quantized cache, mlx-lm gets its own KVCache (the
+    peer where mlx-lm's quantized cache does not run); reads count each cache's bytes."""
+    mx.set_default_device(mx.cpu)
+    model = qwen3_model.load("qwen3-tiny")
+    models = bench.Models(model, kv_bits=8, kv_group_size=32, peer_kv="none")
+    assert all(isinstance(c, QuantizedKVCache) for c in qwen3_model.make_cache(model, *models.kv))
+    assert not any(isinstance(c, MlxLmQuantizedKVCache) for c in models._twin_cache())
+    flags = ["--device", "cpu", "--model", "qwen3-tiny", "--bandwidth-gbs", "10", "--no-record"]
+    flags += ["--input-len", "9", "--output-len", "4", "--rounds", "1", "--kv-bits", "8"]
+    flags += ["--kv-group-size", "32", "--mlx-lm-kv-bits", "none"]
+    record = bench.run(bench.parse_args(flags), Progress(stream=io.StringIO()))
+    a = model.args
+    full = 2 * a.num_hidden_layers * a.num_key_value_heads * a.head_dim * 2  # bf16
+    assert record["results"]["mlx_lm_kv_bytes_per_position"] == full
+    assert record["results"]["kv_bytes_per_position"] < full
+    assert "mlx-lm's: full precision" in record["config"]["quantization"]
+
+
+def test_mlx_lm_kv_bits_needs_kv_bits(capsys):
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--device", "cpu", "--model", "qwen3-tiny", "--mlx-lm-kv-bits", "none"])
+    assert "--mlx-lm-kv-bits none needs --kv-bits" in capsys.readouterr().err

@@ -58,6 +58,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(f"--variants: a subset of {','.join(VARIANTS)} that includes mlx-lm")
     if args.rounds < 1 or args.input_len < 1 or args.output_len < 2:
         p.error("--rounds and --input-len must be >= 1, --output-len >= 2")
+    bench.check_kv_cache_args(p, args)
     if args.weights:
         args.model = None
     refuse_overwrite(p, args.json_output, args.force)

@@ -133,7 +133,9 @@ class Models:
     switched per request; mlx-lm: its model, its cache and its generate_step; mlx-lm-our-loop:
     its model and cache in our generate_step."""
 
-    def __init__(self, model, schedule: str = "auto", kv_bits=None, kv_group_size: int = 64):
+    def __init__(
+        self, model, schedule: str = "auto", kv_bits=None, kv_group_size: int = 64, peer_kv="same"
+    ):
         from mlx_lm.generate import generate_step as mlx_lm_generate_step
         from mlx_lm.generate import generation_stream
         from mlx_lm.models.cache import make_prompt_cache
@@ -141,6 +143,8 @@ class Models:
         self.model = model
         self.model.set_schedule(schedule)
         self.kv = (kv_bits, kv_group_size)
+        # mlx-lm's cache: "same" as ours, or "none" (its full-precision KVCache).
+        self.peer_kv = (kv_bits if peer_kv == "same" else None, kv_group_size)
         self.twin = mlx_lm_twin(model)
         self._mlx_lm_step, self._mlx_lm_cache = mlx_lm_generate_step, make_prompt_cache
         # mlx-lm makes its stream when imported, on the default device of that moment.
@@ -166,8 +170,9 @@ class Models:
         return generate_step(prompt, self.model, max_tokens=output_len + 1, prompt_cache=cache)
 
     def _twin_cache(self):
-        """mlx-lm's cache: with --kv-bits its QuantizedKVCache (what mlx-lm's kv_bits gives)."""
-        bits, group_size = self.kv
+        """mlx-lm's cache: with --kv-bits its QuantizedKVCache (what mlx-lm's kv_bits gives)
+        unless --mlx-lm-kv-bits none."""
+        bits, group_size = self.peer_kv
         if bits:
             from mlx_lm.models.cache import QuantizedKVCache
 
@@ -286,6 +291,11 @@ def unique_path(folder: Path, stem: str) -> Path:
     return path
 
 
+def check_kv_cache_args(p: argparse.ArgumentParser, args) -> None:
+    if args.mlx_lm_kv_bits != "same" and not args.kv_bits:
+        p.error("--mlx-lm-kv-bits none needs --kv-bits (without it both caches are full precision)")
+
+
 def add_kv_cache_args(p: argparse.ArgumentParser) -> None:
     """--kv-bits / --kv-group-size as mlx-lm's generate takes them (bench and ab-decode)."""
     p.add_argument(
@@ -295,6 +305,14 @@ def add_kv_cache_args(p: argparse.ArgumentParser) -> None:
         help="quantize the KV cache (mlx-lm's QuantizedKVCache layout, in every model)",
     )
     p.add_argument("--kv-group-size", type=int, choices=[32, 64, 128], default=64)
+    p.add_argument(
+        "--mlx-lm-kv-bits",
+        choices=["same", "none"],
+        default="same",
+        help="mlx-lm's cache with --kv-bits: the same quantized cache (default) or none, its "
+        "full-precision KVCache: the peer where mlx-lm's QuantizedKVCache does not run (MLX "
+        "0.32.4's CUDA quantized_matmul takes no view of a growing cache)",
+    )
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -374,6 +392,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.variant = list(dict.fromkeys(args.variant or VARIANTS))
     if args.input_len < 1:
         p.error("--input-len must be >= 1")
+    check_kv_cache_args(p, args)
     if args.output_len < 2:
         p.error("--output-len must be >= 2 (decode needs a second token)")
     if args.rounds < 1 or args.warmup < 0:
@@ -415,7 +434,7 @@ def run(args, progress: Progress | None = None, kind: str = "model-bench") -> di
         progress=lambda done, total: progress.update(f"loading {source}: layer {done}/{total}"),
     )
     kv = (getattr(args, "kv_bits", None), getattr(args, "kv_group_size", 64))
-    models = Models(model, args.schedule, *kv)
+    models = Models(model, args.schedule, *kv, peer_kv=getattr(args, "mlx_lm_kv_bits", "same"))
     group = mx.distributed.init()
     if group.size() > 1:  # under mlx.launch: tensor parallel, mlx-lm's layout in both models
         progress.say(f"sharding over {group.size()} ranks")
@@ -424,6 +443,7 @@ def run(args, progress: Progress | None = None, kind: str = "model-bench") -> di
     progress.say(f"loaded in {time.perf_counter() - started:.1f} s; warming up")
     weight_bytes = qwen3_model.weight_bytes(model)  # this rank's share
     kv_per_position = kv_bytes_per_position(model, *kv)
+    peer_kv_per_position = kv_bytes_per_position(model, *models.peer_kv)
     prompt = prompt_ids(model.args.vocab_size, args.input_len, mx.random.key(args.seed))
 
     progress.restart(args.warmup * len(args.variant))
@@ -439,7 +459,8 @@ def run(args, progress: Progress | None = None, kind: str = "model-bench") -> di
         order_log.append({"round": r, "order": order})
         for v in order:
             sample = {"round": r, **models.request(v, prompt, args.output_len)}
-            add_reads(sample, weight_bytes, kv_per_position, args.bandwidth_gbs)
+            kv_read = peer_kv_per_position if v.startswith("mlx-lm") else kv_per_position
+            add_reads(sample, weight_bytes, kv_read, args.bandwidth_gbs)
             samples[v].append(sample)
             progress.step(f"round {r + 1}/{args.rounds} {v}: {sample['decode_tok_s']:.2f} tok/s")
     progress.close()
@@ -452,6 +473,8 @@ def run(args, progress: Progress | None = None, kind: str = "model-bench") -> di
     if kv[0]:
         config["weights_tag"] += f"-kv{kv[0]}bit"
         config["quantization"] += f"; KV cache {kv[0]}-bit, group {kv[1]}"
+        if not models.peer_kv[0]:
+            config["quantization"] += " (mlx-lm's: full precision)"
     return {
         "schema_version": SCHEMA_VERSION,
         "kind": kind,
@@ -462,6 +485,7 @@ def run(args, progress: Progress | None = None, kind: str = "model-bench") -> di
         "results": {
             "weight_bytes": weight_bytes,
             "kv_bytes_per_position": kv_per_position,
+            "mlx_lm_kv_bytes_per_position": peer_kv_per_position,
             "samples": samples,
             "medians": summarise(samples),
             "per_rank": gather_ranks(samples, group),
