@@ -80,13 +80,12 @@ def test_unknown_backend():
 
 
 def test_quantized_group_sizes():
-    """CUDA's quantized kernel only for the group sizes its records cover (64 and 128); the CPU's
-    for every group size its tests check; a group size not given skips the check."""
-    assert guard.use_fused_quantized(1, 4096, None, "cuda", group_size=64)
-    assert guard.use_fused_quantized(1, 4096, None, "cuda", group_size=128)
-    assert not guard.use_fused_quantized(1, 4096, None, "cuda", group_size=32)
+    """The quantized kernel only for the group sizes its records and tests cover (32, 64 and
+    128 on CUDA and the CPU); a group size not given skips the check."""
+    for where in ("cuda", "cpu"):
+        for group_size in (32, 64, 128):
+            assert guard.use_fused_quantized(1, 4096, None, where, group_size=group_size)
+        assert not guard.use_fused_quantized(1, 4096, None, where, group_size=16)
     assert guard.use_fused_quantized(1, 4096, None, "cuda")
-    for group_size in (32, 64, 128):
-        assert guard.use_fused_quantized(1, 4096, None, "cpu", group_size=group_size)
     assert not guard.use_fused_quantized(1, 4096, None, "metal", group_size=64)
     assert set(guard.QUANTIZED_GROUP_SIZES) == set(guard.QUANTIZED_LIMITS)

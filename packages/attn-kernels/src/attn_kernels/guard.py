@@ -34,13 +34,14 @@ cpu: cpu-2core-qwen3-4b-attention-quantized-{8,4}-bit-mlx-0.32.4.json: L=1, S = 
     every pass won against the dequantise-then-readable path (7.4-23x), mlx-lm's quantized path
     (22-36x) and mx.fast on bf16 K/V (4.7-8.2x), which the dequantise-then-mx.fast fallback
     cannot beat; L > 1 not measured.
-cuda: kernels-cuda/dev/h200-quantized-variants-mmat.txt (8340ee2 and 8e285a6, the default kernel
-    mmat4): L=1, group 64, 8 / 4 bits, S = 4096, 32768, 131072: 17.4 / 16.9, 32.3 / 29.8, 85.8 /
-    59.7 µs against 32-33, 44, 133 for mx.fast on bf16 K/V, which the dequantise-then-mx.fast
-    fallback cannot beat; group 128 at S = 131072: 80.5 / 55.4 µs against 131 (other S not timed;
-    the same kernel with fewer scales to read); below S = 4096 and L > 1 not measured (the
-    kernel's time there is launch-bound, as is mx.fast's, and the fallback adds the
-    dequantisation).
+cuda: kernels-cuda/dev/h200-quantized-merge-split.txt (c139b75, the default kernel mmat4 with the
+    context split for two blocks per SM): L=1, group 64, 8 / 4 bits, S = 4096, 32768, 131072:
+    16.0 / 16.1, 32.0 / 26.3, 83.1 / 56.8 µs against 32-48 (4096, 32768) and 136 for mx.fast on
+    bf16 K/V (chained calls: 27.1 / 28.7, 47.9 / 43.2, 98.4 / 76.4 against 41-59 and 145-147),
+    which the dequantise-then-mx.fast fallback cannot beat; groups 32 and 128 at S = 131072:
+    83.6 / 57.3 and 77.6 / 51.2 µs (other S not timed; the same kernel with more or fewer scales
+    to read); below S = 4096 and L > 1 not measured (the kernel's time there is launch-bound, as
+    is mx.fast's, and the fallback adds the dequantisation).
 metal: no record yet: always the fallback.
 
 Head dim and dtype: every record is D=128 bf16 (Qwen3); other values run the same kernels but
@@ -79,13 +80,12 @@ QUANTIZED_LIMITS: dict[str, tuple[int, int]] = {
     "cuda": (1, 131072),
     "metal": (0, 0),
 }
-# Group sizes where the quantized kernel's accuracy and speed were checked. CUDA: groups 64 and
-# 128 (timed above; test_against_dequantized_reference passed on the H200 under mmat4). Group 32
-# stays on the fallback: at 4 bits mmat4 failed to launch there on the H200 (8e285a6; the
-# shared-memory opt-in is fixed since, not rerun; docs/quantized-kv.md).
+# Group sizes where the quantized kernel's accuracy and speed were checked. CUDA: all three
+# (timed above; test_against_dequantized_reference passed on the H200 under mmat4 at c139b75,
+# group 32 at 4 bits included, which failed to launch before 173a529's shared-memory opt-in).
 QUANTIZED_GROUP_SIZES: dict[str, tuple[int, ...]] = {
     "cpu": (32, 64, 128),
-    "cuda": (64, 128),
+    "cuda": (32, 64, 128),
     "metal": (),
 }
 
