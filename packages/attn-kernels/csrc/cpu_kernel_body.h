@@ -319,21 +319,7 @@ ATTN_ALWAYS_INLINE float block_max(const Vec* s) {
 }
 // exp_nonpositive (cpu_scalar.h) on a vector.
 ATTN_ALWAYS_INLINE Vec vec_exp(Vec x) {
-  using Ints = int32_t __attribute__((vector_size(W * sizeof(float))));
-  const Vec clamped = x < -87.0f ? Vec{} - 87.0f : x;
-  constexpr float kRound = 12582912.0f;
-  const Vec n = (clamped * 1.44269504f + kRound) - kRound;
-  const Vec r = (clamped - n * 0.693145752f) - n * 1.42860677e-6f;
-  Vec poly = Vec{} + 1.0f / 720.0f;
-  poly = poly * r + 1.0f / 120.0f;
-  poly = poly * r + 1.0f / 24.0f;
-  poly = poly * r + 1.0f / 6.0f;
-  poly = poly * r + 0.5f;
-  poly = poly * r + 1.0f;
-  poly = poly * r + 1.0f;
-  const Ints power = n == n ? __builtin_convertvector(n, Ints) : Ints{};
-  const Vec scale = (Vec)((power + 127) << 23);
-  return x < -87.0f ? Vec{} : poly * scale;
+  return exp_nonpositive_lanes(x);
 }
 
 // Element `at` of the explicit mask as an additive float.

@@ -108,6 +108,26 @@ ATTN_ALWAYS_INLINE float exp_nonpositive(float x) {
   return x < -87.0f ? 0.0f : poly * scale;
 }
 
+// exp_nonpositive on every lane of a GCC/Clang vector of floats (any width): the same steps.
+template <typename V>
+ATTN_ALWAYS_INLINE V exp_nonpositive_lanes(V x) {
+  using Ints = decltype(x < x);  // the lanes as int32 (a comparison's result type)
+  const V clamped = x < -87.0f ? V{} - 87.0f : x;
+  constexpr float kRound = 12582912.0f;
+  const V n = (clamped * 1.44269504f + kRound) - kRound;
+  const V r = (clamped - n * 0.693145752f) - n * 1.42860677e-6f;
+  V poly = V{} + 1.0f / 720.0f;
+  poly = poly * r + 1.0f / 120.0f;
+  poly = poly * r + 1.0f / 24.0f;
+  poly = poly * r + 1.0f / 6.0f;
+  poly = poly * r + 0.5f;
+  poly = poly * r + 1.0f;
+  poly = poly * r + 1.0f;
+  const Ints power = n == n ? __builtin_convertvector(n, Ints) : Ints{};
+  const V scale = (V)((power + 127) << 23);
+  return x < -87.0f ? V{} : poly * scale;
+}
+
 // max that keeps a NaN from either side (std::max drops one from its second argument).
 ATTN_ALWAYS_INLINE float nan_max(float a, float b) {
   return (a != a || a > b) ? a : b;
