@@ -88,41 +88,39 @@ ATTN_ALWAYS_INLINE void store(Float16* dst, float x) {
 #endif
 }
 
-// exp(x) for x <= 0 without a libm call: 2^(x log2 e) split into an integer power (exponent
-// bits) and a degree-6 polynomial on [-ln2/2, ln2/2] (relative error ~2e-7). Exactly 0 below
-// -87 and for -inf; NaN stays NaN.
-ATTN_ALWAYS_INLINE float exp_nonpositive(float x) {
-  const float clamped = x < -87.0f ? -87.0f : x;
+// x = n ln2 + r with n a whole number (returned in `n`) and |r| <= ln2/2, then e^r by a degree-6
+// polynomial (relative error ~2e-7): the steps exp_nonpositive and exp_nonpositive_lanes share
+// (F: float or a GCC/Clang vector of floats).
+template <typename F>
+ATTN_ALWAYS_INLINE F exp_reduced(F x, F& n) {
   constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-  const float n = (clamped * 1.44269504f + kRound) - kRound;
-  const float r = (clamped - n * 0.693145752f) - n * 1.42860677e-6f;
-  float poly = 1.0f / 720.0f;
+  n = (x * 1.44269504f + kRound) - kRound;
+  const F r = (x - n * 0.693145752f) - n * 1.42860677e-6f;
+  F poly = F{} + 1.0f / 720.0f;
   poly = poly * r + 1.0f / 120.0f;
   poly = poly * r + 1.0f / 24.0f;
   poly = poly * r + 1.0f / 6.0f;
   poly = poly * r + 0.5f;
   poly = poly * r + 1.0f;
-  poly = poly * r + 1.0f;
+  return poly * r + 1.0f;
+}
+
+// exp(x) for x <= 0 without a libm call: 2^n from the exponent bits times exp_reduced's
+// polynomial. Exactly 0 below -87 and for -inf; NaN stays NaN.
+ATTN_ALWAYS_INLINE float exp_nonpositive(float x) {
+  float n;
+  const float poly = exp_reduced(x < -87.0f ? -87.0f : x, n);
   const int32_t power = n == n ? static_cast<int32_t>(n) : 0;
   const float scale = __builtin_bit_cast(float, (power + 127) << 23);
   return x < -87.0f ? 0.0f : poly * scale;
 }
 
-// exp_nonpositive on every lane of a GCC/Clang vector of floats (any width): the same steps.
+// exp_nonpositive on every lane of a GCC/Clang vector of floats (any width).
 template <typename V>
 ATTN_ALWAYS_INLINE V exp_nonpositive_lanes(V x) {
   using Ints = decltype(x < x);  // the lanes as int32 (a comparison's result type)
-  const V clamped = x < -87.0f ? V{} - 87.0f : x;
-  constexpr float kRound = 12582912.0f;
-  const V n = (clamped * 1.44269504f + kRound) - kRound;
-  const V r = (clamped - n * 0.693145752f) - n * 1.42860677e-6f;
-  V poly = V{} + 1.0f / 720.0f;
-  poly = poly * r + 1.0f / 120.0f;
-  poly = poly * r + 1.0f / 24.0f;
-  poly = poly * r + 1.0f / 6.0f;
-  poly = poly * r + 0.5f;
-  poly = poly * r + 1.0f;
-  poly = poly * r + 1.0f;
+  V n;
+  const V poly = exp_reduced(x < -87.0f ? V{} - 87.0f : x, n);
   const Ints power = n == n ? __builtin_convertvector(n, Ints) : Ints{};
   const V scale = (V)((power + 127) << 23);
   return x < -87.0f ? V{} : poly * scale;
