@@ -53,6 +53,7 @@ void AttentionStep::eval_gpu(
     }
   }
   StepProblem step = make_step_problem(inputs, outputs, offset_, qk_norm_, eps_, rope_base_);
+  set_inverse_frequencies(step);
   step.q = mx::gpu_ptr<void>(inputs[0]);
   step.k = mx::gpu_ptr<void>(inputs[1]);
   step.v = mx::gpu_ptr<void>(inputs[2]);

@@ -253,6 +253,23 @@ void count_folded_step() {
   folded_steps.fetch_add(1, std::memory_order_relaxed);
 }
 
+void set_inverse_frequencies(StepProblem& p) {
+  static_assert(sizeof(p.inv_freq) / sizeof(float) == kMaxHeadDim / 2);
+  // Every layer of every step asks for the same table: keep the last one per thread instead of
+  // head_dim / 2 double powers per evaluation.
+  thread_local int table_dim = 0;
+  thread_local float table_base = 0.0f;
+  thread_local std::array<float, kMaxHeadDim / 2> table{};
+  if (table_dim != p.head_dim || table_base != p.log2_base) {
+    for (int j = 0; j < p.head_dim / 2; ++j) {
+      table[j] = rope_inverse_frequency(j, p.head_dim / 2, p.log2_base);
+    }
+    table_dim = p.head_dim;
+    table_base = p.log2_base;
+  }
+  std::copy(table.begin(), table.begin() + p.head_dim / 2, p.inv_freq);
+}
+
 StepProblem make_step_problem(
     const std::vector<mx::array>& inputs,
     const std::vector<mx::array>& outputs,
@@ -273,10 +290,6 @@ StepProblem make_step_problem(
   p.offset = offset;
   p.eps = eps;
   p.log2_base = std::log2(rope_base);
-  static_assert(sizeof(p.inv_freq) / sizeof(float) == kMaxHeadDim / 2);
-  for (int j = 0; j < p.head_dim / 2; ++j) {
-    p.inv_freq[j] = rope_inverse_frequency(j, p.head_dim / 2, p.log2_base);
-  }
   for (int i = 0; i < 3; ++i) {
     p.q_strides[i] = inputs[0].strides()[i];
     p.k_strides[i] = inputs[1].strides()[i];

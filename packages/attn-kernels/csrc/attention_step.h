@@ -117,6 +117,9 @@ StepProblem make_step_problem(
     float eps,
     float rope_base);
 
+// StepProblem::inv_freq for its head_dim and RoPE base, for the backends that read it (CUDA).
+void set_inverse_frequencies(StepProblem& p);
+
 // The attention over the updated cache: queries (B, Hq, L, D) contiguous at `queries`, keys and
 // values the output caches' first offset + L positions, causal; writes (B, Hq, L, D) to `out`.
 DecodeProblem make_step_attention(

@@ -30,8 +30,9 @@ struct StepProblem {
   bool qk_norm;
   float eps;  // RMSNorm's (unused without qk_norm)
   float log2_base;  // log2 of the RoPE base
-  // rope_inverse_frequency of pairs j < head_dim / 2, computed once per call on the host (the
-  // CUDA kernels read it: no power per pair on the device).
+  // rope_inverse_frequency of pairs j < head_dim / 2, from the host (set_inverse_frequencies,
+  // in the CUDA eval: its kernels read it, no power per pair on the device; the CPU kernel forms
+  // its angles itself).
   float inv_freq[128];
   int64_t q_strides[3], k_strides[3], v_strides[3];
   int64_t kc_strides[4], vc_strides[4];

@@ -570,3 +570,16 @@ def test_folded_step_matches_two_kernels_gpu(dtype, heads, d, length, m):
     *head, _, _ = inputs
     expected = step_f64(*head, two[1], two[2], offset, EPS, BASE)[0]  # caches: positions < offset
     np.testing.assert_allclose(to_numpy(folded[0]), expected, **tol, err_msg="vs float64")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_rope_base_and_head_dim_change_between_calls(device):
+    """The inverse frequencies are kept per thread between calls: alternating RoPE bases and head
+    dims in one thread must rotate by each call's own, as float64 does."""
+    for base, d in [(BASE, 128), (10_000.0, 128), (BASE, 64), (500_000.0, 64), (BASE, 128)]:
+        inputs = make_step(3, 1, 4, 2, 1, d, 256, mx.float32)
+        out, _, _ = attention_step(*inputs, 37, eps=EPS, rope_base=base, stream=device)
+        expected, _, _ = step_f64(*inputs, 37, EPS, base, None)
+        np.testing.assert_allclose(
+            to_numpy(out), expected, **TOLERANCE[mx.float32], err_msg=f"base {base} D {d}"
+        )
