@@ -52,12 +52,11 @@ CUfunction step_preprocess_kernel(ElementType dtype) {
   return kernels[dtype_index(dtype)];
 }
 
-CUfunction copy_strided_kernel(ElementType dtype) {
-  static const CUfunction kernels[3] = {
-      resolve(reinterpret_cast<const void*>(&copy_strided<float>)),
-      resolve(reinterpret_cast<const void*>(&copy_strided<__half>)),
-      resolve(reinterpret_cast<const void*>(&copy_strided<__nv_bfloat16>))};
-  return kernels[dtype_index(dtype)];
+CUfunction copy_strided_kernel(size_t itemsize) {
+  static const CUfunction kernels[2] = {
+      resolve(reinterpret_cast<const void*>(&copy_strided<uint16_t>)),
+      resolve(reinterpret_cast<const void*>(&copy_strided<uint32_t>))};
+  return kernels[itemsize == 4 ? 1 : 0];
 }
 
 unsigned copy_blocks(int64_t size) {

@@ -4,14 +4,16 @@
 
 #include <cuda.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "step_problem.h"
 
 namespace attn_kernels::cuda {
 
-// step_preprocess(StepProblem): q/k RMSNorm + RoPE, q to its scratch, k and v into the caches.
-// One warp per (token, head) of the Hq + Hkv heads.
+// step_preprocess(StepProblem): q/k RMSNorm + RoPE, q to its scratch, k and v into the caches
+// (quantized as MLX's CUDA mx.quantize where StepProblem::bits is set). One warp per (token,
+// head) of the Hq + Hkv heads.
 constexpr unsigned kStepWarps = 4;
 CUfunction step_preprocess_kernel(ElementType dtype);
 
@@ -24,7 +26,7 @@ struct StridedCopy {
   int64_t strides[4];  // the source's, in elements
   int64_t size;
 };
-CUfunction copy_strided_kernel(ElementType dtype);
+CUfunction copy_strided_kernel(size_t itemsize);  // 2 or 4 bytes: a copy moves bits
 constexpr unsigned kCopyThreads = 256;
 unsigned copy_blocks(int64_t size);
 

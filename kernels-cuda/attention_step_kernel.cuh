@@ -1,9 +1,11 @@
 // AttentionStep's preprocessing on NVIDIA GPUs: per (token, head), one warp (or half warp)
 // normalises the q or k row (RMSNorm in MLX's roundings; only with qk_norm), rotates it (RoPE,
 // non-traditional) and stores it (q to the attention's scratch, k into the cache) and copies v
-// into the cache. step_preprocess runs it for every row as its own kernel (attention_step.cu),
-// a warp per row; attend_mma_step (decode_attention_mma.cuh) runs the same row code for the rows
-// one attention block needs, a half warp per row, so that both paths round alike. Included by nvcc's .cu files and by
+// into the cache; with a quantized cache (StepProblem::bits, AttentionStepQuantized) k and v are
+// quantized into it as MLX's CUDA mx.quantize does (quantize_row). step_preprocess runs it for
+// every row as its own kernel (attention_step.cu), a warp per row; attend_mma_step
+// (decode_attention_mma.cuh) runs the same row code for the rows one attention block needs, a
+// half warp per row, so that both paths round alike. Included by nvcc's .cu files and by
 // emulation/run_attention_step.cpp (cuda_emu.h).
 #pragma once
 
@@ -61,6 +63,61 @@ __device__ __forceinline__ float2 rope_cos_sin(int position, float inv_freq) {
     case 1: return float2{-s, c};
     case 2: return float2{-c, -s};
     default: return float2{s, -c};
+  }
+}
+
+// One row of a quantized cache at `position` (c: 0 keys, 1 values) from the warp's D values,
+// lane l holding dimensions l + 32m in x[m] (m < D / 32), as MLX's CUDA mx.quantize computes
+// it (affine_quantize.cu): each group's maximum starts at 0, the divisions round correctly
+// (this file is built with fast math), halves round away from zero, a code is clamped to
+// [0, 2^bits - 1]; 32 / bits neighbouring lanes OR their codes into one word.
+template <typename T, int kM>
+__device__ __forceinline__ void quantize_row(const StepProblem& p, const float (&x)[kM], int lane,
+                                             int b, int h, int position, int c) {
+  const int M = p.head_dim / 32, per_group = p.group_size / 32, per_word = 32 / p.bits;
+  const float n_bins = static_cast<float>((1 << p.bits) - 1);
+  const int64_t* cs = c == 0 ? p.kc_strides : p.vc_strides;
+  uint32_t* codes = static_cast<uint32_t*>(c == 0 ? p.k_cache : p.v_cache) + b * cs[0] +
+                    h * cs[1] + position * cs[2];
+  const int64_t at = b * p.sb_strides[0] + h * p.sb_strides[1] + position * p.sb_strides[2];
+  T* scales = static_cast<T*>(c == 0 ? p.k_scales : p.v_scales) + at;
+  T* biases = static_cast<T*>(c == 0 ? p.k_biases : p.v_biases) + at;
+  float lo[kM], hi[kM];  // each m's extremes over the warp
+#pragma unroll
+  for (int m = 0; m < kM; ++m) {
+    lo[m] = m < M ? x[m] : 3.402823466e38f;
+    hi[m] = m < M ? fmaxf(x[m], 0.0f) : 0.0f;
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) {
+      lo[m] = fminf(lo[m], __shfl_xor_sync(0xffffffffu, lo[m], o));
+      hi[m] = fmaxf(hi[m], __shfl_xor_sync(0xffffffffu, hi[m], o));
+    }
+  }
+  auto divide = [](float n, float d) { return __fdiv_rn(n, d); };
+  auto round = [](float v) { return roundf(v); };
+#pragma unroll
+  for (int m = 0; m < kM; ++m) {
+    if (m >= M) break;  // M is the warp's: the shuffles below stay converged
+    const int first = m / per_group * per_group;
+    float w_min = 3.402823466e38f, w_max = 0.0f;
+#pragma unroll
+    for (int n = 0; n < kM; ++n) {
+      if (n >= first && n < first + per_group) {
+        w_min = fminf(w_min, lo[n]);
+        w_max = fmaxf(w_max, hi[n]);
+      }
+    }
+    const AffineGroup a = affine_group(w_min, w_max, p.bits, divide, round);
+    const float code = fminf(fmaxf(roundf(__fdiv_rn(x[m] - a.bias, a.scale)), 0.0f), n_bins);
+    const int slot = lane % per_word;
+    unsigned word = static_cast<unsigned>(code) << (p.bits * slot);
+    for (int o = 1; o < per_word; o *= 2) word |= __shfl_xor_sync(0xffffffffu, word, o);
+    if (slot == 0) codes[(lane + 32 * m) / per_word * cs[3]] = word;
+    if (lane == 0 && m == first) {
+      const int g = 32 * m / p.group_size;
+      scales[g * p.sb_strides[3]] = from_float<T>(a.scale);
+      biases[g * p.sb_strides[3]] = from_float<T>(a.bias);
+    }
   }
 }
 
@@ -126,6 +183,30 @@ __device__ __forceinline__ void preprocess_row(const StepProblem& p, int b, int 
   for (int m = kLanes / 2; m > 0; m /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, m);
   if (!active) return;
   const float r = p.qk_norm ? rsqrtf(sum / D + p.eps) : 1.0f;
+  if constexpr (kLanes == 32) {
+    if (p.bits && !is_q) {  // a quantized cache: the rows in the dtype, then quantized
+      constexpr int kM = kMaxD / 32;
+      float row[kM] = {};
+#pragma unroll
+      for (int t = 0; t < kPairs; ++t) {
+        const int j = lane + 32 * t;
+        if (j >= half) break;
+        float a = lo[0][t], c = hi[0][t];
+        if (p.qk_norm) {
+          a = to_float(from_float<T>(w_lo[0][t] * to_float(from_float<T>(a * r))));
+          c = to_float(from_float<T>(w_hi[0][t] * to_float(from_float<T>(c * r))));
+        }
+        const float2 cs = rot[0][t];
+        row[t] = to_float(from_float<T>(a * cs.x - c * cs.y));  // dimension j = lane + 32 t
+        row[t + half / 32] = to_float(from_float<T>(a * cs.y + c * cs.x));  // j + half
+      }
+      quantize_row<T>(p, row, lane, b, h, position, 0);
+#pragma unroll
+      for (int e = 0; e < kV; ++e) row[e] = e < D / 32 ? to_float(v_row[e]) : 0.0f;
+      quantize_row<T>(p, row, lane, b, h, position, 1);
+      return;
+    }
+  }
   T* dst;
   int64_t ds;
   if (is_q) {

@@ -11,6 +11,7 @@
 #include "attention_step.h"
 #include "attention_step_cuda.h"
 #include "decode_attention_cuda.h"
+#include "decode_attention_quantized_cuda.h"
 #include "mlx/backend/cuda/device.h"
 #include "mlx/backend/cuda/utils.h"
 
@@ -33,10 +34,10 @@ bool fold_by_default() {
   return enabled;
 }
 
-void add_copy(mx::cu::CommandEncoder& encoder, cuda::StridedCopy copy, ElementType dtype) {
+void add_copy(mx::cu::CommandEncoder& encoder, cuda::StridedCopy copy, size_t itemsize) {
   void* args[] = {&copy};
   encoder.add_kernel_node_raw(
-      cuda::copy_strided_kernel(dtype), dim3(cuda::copy_blocks(copy.size)),
+      cuda::copy_strided_kernel(itemsize), dim3(cuda::copy_blocks(copy.size)),
       dim3(cuda::kCopyThreads), dim3(1, 1, 1), 0, args);
 }
 
@@ -95,7 +96,7 @@ void AttentionStep::eval_gpu(
       copy.size = static_cast<int64_t>(in.size());
       encoder.set_input_array(in);
       encoder.set_output_array(outputs[1 + c]);
-      add_copy(encoder, copy, step.dtype);
+      add_copy(encoder, copy, in.itemsize());
     }
   }
 
@@ -143,7 +144,102 @@ void AttentionStep::eval_gpu(
         base + heads_at, base, {step.batch, L, H, D},
         {int64_t{H} * L * D, D, int64_t{L} * D, 1}, int64_t{step.batch} * L * H * D};
     encoder.set_output_array(out);
-    add_copy(encoder, reorder, step.dtype);
+    add_copy(encoder, reorder, out.itemsize());
+  }
+}
+
+// The quantized step: the preprocessing kernel quantizing the new keys and values into the
+// triples (quantize_row), then the quantized attention kernel (plan_quantized) over them; cache
+// copies first where a cache cannot be donated, the token-first reordering last when L > 1.
+void AttentionStepQuantized::eval_gpu(
+    const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  auto& out = outputs[0];
+  auto& encoder = mx::cu::get_command_encoder(stream());
+  const auto donated = donate_caches(inputs, outputs, owned_caches_, kQuantizedCacheInput);
+  for (int c = 0; c < 6; ++c) {
+    if (!donated[c]) {
+      outputs[1 + c].set_data(mx::allocator::malloc(outputs[1 + c].nbytes()));
+    }
+  }
+  StepProblem step = make_step_problem(
+      inputs, outputs, offset_, qk_norm_, eps_, rope_base_, bits_, group_size_);
+  set_inverse_frequencies(step);
+  step.q = mx::gpu_ptr<void>(inputs[0]);
+  step.k = mx::gpu_ptr<void>(inputs[1]);
+  step.v = mx::gpu_ptr<void>(inputs[2]);
+  if (qk_norm_) {
+    step.q_weight = mx::gpu_ptr<void>(inputs[kQuantizedQNormInput]);
+    step.k_weight = mx::gpu_ptr<void>(inputs[kQuantizedKNormInput]);
+  }
+  step.k_cache = mx::gpu_ptr<void>(outputs[1]);
+  step.k_scales = mx::gpu_ptr<void>(outputs[2]);
+  step.k_biases = mx::gpu_ptr<void>(outputs[3]);
+  step.v_cache = mx::gpu_ptr<void>(outputs[4]);
+  step.v_scales = mx::gpu_ptr<void>(outputs[5]);
+  step.v_biases = mx::gpu_ptr<void>(outputs[6]);
+
+  // out's allocation as AttentionStep's: out | rotated queries | heads-first output (L > 1) |
+  // the split attention's partial states.
+  const int L = step.length;
+  const size_t q_bytes = size_t(step.batch) * step.q_heads * L * step.head_dim * out.itemsize();
+  const size_t q_at = align256(out.nbytes());
+  const size_t heads_at = align256(q_at + q_bytes);
+  const size_t partials_at = L > 1 ? align256(heads_at + q_bytes) : heads_at;
+  QuantizedProblem attention = make_step_quantized_attention(
+      step, reinterpret_cast<const void*>(uintptr_t{256}), nullptr, scale_);
+  const cuda::QuantizedPlan plan = cuda::plan_quantized(attention);
+  out.set_data(mx::allocator::malloc(partials_at + plan.partial_floats * sizeof(float)));
+  char* base = mx::gpu_ptr<char>(out);
+  step.q_out = base + q_at;
+  attention.queries = step.q_out;
+  attention.out = L == 1 ? static_cast<void*>(base) : base + heads_at;
+  float* partials = plan.splits > 1 ? reinterpret_cast<float*>(base + partials_at) : nullptr;
+
+  for (int c = 0; c < 6; ++c) {
+    if (!donated[c]) {
+      const auto& in = inputs[kQuantizedCacheInput + c];
+      cuda::StridedCopy copy{mx::gpu_ptr<void>(in), mx::gpu_ptr<void>(outputs[1 + c]), {}, {}, 0};
+      for (int a = 0; a < 4; ++a) {
+        copy.shape[a] = in.shape(a);
+        copy.strides[a] = in.strides()[a];
+      }
+      copy.size = static_cast<int64_t>(in.size());
+      encoder.set_input_array(in);
+      encoder.set_output_array(outputs[1 + c]);
+      add_copy(encoder, copy, in.itemsize());
+    }
+  }
+  // Dependencies as in AttentionStep::eval_gpu: the caches named as outputs only.
+  for (int i = 0; i < static_cast<int>(inputs.size()); ++i) {
+    if (i < kQuantizedCacheInput || i >= kQuantizedCacheInput + 6) {
+      encoder.set_input_array(inputs[i]);
+    }
+  }
+  for (auto& o : outputs) {
+    encoder.set_output_array(o);
+  }
+  void* preprocess_args[] = {&step};
+  const unsigned heads = step.q_heads + step.kv_heads;
+  const unsigned head_blocks = (heads + cuda::kStepWarps - 1) / cuda::kStepWarps;
+  encoder.add_kernel_node_raw(
+      cuda::step_preprocess_kernel(step.dtype), dim3(step.batch * L, head_blocks),
+      dim3(cuda::kStepWarps * 32), dim3(1, 1, 1), 0, preprocess_args);
+  for (auto& o : outputs) {
+    encoder.set_output_array(o);
+  }
+  int chunk = plan.chunk;
+  unsigned slot = plan.arrival_slot;
+  void* attend_args[] = {&attention, &partials, &chunk, &slot};
+  encoder.add_kernel_node_raw(
+      plan.attend, dim3(plan.grid[0], plan.grid[1]), dim3(plan.threads), dim3(1, 1, 1), plan.smem,
+      attend_args);
+  if (L > 1) {
+    const int H = step.q_heads, D = step.head_dim;
+    cuda::StridedCopy reorder{
+        base + heads_at, base, {step.batch, L, H, D},
+        {int64_t{H} * L * D, D, int64_t{L} * D, 1}, int64_t{step.batch} * L * H * D};
+    encoder.set_output_array(out);
+    add_copy(encoder, reorder, out.itemsize());
   }
 }
 

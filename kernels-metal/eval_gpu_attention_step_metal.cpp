@@ -139,4 +139,12 @@ void AttentionStep::eval_gpu(
   }
 }
 
+// No Metal kernel quantizes the step's new position yet: qwen3_model's guard keeps the unfused
+// ops (mx.quantize, slice updates, decode_attention_quantized) on Metal.
+void AttentionStepQuantized::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
+  throw std::runtime_error(
+      "[attention_step_quantized] no Metal kernel yet: run it on the CPU or CUDA, or quantize "
+      "with mx.quantize and attend with decode_attention_quantized");
+}
+
 }  // namespace attn_kernels

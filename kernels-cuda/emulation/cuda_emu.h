@@ -75,6 +75,9 @@ inline float __shfl_xor_sync(unsigned, float x, int offset) {
   barrier.arrive_and_wait();  // nobody overwrites the exchange before all have read it
   return other;
 }
+inline unsigned __shfl_xor_sync(unsigned mask, unsigned x, int offset) {
+  return std::bit_cast<unsigned>(__shfl_xor_sync(mask, std::bit_cast<float>(x), offset));
+}
 // __shfl_sync: the value of lane `source` of the caller's warp (4-byte values).
 template <typename V>
 inline V __shfl_sync(unsigned, V x, int source) {
@@ -136,6 +139,9 @@ using std::max;
 using std::min;
 inline float rsqrtf(float x) {
   return 1.0f / std::sqrt(x);
+}
+inline float __fdiv_rn(float a, float b) {  // the host's division rounds correctly
+  return a / b;
 }
 inline float fmaxf(float a, float b) {
   return std::fmax(a, b);

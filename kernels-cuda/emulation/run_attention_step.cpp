@@ -4,6 +4,7 @@
 //
 //   run_attention_step DIR
 //   run_attention_step --rotations DIR
+//   run_attention_step --quantized DIR
 //
 // DIR holds config.txt ("B Hq Hkv L offset D dtype splits capacity qk_norm", dtype 0 = f16,
 // 1 = bf16) and float32 inputs, each exactly representable in the dtype: q.bin (B, L, Hq·D), k.bin
@@ -15,6 +16,11 @@
 // With --rotations, DIR holds rotations.txt ("D base") and positions.bin (int32) instead, and it
 // writes rotations.bin: float32 (positions, D/2, 3), the angle of each pair as the kernels form
 // it (the position times StepProblem's inverse frequency) and rope_cos_sin's cosine and sine.
+// With --quantized, config.txt is "B Hq Hkv L offset D dtype capacity qk_norm bits group_size"
+// and it runs step_preprocess into zeroed caches of the dtype (kc_plain.bin, vc_plain.bin,
+// q_plain.bin) and into zeroed quantized caches (kcodes.bin, vcodes.bin as uint32; kscales.bin,
+// kbiases.bin, vscales.bin, vbiases.bin; q_quant.bin).
+#include <array>
 #include <cstdio>
 #include <fstream>
 #include <functional>
@@ -163,6 +169,70 @@ int run(const std::string& dir, int b, int hq, int hkv, int L, int offset, int s
   return 0;
 }
 
+// --quantized: step_preprocess on caches of the dtype, then on quantized caches
+// (StepProblem::bits), from the same inputs (zeroed caches of `capacity` positions).
+template <typename T>
+int run_quantized(const std::string& dir, int b, int hq, int hkv, int L, int offset, int D,
+                  int capacity, bool qk_norm, int bits, int group_size) {
+  const auto q = to_t<T>(read(dir + "/q.bin")), k = to_t<T>(read(dir + "/k.bin"));
+  const auto v = to_t<T>(read(dir + "/v.bin"));
+  const auto qw = qk_norm ? to_t<T>(read(dir + "/qw.bin")) : std::vector<T>{};
+  const auto kw = qk_norm ? to_t<T>(read(dir + "/kw.bin")) : std::vector<T>{};
+  StepProblem s{};
+  s.q = q.data(), s.k = k.data(), s.v = v.data();
+  s.q_weight = qk_norm ? qw.data() : nullptr, s.k_weight = qk_norm ? kw.data() : nullptr;
+  s.qk_norm = qk_norm;
+  s.dtype = std::is_same_v<T, __half> ? ElementType::float16 : ElementType::bfloat16;
+  s.batch = b, s.length = L, s.q_heads = hq, s.kv_heads = hkv, s.head_dim = D, s.offset = offset;
+  s.eps = 1e-6f, s.log2_base = std::log2(1e6f);
+  for (int j = 0; j < D / 2; ++j) s.inv_freq[j] = rope_inverse_frequency(j, D / 2, s.log2_base);
+  const int64_t q_strides[3] = {int64_t(L) * hq * D, int64_t(hq) * D, 1};
+  const int64_t kv_strides[3] = {int64_t(L) * hkv * D, int64_t(hkv) * D, 1};
+  for (int a = 0; a < 3; ++a) {
+    s.q_strides[a] = q_strides[a];
+    s.k_strides[a] = s.v_strides[a] = kv_strides[a];
+  }
+  const int warps = 4;
+  auto strides = [&](int64_t last) {
+    return std::array<int64_t, 4>{
+        int64_t(hkv) * capacity * last, int64_t(capacity) * last, last, 1};
+  };
+  // Caches of the dtype.
+  std::vector<T> kc(size_t(b) * hkv * capacity * D), vc(kc.size()), q_plain(size_t(b) * hq * L * D);
+  auto plain = strides(D);
+  for (int a = 0; a < 4; ++a) s.kc_strides[a] = s.vc_strides[a] = plain[a];
+  s.q_out = q_plain.data(), s.k_cache = kc.data(), s.v_cache = vc.data();
+  const unsigned head_blocks = (hq + hkv + warps - 1) / warps;
+  launch(b * L, head_blocks, warps * 32, 1, [&] { step::step_preprocess<T>(s); });
+  // Quantized caches.
+  const int words = D * bits / 32, groups = D / group_size;
+  std::vector<uint32_t> kcodes(size_t(b) * hkv * capacity * words), vcodes(kcodes.size());
+  std::vector<T> sb[4];  // k scales, k biases, v scales, v biases
+  for (auto& a : sb) a.assign(size_t(b) * hkv * capacity * groups, T{});
+  std::vector<T> q_quant(q_plain.size());
+  auto coded = strides(words), grouped = strides(groups);
+  for (int a = 0; a < 4; ++a) {
+    s.kc_strides[a] = s.vc_strides[a] = coded[a];
+    s.sb_strides[a] = grouped[a];
+  }
+  s.bits = bits, s.group_size = group_size;
+  s.q_out = q_quant.data(), s.k_cache = kcodes.data(), s.v_cache = vcodes.data();
+  s.k_scales = sb[0].data(), s.k_biases = sb[1].data(), s.v_scales = sb[2].data();
+  s.v_biases = sb[3].data();
+  launch(b * L, head_blocks, warps * 32, 1, [&] { step::step_preprocess<T>(s); });
+  write(dir + "/kc_plain.bin", kc);
+  write(dir + "/vc_plain.bin", vc);
+  write(dir + "/q_plain.bin", q_plain);
+  write(dir + "/q_quant.bin", q_quant);
+  for (auto [name, codes] : {std::pair{"kcodes", &kcodes}, {"vcodes", &vcodes}}) {
+    std::ofstream(dir + "/" + name + ".bin", std::ios::binary)
+        .write(reinterpret_cast<const char*>(codes->data()), codes->size() * sizeof(uint32_t));
+  }
+  const char* names[] = {"kscales", "kbiases", "vscales", "vbiases"};
+  for (int i = 0; i < 4; ++i) write(dir + "/" + names[i] + ".bin", sb[i]);
+  return 0;
+}
+
 int rotations(const std::string& dir) {
   std::ifstream config(dir + "/rotations.txt");
   int D;
@@ -194,6 +264,21 @@ int rotations(const std::string& dir) {
 
 int main(int argc, char** argv) {
   if (argc == 3 && std::string(argv[1]) == "--rotations") return rotations(argv[2]);
+  if (argc == 3 && std::string(argv[1]) == "--quantized") {
+    const std::string dir = argv[2];
+    std::ifstream config(dir + "/config.txt");
+    int b, hq, hkv, L, offset, D, dtype, capacity, qk_norm, bits, group_size;
+    if (!(config >> b >> hq >> hkv >> L >> offset >> D >> dtype >> capacity >> qk_norm >> bits >>
+          group_size) ||
+        D % 64 != 0 || D > 256 || D % group_size != 0) {
+      std::fprintf(stderr, "bad %s/config.txt\n", dir.c_str());
+      return 2;
+    }
+    return dtype == 0 ? run_quantized<__half>(dir, b, hq, hkv, L, offset, D, capacity, qk_norm,
+                                              bits, group_size)
+                      : run_quantized<__nv_bfloat16>(dir, b, hq, hkv, L, offset, D, capacity,
+                                                     qk_norm, bits, group_size);
+  }
   if (argc != 2) {
     std::fprintf(stderr, "usage: %s DIR | --rotations DIR\n", argv[0]);
     return 2;

@@ -16,18 +16,22 @@ namespace {
 std::atomic<uint64_t> cache_copies{0};
 std::atomic<uint64_t> folded_steps{0};
 
-std::string shape_str(const mx::array& a) {
+std::string shape_str(const mx::Shape& shape) {
   std::ostringstream os;
   os << "(";
-  for (int i = 0; i < static_cast<int>(a.ndim()); ++i) {
-    os << (i ? ", " : "") << a.shape(i);
+  for (size_t i = 0; i < shape.size(); ++i) {
+    os << (i ? ", " : "") << shape[i];
   }
-  os << (a.ndim() == 1 ? ",)" : ")");
+  os << (shape.size() == 1 ? ",)" : ")");
   return os.str();
 }
 
-[[noreturn]] void fail(const std::string& message) {
-  throw std::invalid_argument("[attention_step] " + message);
+std::string shape_str(const mx::array& a) {
+  return shape_str(a.shape());
+}
+
+[[noreturn]] void fail(const std::string& message, const char* op = "attention_step") {
+  throw std::invalid_argument("[" + std::string(op) + "] " + message);
 }
 
 // How many arrays share `a`'s descriptor: the first half of is_donatable(), which MLX keeps
@@ -52,63 +56,46 @@ ElementType element_type(mx::Dtype t) {
   return ElementType::bfloat16;
 }
 
-}  // namespace
+// q's dtype, and both norm weights or neither: the steps' first checks.
+void check_q_and_norms(
+    const char* op,
+    const mx::array& q,
+    const std::optional<mx::array>& q_norm_weight,
+    const std::optional<mx::array>& k_norm_weight) {
+  const mx::Dtype dtype = q.dtype();
+  if (dtype != mx::float32 && dtype != mx::float16 && dtype != mx::bfloat16) {
+    std::ostringstream os;
+    os << "q must be float32, float16 or bfloat16, got " << dtype;
+    fail(os.str(), op);
+  }
+  if (q_norm_weight.has_value() != k_norm_weight.has_value()) {
+    fail(std::string(q_norm_weight ? "k_norm_weight" : "q_norm_weight") + " is None while " +
+             (q_norm_weight ? "q_norm_weight" : "k_norm_weight") +
+             " is not: pass both norm weights or neither",
+         op);
+  }
+}
 
-std::vector<mx::array> attention_step(
+// The checks both steps share: q, k, v and the norm weights against caches of `cache`'s shape
+// (batch, kv_heads, capacity, ·) holding cache_head_dim values per row, and the step's constants.
+// Returns head_dim.
+int check_step(
+    const char* op,
     const mx::array& q,
     const mx::array& k,
     const mx::array& v,
     const std::optional<mx::array>& q_norm_weight,
     const std::optional<mx::array>& k_norm_weight,
-    const mx::array& k_cache,
-    const mx::array& v_cache,
+    const mx::Shape& cache,
+    int cache_head_dim,
     int offset,
     float eps,
-    float rope_base,
-    float scale,
-    const std::string& schedule,
-    bool owned_caches,
-    std::optional<bool> fold,
-    mx::StreamOrDevice s) {
-  if (std::find(schedules().begin(), schedules().end(), schedule) == schedules().end()) {
-    std::string names;
-    for (const auto& n : schedules()) names += (names.empty() ? "" : ", ") + n;
-    fail("unknown schedule '" + schedule + "': use one of " + names);
-  }
-  const mx::Dtype dtype = q.dtype();
-  if (dtype != mx::float32 && dtype != mx::float16 && dtype != mx::bfloat16) {
-    std::ostringstream os;
-    os << "q must be float32, float16 or bfloat16, got " << dtype;
-    fail(os.str());
-  }
-  if (q_norm_weight.has_value() != k_norm_weight.has_value()) {
-    fail(std::string(q_norm_weight ? "k_norm_weight" : "q_norm_weight") +
-         " is None while " + (q_norm_weight ? "q_norm_weight" : "k_norm_weight") +
-         " is not: pass both norm weights or neither");
-  }
+    float rope_base) {
+  auto fail = [op](const std::string& message) { attn_kernels::fail(message, op); };
   const bool qk_norm = q_norm_weight.has_value();
-  std::vector<std::pair<const char*, const mx::array*>> all = {
-      {"q", &q}, {"k", &k}, {"v", &v}, {"k_cache", &k_cache}, {"v_cache", &v_cache}};
-  if (qk_norm) {
-    all.push_back({"q_norm_weight", &*q_norm_weight});
-    all.push_back({"k_norm_weight", &*k_norm_weight});
-  }
-  for (auto [name, a] : all) {
-    if (a->dtype() != dtype) {
-      std::ostringstream os;
-      os << name << " must have q's dtype " << dtype << ", got " << a->dtype();
-      fail(os.str());
-    }
-  }
   for (auto [name, a] : {std::pair{"q", &q}, {"k", &k}, {"v", &v}}) {
     if (a->ndim() != 3) {
       fail(std::string(name) + " must have shape (batch, length, heads * head_dim), got " +
-           shape_str(*a));
-    }
-  }
-  for (auto [name, a] : {std::pair{"k_cache", &k_cache}, {"v_cache", &v_cache}}) {
-    if (a->ndim() != 4) {
-      fail(std::string(name) + " must have shape (batch, kv_heads, capacity, head_dim), got " +
            shape_str(*a));
     }
   }
@@ -125,24 +112,20 @@ std::vector<mx::array> attention_step(
     }
   }
   // head_dim: the norm weights' size, or without norms the caches'.
-  const int head_dim = qk_norm ? q_norm_weight->shape(0) : k_cache.shape(3);
+  const int head_dim = qk_norm ? q_norm_weight->shape(0) : cache_head_dim;
   if (head_dim < 2 || head_dim % 2 != 0 || head_dim > kMaxHeadDim) {
     fail(std::string("head_dim (the ") + (qk_norm ? "norm weights'" : "caches' last") +
          " size) must be even and in [2, " + std::to_string(kMaxHeadDim) + "], got " +
          std::to_string(head_dim));
   }
-  if (k_cache.shape() != v_cache.shape()) {
-    fail("k_cache and v_cache must have the same shape, got " + shape_str(k_cache) + " and " +
-         shape_str(v_cache));
-  }
   const int batch = q.shape(0), length = q.shape(1);
-  const int kv_heads = k_cache.shape(1), capacity = k_cache.shape(2);
-  if (k_cache.shape(3) != head_dim) {
-    fail("the caches' head_dim " + std::to_string(k_cache.shape(3)) +
+  const int kv_heads = cache[1], capacity = cache[2];
+  if (cache_head_dim != head_dim) {
+    fail("the caches' head_dim " + std::to_string(cache_head_dim) +
          " differs from the norm weights' " + std::to_string(head_dim));
   }
-  if (k_cache.shape(0) != batch) {
-    fail("the caches' batch " + std::to_string(k_cache.shape(0)) + " differs from q's " +
+  if (cache[0] != batch) {
+    fail("the caches' batch " + std::to_string(cache[0]) + " differs from q's " +
          std::to_string(batch));
   }
   if (length < 1) {
@@ -174,6 +157,60 @@ std::vector<mx::array> attention_step(
   if (!(rope_base > 0.0f)) {
     fail("rope_base must be positive, got " + std::to_string(rope_base));
   }
+  return head_dim;
+}
+
+}  // namespace
+
+std::vector<mx::array> attention_step(
+    const mx::array& q,
+    const mx::array& k,
+    const mx::array& v,
+    const std::optional<mx::array>& q_norm_weight,
+    const std::optional<mx::array>& k_norm_weight,
+    const mx::array& k_cache,
+    const mx::array& v_cache,
+    int offset,
+    float eps,
+    float rope_base,
+    float scale,
+    const std::string& schedule,
+    bool owned_caches,
+    std::optional<bool> fold,
+    mx::StreamOrDevice s) {
+  if (std::find(schedules().begin(), schedules().end(), schedule) == schedules().end()) {
+    std::string names;
+    for (const auto& n : schedules()) names += (names.empty() ? "" : ", ") + n;
+    fail("unknown schedule '" + schedule + "': use one of " + names);
+  }
+  check_q_and_norms("attention_step", q, q_norm_weight, k_norm_weight);
+  const mx::Dtype dtype = q.dtype();
+  const bool qk_norm = q_norm_weight.has_value();
+  std::vector<std::pair<const char*, const mx::array*>> all = {
+      {"q", &q}, {"k", &k}, {"v", &v}, {"k_cache", &k_cache}, {"v_cache", &v_cache}};
+  if (qk_norm) {
+    all.push_back({"q_norm_weight", &*q_norm_weight});
+    all.push_back({"k_norm_weight", &*k_norm_weight});
+  }
+  for (auto [name, a] : all) {
+    if (a->dtype() != dtype) {
+      std::ostringstream os;
+      os << name << " must have q's dtype " << dtype << ", got " << a->dtype();
+      fail(os.str());
+    }
+  }
+  for (auto [name, a] : {std::pair{"k_cache", &k_cache}, {"v_cache", &v_cache}}) {
+    if (a->ndim() != 4) {
+      fail(std::string(name) + " must have shape (batch, kv_heads, capacity, head_dim), got " +
+           shape_str(*a));
+    }
+  }
+  if (k_cache.shape() != v_cache.shape()) {
+    fail("k_cache and v_cache must have the same shape, got " + shape_str(k_cache) + " and " +
+         shape_str(v_cache));
+  }
+  check_step("attention_step", q, k, v, q_norm_weight, k_norm_weight, k_cache.shape(),
+             k_cache.shape(3), offset, eps, rope_base);
   std::vector<mx::array> inputs = {q, k, v, k_cache, v_cache};
   if (qk_norm) {
     inputs.push_back(*q_norm_weight);
@@ -196,8 +233,125 @@ bool AttentionStep::is_equivalent(const mx::Primitive& other) const {
          owned_caches_ == o.owned_caches_ && fold_ == o.fold_;
 }
 
-std::array<bool, 2> donate_caches(
-    const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs, bool owned_caches) {
+std::vector<mx::array> attention_step_quantized(
+    const mx::array& q,
+    const mx::array& k,
+    const mx::array& v,
+    const std::optional<mx::array>& q_norm_weight,
+    const std::optional<mx::array>& k_norm_weight,
+    const std::vector<mx::array>& k_cache,
+    const std::vector<mx::array>& v_cache,
+    int offset,
+    float eps,
+    float rope_base,
+    float scale,
+    int group_size,
+    int bits,
+    bool owned_caches,
+    mx::StreamOrDevice s) {
+  constexpr const char* op = "attention_step_quantized";
+  auto fail = [](const std::string& message) { attn_kernels::fail(message, op); };
+  if (bits != 4 && bits != 8) {
+    fail("bits must be 4 or 8, got " + std::to_string(bits));
+  }
+  if (group_size != 32 && group_size != 64 && group_size != 128) {
+    fail("group_size must be 32, 64 or 128, got " + std::to_string(group_size));
+  }
+  check_q_and_norms(op, q, q_norm_weight, k_norm_weight);
+  const mx::Dtype dtype = q.dtype();
+  const bool qk_norm = q_norm_weight.has_value();
+  std::vector<std::pair<const char*, const mx::array*>> same_dtype = {{"k", &k}, {"v", &v}};
+  if (qk_norm) {
+    same_dtype.push_back({"q_norm_weight", &*q_norm_weight});
+    same_dtype.push_back({"k_norm_weight", &*k_norm_weight});
+  }
+  const char* parts[] = {"codes", "scales", "biases"};
+  for (auto [name, triple] : {std::pair{"k_cache", &k_cache}, {"v_cache", &v_cache}}) {
+    if (triple->size() != 3) {
+      fail(std::string(name) + " must be a (codes, scales, biases) triple from mx.quantize, got " +
+           std::to_string(triple->size()) + " arrays");
+    }
+  }
+  for (auto [name, triple] : {std::pair{"k_cache", &k_cache}, {"v_cache", &v_cache}}) {
+    for (int t = 0; t < 3; ++t) {
+      if ((*triple)[t].ndim() != 4) {
+        fail(std::string(name) + "'s " + parts[t] +
+             " must have shape (batch, kv_heads, capacity, ·), got " + shape_str((*triple)[t]));
+      }
+      if (k_cache[t].shape() != v_cache[t].shape()) {
+        fail(std::string("k_cache and v_cache must have the same shapes, got ") + parts[t] + " " +
+             shape_str(k_cache[t]) + " and " + shape_str(v_cache[t]));
+      }
+    }
+    if ((*triple)[0].dtype() != mx::uint32) {
+      std::ostringstream os;
+      os << name << "'s codes must be uint32 (mx.quantize's packing), got " << (*triple)[0].dtype();
+      fail(os.str());
+    }
+  }
+  same_dtype.push_back({"k_cache's scales", &k_cache[1]});
+  same_dtype.push_back({"k_cache's biases", &k_cache[2]});
+  same_dtype.push_back({"v_cache's scales", &v_cache[1]});
+  same_dtype.push_back({"v_cache's biases", &v_cache[2]});
+  for (auto [name, a] : same_dtype) {
+    if (a->dtype() != dtype) {
+      std::ostringstream os;
+      os << name << " must have q's dtype " << dtype << ", got " << a->dtype();
+      fail(os.str());
+    }
+  }
+  const mx::Shape& codes = k_cache[0].shape();
+  const int head_dim = check_step(op, q, k, v, q_norm_weight, k_norm_weight, codes,
+                                  codes[3] * 32 / bits, offset, eps, rope_base);
+  if (head_dim % 64 != 0 || head_dim % group_size != 0) {
+    fail("head_dim must be a multiple of 64 and of group_size " + std::to_string(group_size) +
+         ", got " + std::to_string(head_dim));
+  }
+  if (codes[3] * 32 != head_dim * bits) {
+    fail("the codes hold " + std::to_string(codes[3]) + " words per row; head_dim " +
+         std::to_string(head_dim) + " at bits=" + std::to_string(bits) + " packs into " +
+         std::to_string(head_dim * bits / 32) + " (were they quantized with other bits?)");
+  }
+  const mx::Shape groups = {codes[0], codes[1], codes[2], head_dim / group_size};
+  if (k_cache[1].shape() != groups || k_cache[2].shape() != groups) {
+    fail("the scales and biases must have shape " + shape_str(groups) + " (one per group of " +
+         std::to_string(group_size) + " values), got " + shape_str(k_cache[1]) + " and " +
+         shape_str(k_cache[2]) + " (were they quantized with another group_size?)");
+  }
+  std::vector<mx::array> inputs = {q, k, v};
+  std::vector<mx::Shape> shapes = {q.shape()};
+  std::vector<mx::Dtype> dtypes = {dtype};
+  for (const auto* triple : {&k_cache, &v_cache}) {
+    for (const auto& a : *triple) {
+      inputs.push_back(a);
+      shapes.push_back(a.shape());
+      dtypes.push_back(a.dtype());
+    }
+  }
+  if (qk_norm) {
+    inputs.push_back(*q_norm_weight);
+    inputs.push_back(*k_norm_weight);
+  }
+  return mx::array::make_arrays(
+      std::move(shapes), std::move(dtypes),
+      std::make_shared<AttentionStepQuantized>(
+          mx::to_stream(s), offset, qk_norm, qk_norm ? eps : 0.0f, rope_base, scale, group_size,
+          bits, owned_caches),
+      std::move(inputs));
+}
+
+bool AttentionStepQuantized::is_equivalent(const mx::Primitive& other) const {
+  auto& o = static_cast<const AttentionStepQuantized&>(other);
+  return offset_ == o.offset_ && qk_norm_ == o.qk_norm_ && eps_ == o.eps_ &&
+         rope_base_ == o.rope_base_ && scale_ == o.scale_ && group_size_ == o.group_size_ &&
+         bits_ == o.bits_ && owned_caches_ == o.owned_caches_;
+}
+
+std::vector<bool> donate_caches(
+    const std::vector<mx::array>& inputs,
+    std::vector<mx::array>& outputs,
+    bool owned_caches,
+    int first_cache_input) {
   // Each output of a multi-output primitive holds its own copy of the input list, so a cache
   // that nothing else references is held once per output and is_donatable() is never true.
   // The outputs other than the one being evaluated lose their lists right after this eval
@@ -216,14 +370,14 @@ std::array<bool, 2> donate_caches(
       }
     }
   }
-  std::array<bool, 2> donated{};
-  for (int c = 0; c < 2; ++c) {
+  std::vector<bool> donated(outputs.size() - 1);
+  for (size_t c = 0; c < donated.size(); ++c) {
     // MLX's is_donatable(in, out) (backend/common/utils.h) plus the condition of the Vector
     // copy copy_gpu/copy_cpu donate under (the whole buffer, row-contiguous). With owned caches
     // only the array must be unshared: other references to its buffer are the caller's views
     // (promised not to be read past offset) and MLX's hold on it for earlier steps still
     // running on the stream (their kernels read only positions before offset and run first).
-    const auto& in = inputs[kKCacheInput + c];
+    const auto& in = inputs[first_cache_input + c];
     auto& out = outputs[1 + c];
     constexpr size_t donation_extra = 16384;
     const bool unshared = owned_caches
@@ -276,12 +430,18 @@ StepProblem make_step_problem(
     int offset,
     bool qk_norm,
     float eps,
-    float rope_base) {
+    float rope_base,
+    int bits,
+    int group_size) {
   const auto& q = inputs[0];
   const auto& k_cache = outputs[1];
+  // The quantized step's outputs: out, key codes, scales, biases, value codes, scales, biases.
+  const auto& v_cache = outputs[bits ? 4 : 2];
   StepProblem p{};
   p.dtype = element_type(q.dtype());
-  p.head_dim = k_cache.shape(3);
+  p.head_dim = bits ? k_cache.shape(3) * 32 / bits : k_cache.shape(3);
+  p.bits = bits;
+  p.group_size = group_size;
   p.qk_norm = qk_norm;
   p.batch = q.shape(0);
   p.length = q.shape(1);
@@ -296,8 +456,9 @@ StepProblem make_step_problem(
     p.v_strides[i] = inputs[2].strides()[i];
   }
   for (int i = 0; i < 4; ++i) {
-    p.kc_strides[i] = outputs[1].strides()[i];
-    p.vc_strides[i] = outputs[2].strides()[i];
+    p.kc_strides[i] = k_cache.strides()[i];
+    p.vc_strides[i] = v_cache.strides()[i];
+    p.sb_strides[i] = bits ? outputs[2].strides()[i] : 0;  // every scale and bias array alike
   }
   return p;
 }
@@ -329,6 +490,46 @@ DecodeProblem make_step_attention(
     p.q_strides[i] = q_strides[i];
     p.k_strides[i] = step.kc_strides[i];
     p.v_strides[i] = step.vc_strides[i];
+  }
+  return p;
+}
+
+QuantizedProblem make_step_quantized_attention(
+    const StepProblem& step, const void* queries, void* out, float scale) {
+  QuantizedProblem p{};
+  p.queries = queries;
+  p.k_codes = static_cast<const uint32_t*>(step.k_cache);
+  p.k_scales = step.k_scales;
+  p.k_biases = step.k_biases;
+  p.v_codes = static_cast<const uint32_t*>(step.v_cache);
+  p.v_scales = step.v_scales;
+  p.v_biases = step.v_biases;
+  p.mask = nullptr;
+  p.out = out;
+  p.dtype = step.dtype;
+  p.mask_dtype = ElementType::float32;
+  p.q_heads = step.q_heads;
+  p.kv_heads = step.kv_heads;
+  p.rows = step.batch * step.q_heads;
+  p.kv_rows = step.batch * step.kv_heads;
+  p.query_len = step.length;
+  p.head_dim = step.head_dim;
+  p.context = step.offset + step.length;
+  p.group = step.q_heads / step.kv_heads;
+  p.bits = step.bits;
+  p.group_size = step.group_size;
+  p.scale = scale;
+  p.causal = true;
+  const int64_t L = step.length, D = step.head_dim;
+  const int64_t q_strides[4] = {step.q_heads * L * D, L * D, D, 1};
+  for (int i = 0; i < 4; ++i) {
+    p.q_strides[i] = q_strides[i];
+    p.m_strides[i] = 0;
+    p.k_strides[0][i] = step.kc_strides[i];
+    p.v_strides[0][i] = step.vc_strides[i];
+    for (int t = 1; t < 3; ++t) {
+      p.k_strides[t][i] = p.v_strides[t][i] = step.sb_strides[i];
+    }
   }
   return p;
 }

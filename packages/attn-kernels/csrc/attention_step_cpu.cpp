@@ -2,9 +2,11 @@
 // then the CPU attention kernel (decode_attention_cpu) over the caches.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "attention_step.h"
+#include "decode_attention_quantized.h"
 #include "mlx/backend/cpu/encoder.h"
 
 namespace attn_kernels {
@@ -36,6 +38,42 @@ void norm_rope_row(
     const float a = y[j], b = y[j + half];
     dst[j * dst_stride] = static_cast<T>(a * cos_t[j] - b * sin_t[j]);
     dst[(j + half) * dst_stride] = static_cast<T>(a * sin_t[j] + b * cos_t[j]);
+  }
+}
+
+// One row of D values quantized into a quantized cache's row at `position` as MLX's CPU
+// quantize does (affine_group; rint, codes clamped to [0, 2^bits - 1]); c: 0 keys, 1 values.
+template <typename T>
+void quantize_row_cpu(const T* x, const StepProblem& p, int b, int h, int position, int c) {
+  const int G = p.group_size, bits = p.bits, per_word = 32 / bits;
+  const float n_bins = static_cast<float>((1 << bits) - 1);
+  const int64_t* cs = c == 0 ? p.kc_strides : p.vc_strides;
+  uint32_t* codes = static_cast<uint32_t*>(c == 0 ? p.k_cache : p.v_cache) + b * cs[0] +
+                    h * cs[1] + position * cs[2];
+  const int64_t at = b * p.sb_strides[0] + h * p.sb_strides[1] + position * p.sb_strides[2];
+  T* scales = static_cast<T*>(c == 0 ? p.k_scales : p.v_scales) + at;
+  T* biases = static_cast<T*>(c == 0 ? p.k_biases : p.v_biases) + at;
+  for (int g = 0; g < p.head_dim / G; ++g) {
+    const T* w = x + g * G;
+    float w_min = std::numeric_limits<float>::infinity(), w_max = -w_min;
+    for (int j = 0; j < G; ++j) {
+      w_max = std::max(w_max, static_cast<float>(w[j]));
+      w_min = std::min(w_min, static_cast<float>(w[j]));
+    }
+    const AffineGroup a = affine_group(
+        w_min, w_max, bits, [](float n, float d) { return n / d; },
+        [](float v) { return std::rint(v); });
+    for (int word = 0; word < G / per_word; ++word) {
+      uint32_t packed = 0;
+      for (int e = 0; e < per_word; ++e) {
+        const float value = static_cast<float>(w[word * per_word + e]);
+        const float code = std::rint((value - a.bias) / a.scale);
+        packed |= static_cast<uint32_t>(std::min(std::max(code, 0.0f), n_bins)) << (bits * e);
+      }
+      codes[(int64_t{g} * G / per_word + word) * cs[3]] = packed;
+    }
+    scales[g * p.sb_strides[3]] = static_cast<T>(a.scale);
+    biases[g * p.sb_strides[3]] = static_cast<T>(a.bias);
   }
 }
 
@@ -71,9 +109,19 @@ void preprocess_cpu(const StepProblem& p) {
       }
       for (int h = 0; h < p.kv_heads; ++h) {
         const T* x = k + b * p.k_strides[0] + i * p.k_strides[1] + int64_t{h} * D * p.k_strides[2];
+        const T* vx = v + b * p.v_strides[0] + i * p.v_strides[1] + int64_t{h} * D * p.v_strides[2];
+        if (p.bits) {  // the rows as the dtype holds them, then quantized
+          T row[kMaxHeadDim];
+          norm_rope_row(x, p.k_strides[2], kw, p.eps, c, s, D, row, 1);
+          quantize_row_cpu(row, p, b, h, pos, 0);
+          for (int d = 0; d < D; ++d) {
+            row[d] = vx[d * p.v_strides[2]];
+          }
+          quantize_row_cpu(row, p, b, h, pos, 1);
+          continue;
+        }
         T* dst = k_cache + b * p.kc_strides[0] + h * p.kc_strides[1] + pos * p.kc_strides[2];
         norm_rope_row(x, p.k_strides[2], kw, p.eps, c, s, D, dst, p.kc_strides[3]);
-        const T* vx = v + b * p.v_strides[0] + i * p.v_strides[1] + int64_t{h} * D * p.v_strides[2];
         T* vdst = v_cache + b * p.vc_strides[0] + h * p.vc_strides[1] + pos * p.vc_strides[2];
         for (int d = 0; d < D; ++d) {
           vdst[d * p.vc_strides[3]] = vx[d * p.v_strides[2]];
@@ -90,24 +138,33 @@ struct CacheCopy {
   void* dst;
   mx::Strides strides;  // the source's
   mx::Shape shape;
+  size_t itemsize;  // 2 or 4: a copy moves bits, whatever the type
 };
 
-template <typename T>
-void copy_cache(const CacheCopy& c) {
-  const T* src = static_cast<const T*>(c.src);
-  T* dst = static_cast<T*>(c.dst);
+template <typename Item>
+void copy_items(const CacheCopy& c) {
+  const Item* src = static_cast<const Item*>(c.src);
+  Item* dst = static_cast<Item*>(c.dst);
   const auto& strides = c.strides;
   const auto& shape = c.shape;
   size_t n = 0;
   for (int a = 0; a < shape[0]; ++a) {
     for (int b = 0; b < shape[1]; ++b) {
       for (int c = 0; c < shape[2]; ++c) {
-        const T* row = src + a * strides[0] + b * strides[1] + c * strides[2];
+        const Item* row = src + a * strides[0] + b * strides[1] + c * strides[2];
         for (int d = 0; d < shape[3]; ++d) {
           dst[n++] = row[d * strides[3]];
         }
       }
     }
+  }
+}
+
+void copy_cache(const CacheCopy& c) {
+  if (c.itemsize == 4) {
+    copy_items<uint32_t>(c);
+  } else {
+    copy_items<uint16_t>(c);
   }
 }
 
@@ -119,23 +176,28 @@ void run_step_cpu(
     const std::vector<CacheCopy>& copies,
     CpuPath path) {
   for (const auto& c : copies) {
-    copy_cache<T>(c);
+    copy_cache(c);
   }
   const size_t q_elems = size_t(step.batch) * step.q_heads * step.length * step.head_dim;
   std::vector<T> queries(q_elems);
   StepProblem p = step;
   p.q_out = queries.data();
   preprocess_cpu<T>(p);
+  auto attend = [&](void* dst) {
+    if (p.bits) {
+      decode_attention_quantized_cpu(make_step_quantized_attention(p, queries.data(), dst, scale));
+    } else {
+      decode_attention_cpu(make_step_attention(p, queries.data(), p.k_cache, p.v_cache, dst, scale),
+                           path);
+    }
+  };
   if (step.length == 1) {
-    decode_attention_cpu(
-        make_step_attention(p, queries.data(), p.k_cache, p.v_cache, out, scale), path);
+    attend(out);
     return;
   }
   // (B, Hq, L, D) from the kernel, (B, L, Hq, D) for o_proj.
   std::vector<T> heads_first(q_elems);
-  decode_attention_cpu(
-      make_step_attention(p, queries.data(), p.k_cache, p.v_cache, heads_first.data(), scale),
-      path);
+  attend(heads_first.data());
   const int L = step.length, H = step.q_heads, D = step.head_dim;
   T* o = static_cast<T*>(out);
   for (int b = 0; b < step.batch; ++b) {
@@ -163,7 +225,8 @@ void AttentionStep::eval_cpu(
       const auto& in = inputs[kKCacheInput + c];
       auto& out = outputs[1 + c];
       out.set_data(mx::allocator::malloc(out.nbytes()));
-      copies.push_back({in.data<void>(), out.data<void>(), in.strides(), in.shape()});
+      copies.push_back(
+          {in.data<void>(), out.data<void>(), in.strides(), in.shape(), in.itemsize()});
     }
   }
   auto& encoder = mx::cpu::get_command_encoder(stream());
@@ -201,6 +264,60 @@ void AttentionStep::eval_cpu(
         break;
     }
   });
+}
+
+void AttentionStepQuantized::eval_cpu(
+    const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  auto& out = outputs[0];
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  std::vector<CacheCopy> copies;
+  const auto donated = donate_caches(inputs, outputs, owned_caches_, kQuantizedCacheInput);
+  for (int c = 0; c < 6; ++c) {
+    if (!donated[c]) {
+      const auto& in = inputs[kQuantizedCacheInput + c];
+      auto& cache = outputs[1 + c];
+      cache.set_data(mx::allocator::malloc(cache.nbytes()));
+      copies.push_back(
+          {in.data<void>(), cache.data<void>(), in.strides(), in.shape(), in.itemsize()});
+    }
+  }
+  auto& encoder = mx::cpu::get_command_encoder(stream());
+  for (const auto& in : inputs) {
+    encoder.set_input_array(in);
+  }
+  for (auto& o : outputs) {
+    encoder.set_output_array(o);
+  }
+  StepProblem step = make_step_problem(
+      inputs, outputs, offset_, qk_norm_, eps_, rope_base_, bits_, group_size_);
+  step.q = inputs[0].data<void>();
+  step.k = inputs[1].data<void>();
+  step.v = inputs[2].data<void>();
+  if (qk_norm_) {
+    step.q_weight = inputs[kQuantizedQNormInput].data<void>();
+    step.k_weight = inputs[kQuantizedKNormInput].data<void>();
+  }
+  step.k_cache = outputs[1].data<void>();
+  step.k_scales = outputs[2].data<void>();
+  step.k_biases = outputs[3].data<void>();
+  step.v_cache = outputs[4].data<void>();
+  step.v_scales = outputs[5].data<void>();
+  step.v_biases = outputs[6].data<void>();
+  // (The quantized kernel picks its instruction set itself: the path argument goes unused.)
+  encoder.dispatch(
+      [step, scale = scale_, o = out.data<void>(), copies = std::move(copies)]() {
+        switch (step.dtype) {
+          case ElementType::float32:
+            run_step_cpu<float>(step, scale, o, copies, CpuPath::portable);
+            break;
+          case ElementType::float16:
+            run_step_cpu<mx::float16_t>(step, scale, o, copies, CpuPath::portable);
+            break;
+          default:
+            run_step_cpu<mx::bfloat16_t>(step, scale, o, copies, CpuPath::portable);
+            break;
+        }
+      });
 }
 
 }  // namespace attn_kernels

@@ -106,6 +106,26 @@ Returns:
       "stream"_a = nb::none(),
       "One decode step of attention after the projections (see attn_kernels.attention_step).");
   m.def(
+      "attention_step_quantized",
+      &attn_kernels::attention_step_quantized,
+      "q"_a,
+      "k"_a,
+      "v"_a,
+      "q_norm_weight"_a.none(),
+      "k_norm_weight"_a.none(),
+      "k_cache"_a,
+      "v_cache"_a,
+      "offset"_a,
+      "eps"_a,
+      "rope_base"_a,
+      "scale"_a,
+      "group_size"_a,
+      "bits"_a,
+      "owned_caches"_a = false,
+      nb::kw_only(),
+      "stream"_a = nb::none(),
+      "One decode step over a quantized cache (see attn_kernels.attention_step_quantized).");
+  m.def(
       "attention_step_cache_copies",
       &attn_kernels::attention_step_cache_copies,
       "How many times attention_step has copied a cache it could not update in place.");

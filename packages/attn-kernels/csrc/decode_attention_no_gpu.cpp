@@ -22,4 +22,10 @@ void AttentionStep::eval_gpu(const std::vector<mx::array>&, std::vector<mx::arra
       "without CUDA or Metal. Run on the CPU stream (stream=mx.cpu).");
 }
 
+void AttentionStepQuantized::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
+  throw std::runtime_error(
+      "[attention_step_quantized] this attn_kernels build has no GPU kernel: it was built against "
+      "an MLX without CUDA or Metal. Run on the CPU stream (stream=mx.cpu).");
+}
+
 }  // namespace attn_kernels

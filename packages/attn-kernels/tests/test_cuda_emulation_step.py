@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from conftest import TOLERANCE
 from emulation import CSRC, KERNELS_CUDA, build_runner
+from quantize_reference import mlx_quantize
 from step_reference import rope_angles, step_f64
 
 EPS, BASE = 1e-6, 1_000_000.0  # as the runner sets them
@@ -139,3 +140,95 @@ def test_rotations_in_float32(emulator, tmp_path, d, base):
     np.testing.assert_array_equal(angle, rope_angles(positions, d, base))
     np.testing.assert_allclose(cos, np.cos(angle), rtol=0, atol=2.0**-23)
     np.testing.assert_allclose(sin, np.sin(angle), rtol=0, atol=2.0**-23)
+
+
+@pytest.mark.parametrize("bits,group_size", [(4, 64), (8, 128), (4, 32)])
+def test_quantize_reference_is_mx_quantize_on_the_cpu(bits, group_size):
+    """The NumPy transcription's CPU rule gives mx.quantize's CPU bits (so the CUDA rule, which
+    differs from it in two named places, is read from MLX's source the same way)."""
+    w = (3.0 * mx.random.normal((4, 3, 50, 256), key=mx.random.key(bits))).astype(mx.bfloat16)
+    w = mx.concatenate([w, mx.abs(w), -mx.abs(w)], axis=0)  # groups all of one sign too
+    codes, scales, biases = mx.quantize(w, group_size=group_size, bits=bits, stream=mx.cpu)
+    ref_codes, ref_scales, ref_biases = mlx_quantize(
+        np.array(w.astype(mx.float32)), group_size, bits, "cpu"
+    )
+    np.testing.assert_array_equal(np.array(codes), ref_codes)
+    for got, ref in ((scales, ref_scales), (biases, ref_biases)):
+        expected = mx.array(ref).astype(mx.bfloat16).astype(mx.float32)
+        np.testing.assert_array_equal(np.array(got.astype(mx.float32)), np.array(expected))
+
+
+# (batch, Hq, Hkv, L, offset, D, dtype, qk_norm, bits, group_size)
+QUANTIZED_CASES = [
+    (1, 8, 2, 1, 100, 128, mx.bfloat16, True, 4, 64),
+    (1, 8, 2, 3, 255, 128, mx.float16, True, 8, 64),
+    (2, 4, 4, 2, 0, 64, mx.bfloat16, True, 4, 32),
+    (1, 16, 4, 1, 7, 256, mx.bfloat16, True, 8, 128),
+    (1, 8, 2, 2, 40, 128, mx.float16, False, 4, 128),
+    (1, 4, 2, 1, 0, 64, mx.bfloat16, False, 8, 32),
+]
+
+
+@pytest.mark.parametrize(
+    ("b", "hq", "hkv", "length", "offset", "d", "dtype", "qk_norm", "bits", "group_size"),
+    QUANTIZED_CASES,
+    ids=[
+        f"B{c[0]}-hq{c[1]}-hkv{c[2]}-L{c[3]}-o{c[4]}-D{c[5]}-{str(c[6]).split('.')[-1]}"
+        f"-b{c[8]}-g{c[9]}" + ("" if c[7] else "-nonorm")
+        for c in QUANTIZED_CASES
+    ],
+)
+def test_quantized_preprocessing_under_emulation(
+    emulator, tmp_path, b, hq, hkv, length, offset, d, dtype, qk_norm, bits, group_size
+):
+    """step_preprocess with StepProblem::bits (quantize_row) writes, at the new positions, the
+    triple that MLX's CUDA mx.quantize (the NumPy transcription) makes of the keys and values the
+    same kernel writes into a cache of the dtype, bit for bit; nothing else; the queries as
+    without quantization."""
+    end = offset + length
+    capacity = end + 3
+    keys = mx.random.split(mx.random.key(end + d + bits), 5)
+    inputs = [
+        mx.random.normal((b, length, hq * d), key=keys[0]),
+        2.0 * mx.random.normal((b, length, hkv * d), key=keys[1]),
+        mx.random.normal((b, length, hkv * d), key=keys[2]) + 0.5,
+        1.0 + 0.2 * mx.random.normal((d,), key=keys[3]),
+        1.0 + 0.2 * mx.random.normal((d,), key=keys[4]),
+    ]
+    # Value head 0 all negative: the CUDA rule's maximum starts at 0 (its bias is then 0).
+    v = inputs[2].reshape(b, length, hkv, d)
+    inputs[2] = mx.concatenate([-mx.abs(v[:, :, :1]) - 0.1, v[:, :, 1:]], axis=2).reshape(
+        b, length, hkv * d
+    )
+    inputs = [x.astype(dtype) for x in inputs]
+    (tmp_path / "config.txt").write_text(
+        f"{b} {hq} {hkv} {length} {offset} {d} {int(dtype == mx.bfloat16)} {capacity} "
+        f"{int(qk_norm)} {bits} {group_size}\n"
+    )
+    for name, x in zip(("q", "k", "v", "qw", "kw"), inputs, strict=True):
+        (tmp_path / f"{name}.bin").write_bytes(np.array(x.astype(mx.float32)).tobytes())
+    subprocess.run(
+        [str(emulator), "--quantized", str(tmp_path)], check=True, timeout=600, capture_output=True
+    )
+
+    def result(name, shape, dtype=np.float32):
+        return np.fromfile(tmp_path / f"{name}.bin", dtype=dtype).reshape(shape)
+
+    np.testing.assert_array_equal(
+        result("q_quant", (b, hq, length, d)), result("q_plain", (b, hq, length, d))
+    )
+    words, groups = d * bits // 32, d // group_size
+    for c in "kv":
+        plain = result(f"{c}c_plain", (b, hkv, capacity, d))
+        codes = result(f"{c}codes", (b, hkv, capacity, words), np.uint32)
+        scales = result(f"{c}scales", (b, hkv, capacity, groups))
+        biases = result(f"{c}biases", (b, hkv, capacity, groups))
+        ref_codes, ref_scales, ref_biases = mlx_quantize(
+            plain[:, :, offset:end], group_size, bits, "cuda"
+        )
+        np.testing.assert_array_equal(codes[:, :, offset:end], ref_codes, err_msg=f"{c} codes")
+        for got, ref, name in ((scales, ref_scales, "scales"), (biases, ref_biases, "biases")):
+            expected = np.array(mx.array(ref).astype(dtype).astype(mx.float32))
+            np.testing.assert_array_equal(got[:, :, offset:end], expected, err_msg=f"{c} {name}")
+        for got in (codes, scales, biases):  # every other position still zero
+            assert not got[:, :, :offset].any() and not got[:, :, end:].any()

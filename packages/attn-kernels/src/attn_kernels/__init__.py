@@ -4,7 +4,8 @@
 - `decode_attention_custom`: the fused `DecodeAttention` primitive (CPU, CUDA, Metal).
 - `decode_attention_quantized`: the same over a quantized KV cache (mlx-lm's layout).
 - `attention_step`: q/k RMSNorm, RoPE, the K/V cache write and decode attention in one
-  `AttentionStep` primitive (docs/fused-step.md).
+  `AttentionStep` primitive (docs/fused-step.md); `attention_step_quantized` the same over a
+  quantized cache.
 """
 
 import mlx.core  # noqa: F401  (loads libmlx before the extension)
@@ -20,6 +21,7 @@ from attn_kernels.attention_step import (
     attention_step,
     attention_step_cache_copies,
     attention_step_folds,
+    attention_step_quantized,
 )
 from attn_kernels.quantized import decode_attention_quantized, dequantize_kv
 
@@ -29,6 +31,7 @@ __all__ = [
     "attention_step",
     "attention_step_cache_copies",
     "attention_step_folds",
+    "attention_step_quantized",
     "causal_mask",
     "decode_attention_custom",
     "decode_attention_quantized",

@@ -109,6 +109,77 @@ def attention_step(
     return out, k_cache, v_cache
 
 
+def attention_step_quantized(
+    q: mx.array,
+    k: mx.array,
+    v: mx.array,
+    q_norm_weight: mx.array | None,
+    k_norm_weight: mx.array | None,
+    k_cache: tuple[mx.array, mx.array, mx.array],
+    v_cache: tuple[mx.array, mx.array, mx.array],
+    offset: int,
+    *,
+    eps: float | None = None,
+    rope_base: float,
+    scale: float | None = None,
+    group_size: int = 64,
+    bits: int = 8,
+    owned_caches: bool = False,
+    stream: mx.Stream | mx.Device | None = None,
+) -> tuple[mx.array, tuple[mx.array, ...], tuple[mx.array, ...]]:
+    """`attention_step` over a quantized cache (mlx-lm's QuantizedKVCache layout), as one
+    `AttentionStepQuantized` primitive on the CPU and CUDA.
+
+    The chain it replaces is attention_step's with the cache write quantized:
+    `k_cache[..., offset:offset + L, :] = mx.quantize(k, group_size, bits)` (each array of the
+    triple; likewise v), then `decode_attention_quantized` over the first offset + L positions.
+
+    Args:
+        q, k, v, q_norm_weight, k_norm_weight, offset, eps, rope_base, scale, owned_caches: as in
+            `attention_step`.
+        k_cache, v_cache: (codes, scales, biases) as `mx.quantize` gives them: codes uint32
+            (B, Hkv, capacity, D·bits/32), scales and biases (B, Hkv, capacity, D/group_size) in
+            q's dtype, positions [0, offset) written. D must be a multiple of 64 and of group_size.
+        group_size: 32, 64 or 128. bits: 4 or 8.
+
+    The new keys (normalised, rotated, rounded to q's dtype) and values are quantized as
+    `mx.quantize` does on the device that runs the step (MLX's CPU and CUDA kernels round ties
+    differently), so the cache holds the codes the chain would write.
+
+    Returns:
+        (out, k_cache, v_cache): out (B, L, Hq·D); the triples with the new positions written, in
+        place where MLX's donation rule (or owned_caches) allows, else copied.
+    """
+    if (q_norm_weight is None) != (k_norm_weight is None):
+        raise ValueError(
+            "[attention_step_quantized] pass both norm weights (q/k RMSNorm) or neither"
+        )
+    qk_norm = q_norm_weight is not None
+    if qk_norm and eps is None:
+        raise ValueError("[attention_step_quantized] eps is needed with the norm weights")
+    if scale is None:
+        head_dim = q_norm_weight.shape[0] if qk_norm else k_cache[0].shape[-1] * 32 // bits
+        scale = 1.0 / math.sqrt(head_dim)
+    out, *caches = _ext.attention_step_quantized(
+        q,
+        k,
+        v,
+        q_norm_weight,
+        k_norm_weight,
+        list(k_cache),
+        list(v_cache),
+        int(offset),
+        float(eps) if qk_norm else 0.0,
+        float(rope_base),
+        float(scale),
+        int(group_size),
+        int(bits),
+        bool(owned_caches),
+        stream=stream,
+    )
+    return out, tuple(caches[:3]), tuple(caches[3:])
+
+
 def attention_step_cache_copies() -> int:
     """Caches `attention_step` has copied so far in this process (0 in a donating decode loop)."""
     return _ext.attention_step_cache_copies()

@@ -91,6 +91,8 @@ QUANTIZED_GROUP_SIZES: dict[str, tuple[int, ...]] = {
 
 # Backends whose AttentionStep kernel has run (Metal's launcher has not run on a Mac yet).
 STEP_BACKENDS = ("cpu", "cuda")
+# Backends with an AttentionStepQuantized kernel (none for Metal).
+QUANTIZED_STEP_BACKENDS = ("cpu", "cuda")
 
 
 def backend() -> str:
@@ -175,6 +177,32 @@ def use_fused_quantized(
     max_query, max_context = QUANTIZED_LIMITS[where]
     plain = mask is None or (isinstance(mask, str) and mask == "causal")
     return plain and 1 <= query_len <= max_query and query_len <= context <= max_context
+
+
+def use_step_quantized(
+    query_len: int,
+    context: int,
+    head_dim: int,
+    mask,
+    backend: str | None = None,
+    *,
+    dtype: mx.Dtype | None = None,
+    group_size: int | None = None,
+) -> bool:
+    """True where a decode step with a quantized cache goes through `attention_step_quantized`
+    (q/k norm, RoPE, the quantized cache write and attention in one op): inside
+    use_fused_quantized's region, causal as use_step, head_dim a multiple of 64, on a backend in
+    QUANTIZED_STEP_BACKENDS."""
+    where = _default_backend() if backend is None else backend
+    causal = (isinstance(mask, str) and mask == "causal") or (mask is None and query_len == 1)
+    return (
+        causal
+        and where in QUANTIZED_STEP_BACKENDS
+        and head_dim % 64 == 0
+        and use_fused_quantized(
+            query_len, context, mask, where, head_dim=head_dim, dtype=dtype, group_size=group_size
+        )
+    )
 
 
 _default_backend = backend
