@@ -8,8 +8,8 @@ causal; RMS and largest absolute error over every output value.
 A second figure separates faithfulness from luck: each path's error against float64 attention
 over the dequantized codes (scale * code + bias in float32), the function both paths compute.
 
-On a GPU, ATTN_QUANTIZED_VARIANT picks the CUDA kernel (mmacp by default, 8x2, mma) and the
-record names it. --bits and --group-size narrow the grid.
+On a GPU, ATTN_QUANTIZED_VARIANT picks the CUDA kernel (mmat4 by default; the variants are
+listed in tools/quantized_variants.py) and the record names it. --bits and --group-size narrow the grid.
 """
 
 import argparse
@@ -118,7 +118,7 @@ def main() -> None:
                 "contexts": contexts,
                 "dtype": "bfloat16",
                 # the CUDA kernel's variant (kernels-cuda/decode_attention_quantized.cu)
-                "cuda_variant": os.environ.get("ATTN_QUANTIZED_VARIANT", "mmacp")
+                "cuda_variant": os.environ.get("ATTN_QUANTIZED_VARIANT", "mmat4")
                 if args.device == "gpu"
                 else None,
             },

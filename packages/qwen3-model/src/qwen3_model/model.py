@@ -4,8 +4,9 @@ projections (the chapter's baseline); "decode-attention" runs, inside the fused 
 measured region (attn_kernels.guard, asked in Attention.__call__), one AttentionStep per layer
 (q/k norm, RoPE, the cache write and attention in one op) on fused q/k/v and gate/up projections
 (Model.fuse_projections, done at load; docs/fused-step.md), and outside it, and for prefill,
-mx.fast.scaled_dot_product_attention. A quantized cache goes through decode_attention_quantized
-where measured, else the dequantised cache through mx.fast."""
+mx.fast.scaled_dot_product_attention. A quantized cache goes through one AttentionStepQuantized
+per layer in decode (the new position quantized inside the step) and decode_attention_quantized
+elsewhere where measured, else the dequantised cache through mx.fast."""
 
 from __future__ import annotations
 
@@ -14,17 +15,19 @@ import mlx.nn as nn
 from attn_kernels import (
     SCHEDULES,
     attention_step,
+    attention_step_quantized,
     decode_attention_custom,
     decode_attention_quantized,
     dequantize_kv,
     guard,
     scaled_dot_product_attention,
 )
-from attn_kernels.guard import use_fused, use_fused_quantized, use_step
+from attn_kernels.guard import use_fused, use_fused_quantized, use_step, use_step_quantized
 
 from qwen3_model.add_norm import add_rms_norm
 from qwen3_model.cache import KVCache
 from qwen3_model.configs import ModelArgs
+from qwen3_model.quantized_cache import QuantizedKVCache
 from qwen3_model.sharding import shard
 
 CHECKPOINTS = ("composition", "decode-attention")
@@ -162,6 +165,39 @@ class Attention(nn.Module):
                 # they stay in place while the previous step still runs (pipelined generation).
                 owned_caches=True,
                 fold=self.fold_step,
+            )
+            cache.advance(keys, values, length)
+            return project_out(self.o_proj, out, residual, self.residual_in_matmul)
+        if (
+            step
+            and isinstance(cache, QuantizedKVCache)
+            and use_step_quantized(
+                length,
+                offset + length,
+                self.head_dim,
+                mask,
+                where,
+                dtype=q.dtype,
+                group_size=cache.group_size,
+            )
+        ):
+            # The same over a quantized cache: the new position quantized inside the step.
+            keys, values = cache.reserve(k.dtype, b, self.n_kv_heads, length, self.head_dim)
+            out, keys, values = attention_step_quantized(
+                q,
+                k,
+                v,
+                self.q_norm.weight,
+                self.k_norm.weight,
+                keys,
+                values,
+                offset,
+                eps=self.eps,
+                rope_base=self.rope_base,
+                scale=self.scale,
+                group_size=cache.group_size,
+                bits=cache.bits,
+                owned_caches=True,
             )
             cache.advance(keys, values, length)
             return project_out(self.o_proj, out, residual, self.residual_in_matmul)

@@ -37,6 +37,30 @@ class QuantizedKVCache:
                 g[:, :, :start, :] = old[:, :, :start, :]
         return grown
 
+    def reserve(
+        self, dtype: mx.Dtype, b: int, h: int, length: int, d: int
+    ) -> tuple[tuple[mx.array, ...], tuple[mx.array, ...]]:
+        """The triples, grown (a copy, once every `step` tokens) to hold `length` more
+        positions, for attention_step_quantized to write."""
+        if d % self.group_size:
+            raise ValueError(f"kv_group_size {self.group_size} does not divide head_dim {d}")
+        start, end = self.offset, self.offset + length
+        if end > self.capacity:
+            capacity = -(-end // self.step) * self.step
+            like = (
+                mx.zeros((b, h, 1, d * self.bits // 32), mx.uint32),
+                mx.zeros((b, h, 1, d // self.group_size), dtype),
+                mx.zeros((b, h, 1, d // self.group_size), dtype),
+            )
+            self.keys = self._grow(self.keys, like, capacity, start)
+            self.values = self._grow(self.values, like, capacity, start)
+        return tuple(self.keys), tuple(self.values)
+
+    def advance(self, keys: tuple, values: tuple, length: int) -> None:
+        """Take the triples an AttentionStepQuantized returned (as KVCache.advance)."""
+        self.keys, self.values = list(keys), list(values)
+        self.offset += length
+
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[tuple, tuple]:
         if keys.shape[-1] % self.group_size:
             raise ValueError(
