@@ -89,3 +89,18 @@ def test_quantized_group_sizes():
     assert guard.use_fused_quantized(1, 4096, None, "cuda")
     assert not guard.use_fused_quantized(1, 4096, None, "metal", group_size=64)
     assert set(guard.QUANTIZED_GROUP_SIZES) == set(guard.QUANTIZED_LIMITS)
+
+
+def test_quantized_step_region():
+    """attention_step_quantized inside the quantized region, one causal token, head dims that
+    are multiples of 64, on the CPU and CUDA only."""
+    bf16 = mx.bfloat16
+    for where in ("cpu", "cuda"):
+        assert guard.use_step_quantized(1, 4096, 128, None, where, dtype=bf16, group_size=64)
+        assert guard.use_step_quantized(1, 4096, 128, "causal", where, dtype=bf16, group_size=32)
+        assert not guard.use_step_quantized(2, 4096, 128, None, where, dtype=bf16, group_size=64)
+        assert not guard.use_step_quantized(1, 4096, 128, None, where, dtype=bf16, group_size=16)
+    _, max_context = guard.QUANTIZED_LIMITS["cpu"]
+    assert not guard.use_step_quantized(1, max_context + 1, 128, None, "cpu", dtype=bf16)
+    assert not guard.use_step_quantized(1, 4096, 128, None, "metal", dtype=bf16, group_size=64)
+    assert set(guard.QUANTIZED_STEP_BACKENDS) <= set(guard.QUANTIZED_LIMITS)

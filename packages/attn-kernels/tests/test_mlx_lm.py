@@ -466,7 +466,8 @@ def test_quantized_cache_decode_through_the_quantized_op(bits, monkeypatch):
 @pytest.mark.usefixtures("any_head_dim_and_dtype")
 def test_quantized_cache_greedy_tokens_match_mlx_lm():
     """mlx-lm's qwen3 with an 8-bit QuantizedKVCache: the same greedy tokens with and without
-    the kernel, the decode steps through the quantized op."""
+    the kernel, the decode steps through the quantized op (the attention function's path:
+    fused_step=False; with the fused step they take attention_step_quantized, test_mlx_lm_step)."""
     model = tiny_model("qwen3")
     prompt, steps = prompt_ids(12), 8
 
@@ -479,7 +480,7 @@ def test_quantized_cache_greedy_tokens_match_mlx_lm():
         return tokens
 
     theirs = run()
-    with kernel.enabled():
+    with kernel.enabled(fused_step=False):
         ours = run()
         counts = kernel.calls()
     assert ours == theirs

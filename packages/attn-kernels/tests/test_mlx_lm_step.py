@@ -256,10 +256,6 @@ FALLBACKS = {
         qwen3_model(rope_scaling={"type": "linear", "factor": 2.0}),
         make_prompt_cache,
     ),
-    "quantized cache": lambda: (
-        qwen3_model(),
-        lambda _: [QuantizedKVCache(group_size=32, bits=8) for _ in range(LAYERS)],
-    ),
     "rotating cache": lambda: (
         qwen3_model(),
         lambda _: [RotatingKVCache(max_size=64) for _ in range(LAYERS)],
@@ -294,8 +290,8 @@ FALLBACKS = {
         arch_model("qwen2", rope_scaling={"type": "linear", "factor": 2.0}),
         make_prompt_cache,
     ),
-    "llama: quantized cache": lambda: (
-        arch_model("llama"),
+    "mistral: quantized cache, D 96 (the quantized step takes multiples of 64)": lambda: (
+        arch_model("mistral"),
         lambda _: [QuantizedKVCache(group_size=32, bits=8) for _ in range(LAYERS)],
     ),
 }
@@ -472,3 +468,44 @@ def test_fused_step_on_cuda(case, steps):
     assert our_error <= 1.1 * their_error
     assert calls["fused_step"] == LAYERS * count
     assert steps == [(1, 12 + i, 256) for i in range(count) for _ in range(LAYERS)]
+
+
+# (arch, group size, bits) of mlx-lm's QuantizedKVCache whose decode steps take the quantized step.
+QUANTIZED_STEP_CASES = {
+    "qwen3-D128-g32-8bit": ("qwen3", 32, 8),
+    "qwen3-D128-g64-4bit": ("qwen3", 64, 4),
+    "llama-D64-g64-4bit": ("llama", 64, 4),
+}
+
+
+@pytest.mark.usefixtures("any_head_dim_and_dtype")
+@pytest.mark.parametrize("case", QUANTIZED_STEP_CASES)
+def test_quantized_cache_decodes_through_the_quantized_step(case):
+    """With mlx-lm's QuantizedKVCache (float32) every decode step runs attention_step_quantized
+    (none reaches the attention function), the cache grows as mlx-lm's, layer 0's values are
+    quantized to mlx-lm's codes bit for bit, and tokens and logits are mlx-lm's."""
+    arch, group_size, bits = QUANTIZED_STEP_CASES[case]
+    model = arch_model(arch)
+    prompt, count = prompt_ids(12), 10
+
+    def run(fused):
+        cache = [QuantizedKVCache(group_size=group_size, bits=bits) for _ in range(LAYERS)]
+        with kernel.enabled(fused_step=fused):
+            logits = [model(prompt, cache=cache)[:, -1]]
+            tokens = []
+            for _ in range(count):
+                tokens.append(mx.argmax(logits[-1], axis=-1).item())
+                logits.append(model(mx.array([[tokens[-1]]]), cache=cache)[:, -1])
+            return tokens, logits, cache, kernel.calls()
+
+    theirs, their_logits, their_cache, their_calls = run(False)
+    ours, our_logits, our_cache, calls = run(True)
+    assert their_calls["fused_step"] == 0
+    assert calls == {"fused": 0, "fused_quantized": 0, "fused_step": LAYERS * count, "mlx_lm": 2}
+    assert ours == theirs and len(set(ours)) > count // 2
+    assert max_difference(our_logits, their_logits) <= 1e-3
+    for a, b in zip(our_cache, their_cache, strict=True):
+        assert a.offset == b.offset
+        assert [x.shape for x in (*a.keys, *a.values)] == [x.shape for x in (*b.keys, *b.values)]
+    for x, y in zip(our_cache[0].values, their_cache[0].values, strict=True):
+        assert mx.array_equal(x[..., : 12 + count, :], y[..., : 12 + count, :]).item()

@@ -23,7 +23,9 @@ records. mlx-lm itself is optional: this module imports without it, enable() nee
 enable() also replaces `Attention.__call__` of mlx-lm's llama (and so mistral), qwen2 and qwen3
 modules (step.STEP_MODELS): decode steps the guard accepts (guard.use_step) with a plain KVCache
 and plain RoPE run q/k norm (Qwen3), RoPE, the cache write and attention as one `attention_step`
-on the cache's buffers (step.py); everything else runs mlx-lm's method. enable(fused_step=False)
+on the cache's buffers (step.py), and with a QuantizedKVCache (guard.use_step_quantized: head dim
+a multiple of 64) one `attention_step_quantized` on its triples; everything else runs mlx-lm's
+method. enable(fused_step=False)
 leaves those methods alone: only the attention function is replaced.
 """
 
@@ -159,15 +161,19 @@ def enable(fused_step: bool = True) -> None:
             _rotating = cache.RotatingKVCache
             _rebind(_original, scaled_dot_product_attention)
             _enabled = True
-        _set_fused_step(fused_step, cache.KVCache)
+        _set_fused_step(fused_step, cache.KVCache, cache.QuantizedKVCache)
 
 
-def _set_fused_step(on: bool, kv_cache: type | None = None) -> None:
+def _set_fused_step(
+    on: bool, kv_cache: type | None = None, quantized_kv_cache: type | None = None
+) -> None:
     if on and not _replaced:
         for name, norms in step.STEP_MODELS.items():
             attention = importlib.import_module(f"mlx_lm.models.{name}").Attention
             _replaced[attention] = attention.__dict__["__call__"]
-            attention.__call__ = step.fused_call(_replaced[attention], kv_cache, _calls, norms)
+            attention.__call__ = step.fused_call(
+                _replaced[attention], kv_cache, _calls, norms, quantized_kv_cache
+            )
     elif not on:
         for attention, call in _replaced.items():
             attention.__call__ = call

@@ -5,7 +5,9 @@ qwen2 and qwen3 modules (STEP_MODELS).
 A decode step that attn_kernels.guard.use_step accepts (the question qwen3_model's attention
 asks) with mlx-lm's plain KVCache runs q/k RMSNorm (Qwen3 only: Llama and Qwen2 have none),
 RoPE, the cache write and attention as one `attention_step` on the cache's own buffers, then
-o_proj as mlx-lm does. The q/k/v projections stay mlx-lm's Linear layers (with Qwen2's biases);
+o_proj as mlx-lm does; with mlx-lm's QuantizedKVCache, where guard.use_step_quantized accepts
+it, one `attention_step_quantized` on its triples (the new position quantized as mx.quantize
+does). The q/k/v projections stay mlx-lm's Linear layers (with Qwen2's biases);
 the op takes their outputs. The cache grows exactly as KVCache.update_and_fetch grows it, and
 afterwards holds only the buffers the op returned (owned_caches: nothing else holds them, and
 the cache reads [0, offset) of them). Every other call runs mlx-lm's method unchanged: prefill
@@ -21,8 +23,8 @@ from collections.abc import Callable
 import mlx.core as mx
 import mlx.nn as nn
 
-from attn_kernels.attention_step import attention_step
-from attn_kernels.guard import use_step
+from attn_kernels.attention_step import attention_step, attention_step_quantized
+from attn_kernels.guard import use_step, use_step_quantized
 
 # mlx-lm model modules whose Attention class the fused step replaces, and the attribute names of
 # that class's q/k RMSNorm modules (None: no q/k norm).
@@ -63,17 +65,51 @@ def grow(cache, b: int, heads: int, length: int, head_dim: int, dtype: mx.Dtype)
     return cache.keys, cache.values
 
 
+def grow_quantized(cache, b: int, heads: int, length: int, head_dim: int, dtype: mx.Dtype):
+    """The (codes, scales, biases) triples of mlx-lm's QuantizedKVCache with room for `length`
+    more positions, grown as its update_and_fetch grows them."""
+    prev = cache.offset
+    if cache.keys is None or prev + length > cache.keys[0].shape[-2]:
+        shape = (b, heads, (cache.step + length - 1) // cache.step * cache.step)
+        widths = (head_dim * cache.bits // 32, head_dim // cache.group_size)
+
+        def zeros():
+            return (
+                mx.zeros((*shape, widths[0]), mx.uint32),
+                mx.zeros((*shape, widths[1]), dtype),
+                mx.zeros((*shape, widths[1]), dtype),
+            )
+
+        if cache.keys is None:
+            cache.keys, cache.values = zeros(), zeros()
+        else:
+            grown = []
+            for triple in (cache.keys, cache.values):
+                if prev % cache.step != 0:
+                    triple = tuple(a[..., :prev, :] for a in triple)
+                pairs = zip(triple, zeros(), strict=True)
+                grown.append(tuple(mx.concatenate([a, z], axis=-2) for a, z in pairs))
+            cache.keys, cache.values = grown
+    return cache.keys, cache.values
+
+
 def fused_call(
-    original: Callable, kv_cache: type, calls: dict, norms: tuple[str, str] | None
+    original: Callable,
+    kv_cache: type,
+    calls: dict,
+    norms: tuple[str, str] | None,
+    quantized_kv_cache: type | None = None,
 ) -> Callable:
-    """mlx-lm's `Attention.__call__` with decode steps through `attention_step`; `original` is
-    mlx-lm's method, `kv_cache` mlx-lm's KVCache class, `norms` the names of the q/k RMSNorm
-    attributes (None: the model has none), calls["fused_step"] counts the fused steps."""
+    """mlx-lm's `Attention.__call__` with decode steps through `attention_step` (and, with a
+    QuantizedKVCache, `attention_step_quantized`); `original` is mlx-lm's method, `kv_cache` and
+    `quantized_kv_cache` mlx-lm's cache classes, `norms` the names of the q/k RMSNorm attributes
+    (None: the model has none), calls["fused_step"] counts the fused steps."""
 
     def __call__(self, x: mx.array, mask=None, cache=None) -> mx.array:
         weight = getattr(self.q_proj, "weight", None)  # Linear or QuantizedLinear: (Hq·D, ...)
+        quantized = quantized_kv_cache is not None and type(cache) is quantized_kv_cache
         if (
-            type(cache) is not kv_cache
+            not (type(cache) is kv_cache or quantized)
             or not (mask is None or isinstance(mask, str))
             or weight is None
         ):
@@ -87,31 +123,40 @@ def fused_call(
         # The guard before the projections, so that prefill and long contexts go straight to
         # mlx-lm's method without projections built twice.
         dtype = x.dtype
-        if not use_step(length, offset + length, head_dim, mask, dtype=dtype):
+        if quantized:
+            group_size = cache.group_size
+            taken = use_step_quantized(
+                length, offset + length, head_dim, mask, dtype=dtype, group_size=group_size
+            )
+        else:
+            taken = use_step(length, offset + length, head_dim, mask, dtype=dtype)
+        if not taken:
             return original(self, x, mask, cache)
         # Lazy: if the step is not taken below, these nodes are dropped unevaluated.
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         weights = (q_norm.weight, k_norm.weight) if norms else (None, None)
-        if any(a is not None and a.dtype != dtype for a in (q, k, v, *weights)) or (
-            cache.keys is not None and cache.keys.dtype != dtype
-        ):
+        cached = None if cache.keys is None else cache.keys[1] if quantized else cache.keys
+        if any(a is not None and a.dtype != dtype for a in (q, k, v, *weights, cached)):
             return original(self, x, mask, cache)
-        keys, values = grow(cache, b, self.n_kv_heads, length, head_dim, dtype)
+        options = dict(
+            eps=q_norm.eps if norms else None,
+            rope_base=self.rope.base,
+            scale=self.scale,
+            # The cache holds only the returned buffers and reads [0, offset) of them.
+            owned_caches=True,
+        )
         try:
-            out, keys, values = attention_step(
-                q,
-                k,
-                v,
-                *weights,
-                keys,
-                values,
-                offset,
-                eps=q_norm.eps if norms else None,
-                rope_base=self.rope.base,
-                scale=self.scale,
-                # The cache holds only the returned buffers and reads [0, offset) of them.
-                owned_caches=True,
-            )
+            if quantized:
+                keys, values = grow_quantized(cache, b, self.n_kv_heads, length, head_dim, dtype)
+                out, keys, values = attention_step_quantized(
+                    q, k, v, *weights, keys, values, offset,
+                    group_size=cache.group_size, bits=cache.bits, **options,
+                )  # fmt: skip
+            else:
+                keys, values = grow(cache, b, self.n_kv_heads, length, head_dim, dtype)
+                out, keys, values = attention_step(
+                    q, k, v, *weights, keys, values, offset, **options
+                )
         except ValueError:
             # A shape the op refuses; the cache grew as mlx-lm's would have, so its own method
             # continues from here.
