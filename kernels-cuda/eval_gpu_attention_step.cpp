@@ -41,6 +41,75 @@ void add_copy(mx::cu::CommandEncoder& encoder, cuda::StridedCopy copy, size_t it
       dim3(cuda::kCopyThreads), dim3(1, 1, 1), 0, args);
 }
 
+// The caches that could not be donated get their own buffers (outputs[1...]), filled from
+// their inputs (from first_input on) by copy nodes.
+void allocate_caches(std::vector<mx::array>& outputs, const std::vector<bool>& donated) {
+  for (size_t c = 0; c < donated.size(); ++c) {
+    if (!donated[c]) {
+      outputs[1 + c].set_data(mx::allocator::malloc(outputs[1 + c].nbytes()));
+    }
+  }
+}
+
+void copy_caches(
+    mx::cu::CommandEncoder& encoder,
+    const std::vector<mx::array>& inputs,
+    std::vector<mx::array>& outputs,
+    const std::vector<bool>& donated,
+    int first_input) {
+  for (size_t c = 0; c < donated.size(); ++c) {
+    if (!donated[c]) {
+      const auto& in = inputs[first_input + c];
+      cuda::StridedCopy copy{mx::gpu_ptr<void>(in), mx::gpu_ptr<void>(outputs[1 + c]), {}, {}, 0};
+      for (int a = 0; a < 4; ++a) {
+        copy.shape[a] = in.shape(a);
+        copy.strides[a] = in.strides()[a];
+      }
+      copy.size = static_cast<int64_t>(in.size());
+      encoder.set_input_array(in);
+      encoder.set_output_array(outputs[1 + c]);
+      add_copy(encoder, copy, in.itemsize());
+    }
+  }
+}
+
+// out's allocation: out | rotated queries (B, Hq, L, D) | heads-first attention output when
+// L > 1 | the split attention's partial states (as DecodeAttention keeps them behind its
+// output: one allocation per call). Byte offsets.
+struct Scratch {
+  size_t q_at, heads_at, partials_at;
+};
+Scratch scratch_layout(const StepProblem& step, const mx::array& out) {
+  const int L = step.length;
+  const size_t q_bytes = size_t(step.batch) * step.q_heads * L * step.head_dim * out.itemsize();
+  const size_t q_at = align256(out.nbytes());
+  const size_t heads_at = align256(q_at + q_bytes);
+  return {q_at, heads_at, L > 1 ? align256(heads_at + q_bytes) : heads_at};
+}
+
+// The preprocessing kernel (norms, RoPE, the cache writes) as its own node.
+void add_preprocess(mx::cu::CommandEncoder& encoder, StepProblem& step) {
+  void* args[] = {&step};
+  const unsigned heads = step.q_heads + step.kv_heads;
+  const unsigned head_blocks = (heads + cuda::kStepWarps - 1) / cuda::kStepWarps;
+  encoder.add_kernel_node_raw(
+      cuda::step_preprocess_kernel(step.dtype), dim3(step.batch * step.length, head_blocks),
+      dim3(cuda::kStepWarps * 32), dim3(1, 1, 1), 0, args);
+}
+
+// When L > 1: (B, Hq, L, D) -> (B, L, Hq, D), the source read as (B, L, Hq, D) via strides.
+void add_reorder(
+    mx::cu::CommandEncoder& encoder, mx::array& out, char* base, size_t heads_at,
+    const StepProblem& step) {
+  const int L = step.length, H = step.q_heads, D = step.head_dim;
+  if (L == 1) return;
+  cuda::StridedCopy reorder{
+      base + heads_at, base, {step.batch, L, H, D},
+      {int64_t{H} * L * D, D, int64_t{L} * D, 1}, int64_t{step.batch} * L * H * D};
+  encoder.set_output_array(out);
+  add_copy(encoder, reorder, out.itemsize());
+}
+
 }  // namespace
 
 void AttentionStep::eval_gpu(
@@ -48,11 +117,7 @@ void AttentionStep::eval_gpu(
   auto& out = outputs[0];
   auto& encoder = mx::cu::get_command_encoder(stream());
   const auto donated = donate_caches(inputs, outputs, owned_caches_);
-  for (int c = 0; c < 2; ++c) {
-    if (!donated[c]) {
-      outputs[1 + c].set_data(mx::allocator::malloc(outputs[1 + c].nbytes()));
-    }
-  }
+  allocate_caches(outputs, donated);
   StepProblem step = make_step_problem(inputs, outputs, offset_, qk_norm_, eps_, rope_base_);
   set_inverse_frequencies(step);
   step.q = mx::gpu_ptr<void>(inputs[0]);
@@ -65,40 +130,20 @@ void AttentionStep::eval_gpu(
   step.k_cache = mx::gpu_ptr<void>(outputs[1]);
   step.v_cache = mx::gpu_ptr<void>(outputs[2]);
 
-  // out's allocation: out | rotated queries (B, Hq, L, D) | heads-first attention output when
-  // L > 1 | the split attention's partial states (as DecodeAttention keeps them behind its
-  // output: one allocation per call).
   const int L = step.length;
-  const size_t q_bytes = size_t(step.batch) * step.q_heads * L * step.head_dim * out.itemsize();
-  const size_t q_at = align256(out.nbytes());
-  const size_t heads_at = align256(q_at + q_bytes);
-  const size_t partials_at = L > 1 ? align256(heads_at + q_bytes) : heads_at;
+  const Scratch at = scratch_layout(step, out);
   // Planned with the scratch's alignment (256 bytes; plan() checks 16), then pointed at it.
   DecodeProblem attention = make_step_attention(
       step, reinterpret_cast<const void*>(uintptr_t{256}), step.k_cache, step.v_cache, nullptr,
       scale_);
   const cuda::Plan plan = cuda::plan(attention, cuda::parse_schedule(schedule_));
-  out.set_data(mx::allocator::malloc(partials_at + plan.partial_floats * sizeof(float)));
+  out.set_data(mx::allocator::malloc(at.partials_at + plan.partial_floats * sizeof(float)));
   char* base = mx::gpu_ptr<char>(out);
-  step.q_out = base + q_at;
+  step.q_out = base + at.q_at;
   attention.queries = step.q_out;
-  attention.out = L == 1 ? static_cast<void*>(base) : base + heads_at;
-  float* partials = plan.splits > 1 ? reinterpret_cast<float*>(base + partials_at) : nullptr;
-
-  for (int c = 0; c < 2; ++c) {
-    if (!donated[c]) {
-      const auto& in = inputs[kKCacheInput + c];
-      cuda::StridedCopy copy{mx::gpu_ptr<void>(in), mx::gpu_ptr<void>(outputs[1 + c]), {}, {}, 0};
-      for (int a = 0; a < 4; ++a) {
-        copy.shape[a] = in.shape(a);
-        copy.strides[a] = in.strides()[a];
-      }
-      copy.size = static_cast<int64_t>(in.size());
-      encoder.set_input_array(in);
-      encoder.set_output_array(outputs[1 + c]);
-      add_copy(encoder, copy, in.itemsize());
-    }
-  }
+  attention.out = L == 1 ? static_cast<void*>(base) : base + at.heads_at;
+  float* partials = plan.splits > 1 ? reinterpret_cast<float*>(base + at.partials_at) : nullptr;
+  copy_caches(encoder, inputs, outputs, donated, kKCacheInput);
 
   // Dependencies by buffer: a node follows the last writer of every buffer it names. The
   // caches are named as outputs by both nodes (also the attend node, which only reads them), so
@@ -122,13 +167,7 @@ void AttentionStep::eval_gpu(
         plan.attend_step, attend_grid, dim3(plan.attend_threads), dim3(1, 1, 1),
         plan.attend_step_smem, args);
   } else {
-    void* preprocess_args[] = {&step};
-    const unsigned heads = step.q_heads + step.kv_heads;
-    const unsigned head_blocks = (heads + cuda::kStepWarps - 1) / cuda::kStepWarps;
-    encoder.add_kernel_node_raw(
-        cuda::step_preprocess_kernel(step.dtype), dim3(step.batch * L, head_blocks),
-        dim3(cuda::kStepWarps * 32), dim3(1, 1, 1), 0, preprocess_args);
-
+    add_preprocess(encoder, step);
     for (auto& o : outputs) {
       encoder.set_output_array(o);
     }
@@ -137,15 +176,7 @@ void AttentionStep::eval_gpu(
         plan.attend, attend_grid, dim3(plan.attend_threads), dim3(1, 1, 1), plan.attend_smem,
         attend_args);
   }
-
-  if (L > 1) {  // (B, Hq, L, D) -> (B, L, Hq, D): the source read as (B, L, Hq, D) via strides
-    const int H = step.q_heads, D = step.head_dim;
-    cuda::StridedCopy reorder{
-        base + heads_at, base, {step.batch, L, H, D},
-        {int64_t{H} * L * D, D, int64_t{L} * D, 1}, int64_t{step.batch} * L * H * D};
-    encoder.set_output_array(out);
-    add_copy(encoder, reorder, out.itemsize());
-  }
+  add_reorder(encoder, out, base, at.heads_at, step);
 }
 
 // The quantized step: the preprocessing kernel quantizing the new keys and values into the
@@ -156,11 +187,7 @@ void AttentionStepQuantized::eval_gpu(
   auto& out = outputs[0];
   auto& encoder = mx::cu::get_command_encoder(stream());
   const auto donated = donate_caches(inputs, outputs, owned_caches_, kQuantizedCacheInput);
-  for (int c = 0; c < 6; ++c) {
-    if (!donated[c]) {
-      outputs[1 + c].set_data(mx::allocator::malloc(outputs[1 + c].nbytes()));
-    }
-  }
+  allocate_caches(outputs, donated);
   StepProblem step = make_step_problem(
       inputs, outputs, offset_, qk_norm_, eps_, rope_base_, bits_, group_size_);
   set_inverse_frequencies(step);
@@ -178,37 +205,18 @@ void AttentionStepQuantized::eval_gpu(
   step.v_scales = mx::gpu_ptr<void>(outputs[5]);
   step.v_biases = mx::gpu_ptr<void>(outputs[6]);
 
-  // out's allocation as AttentionStep's: out | rotated queries | heads-first output (L > 1) |
-  // the split attention's partial states.
   const int L = step.length;
-  const size_t q_bytes = size_t(step.batch) * step.q_heads * L * step.head_dim * out.itemsize();
-  const size_t q_at = align256(out.nbytes());
-  const size_t heads_at = align256(q_at + q_bytes);
-  const size_t partials_at = L > 1 ? align256(heads_at + q_bytes) : heads_at;
+  const Scratch at = scratch_layout(step, out);
   QuantizedProblem attention = make_step_quantized_attention(
       step, reinterpret_cast<const void*>(uintptr_t{256}), nullptr, scale_);
   const cuda::QuantizedPlan plan = cuda::plan_quantized(attention);
-  out.set_data(mx::allocator::malloc(partials_at + plan.partial_floats * sizeof(float)));
+  out.set_data(mx::allocator::malloc(at.partials_at + plan.partial_floats * sizeof(float)));
   char* base = mx::gpu_ptr<char>(out);
-  step.q_out = base + q_at;
+  step.q_out = base + at.q_at;
   attention.queries = step.q_out;
-  attention.out = L == 1 ? static_cast<void*>(base) : base + heads_at;
-  float* partials = plan.splits > 1 ? reinterpret_cast<float*>(base + partials_at) : nullptr;
-
-  for (int c = 0; c < 6; ++c) {
-    if (!donated[c]) {
-      const auto& in = inputs[kQuantizedCacheInput + c];
-      cuda::StridedCopy copy{mx::gpu_ptr<void>(in), mx::gpu_ptr<void>(outputs[1 + c]), {}, {}, 0};
-      for (int a = 0; a < 4; ++a) {
-        copy.shape[a] = in.shape(a);
-        copy.strides[a] = in.strides()[a];
-      }
-      copy.size = static_cast<int64_t>(in.size());
-      encoder.set_input_array(in);
-      encoder.set_output_array(outputs[1 + c]);
-      add_copy(encoder, copy, in.itemsize());
-    }
-  }
+  attention.out = L == 1 ? static_cast<void*>(base) : base + at.heads_at;
+  float* partials = plan.splits > 1 ? reinterpret_cast<float*>(base + at.partials_at) : nullptr;
+  copy_caches(encoder, inputs, outputs, donated, kQuantizedCacheInput);
   // Dependencies as in AttentionStep::eval_gpu: the caches named as outputs only.
   for (int i = 0; i < static_cast<int>(inputs.size()); ++i) {
     if (i < kQuantizedCacheInput || i >= kQuantizedCacheInput + 6) {
@@ -218,12 +226,7 @@ void AttentionStepQuantized::eval_gpu(
   for (auto& o : outputs) {
     encoder.set_output_array(o);
   }
-  void* preprocess_args[] = {&step};
-  const unsigned heads = step.q_heads + step.kv_heads;
-  const unsigned head_blocks = (heads + cuda::kStepWarps - 1) / cuda::kStepWarps;
-  encoder.add_kernel_node_raw(
-      cuda::step_preprocess_kernel(step.dtype), dim3(step.batch * L, head_blocks),
-      dim3(cuda::kStepWarps * 32), dim3(1, 1, 1), 0, preprocess_args);
+  add_preprocess(encoder, step);
   for (auto& o : outputs) {
     encoder.set_output_array(o);
   }
@@ -233,14 +236,7 @@ void AttentionStepQuantized::eval_gpu(
   encoder.add_kernel_node_raw(
       plan.attend, dim3(plan.grid[0], plan.grid[1]), dim3(plan.threads), dim3(1, 1, 1), plan.smem,
       attend_args);
-  if (L > 1) {
-    const int H = step.q_heads, D = step.head_dim;
-    cuda::StridedCopy reorder{
-        base + heads_at, base, {step.batch, L, H, D},
-        {int64_t{H} * L * D, D, int64_t{L} * D, 1}, int64_t{step.batch} * L * H * D};
-    encoder.set_output_array(out);
-    add_copy(encoder, reorder, out.itemsize());
-  }
+  add_reorder(encoder, out, base, at.heads_at, step);
 }
 
 }  // namespace attn_kernels

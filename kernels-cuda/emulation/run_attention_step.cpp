@@ -88,30 +88,45 @@ void launch(unsigned gx, unsigned gy, int threads, size_t shared_floats,
   }
 }
 
+// The step's inputs from DIR (float32 files, each value exact in T) and the StepProblem that
+// reads them (contiguous projections; caches and outputs left for the caller).
+template <typename T>
+struct StepInputs {
+  std::vector<T> q, k, v, qw, kw;
+  StepInputs(const std::string& dir, bool qk_norm)
+      : q(to_t<T>(read(dir + "/q.bin"))),
+        k(to_t<T>(read(dir + "/k.bin"))),
+        v(to_t<T>(read(dir + "/v.bin"))),
+        qw(qk_norm ? to_t<T>(read(dir + "/qw.bin")) : std::vector<T>{}),
+        kw(qk_norm ? to_t<T>(read(dir + "/kw.bin")) : std::vector<T>{}) {}
+
+  StepProblem problem(int b, int hq, int hkv, int L, int offset, int D, bool qk_norm) const {
+    StepProblem s{};
+    s.q = q.data(), s.k = k.data(), s.v = v.data();
+    s.q_weight = qk_norm ? qw.data() : nullptr, s.k_weight = qk_norm ? kw.data() : nullptr;
+    s.qk_norm = qk_norm;
+    s.dtype = std::is_same_v<T, __half> ? ElementType::float16 : ElementType::bfloat16;
+    s.batch = b, s.length = L, s.q_heads = hq, s.kv_heads = hkv, s.head_dim = D;
+    s.offset = offset;
+    s.eps = 1e-6f, s.log2_base = std::log2(1e6f);
+    for (int j = 0; j < D / 2; ++j) s.inv_freq[j] = rope_inverse_frequency(j, D / 2, s.log2_base);
+    const int64_t q_strides[3] = {int64_t(L) * hq * D, int64_t(hq) * D, 1};
+    const int64_t kv_strides[3] = {int64_t(L) * hkv * D, int64_t(hkv) * D, 1};
+    for (int a = 0; a < 3; ++a) {
+      s.q_strides[a] = q_strides[a];
+      s.k_strides[a] = s.v_strides[a] = kv_strides[a];
+    }
+    return s;
+  }
+};
+
 template <typename T, int D>
 int run(const std::string& dir, int b, int hq, int hkv, int L, int offset, int splits,
         int capacity, bool qk_norm) {
-  const auto q = to_t<T>(read(dir + "/q.bin")), k = to_t<T>(read(dir + "/k.bin"));
-  const auto v = to_t<T>(read(dir + "/v.bin"));
-  const auto qw = qk_norm ? to_t<T>(read(dir + "/qw.bin")) : std::vector<T>{};
-  const auto kw = qk_norm ? to_t<T>(read(dir + "/kw.bin")) : std::vector<T>{};
+  const StepInputs<T> in(dir, qk_norm);
   const auto kc0 = to_t<T>(read(dir + "/kc.bin")), vc0 = to_t<T>(read(dir + "/vc.bin"));
-
-  StepProblem s{};
-  s.q = q.data(), s.k = k.data(), s.v = v.data();
-  s.q_weight = qk_norm ? qw.data() : nullptr, s.k_weight = qk_norm ? kw.data() : nullptr;
-  s.qk_norm = qk_norm;
-  s.dtype = std::is_same_v<T, __half> ? ElementType::float16 : ElementType::bfloat16;
-  s.batch = b, s.length = L, s.q_heads = hq, s.kv_heads = hkv, s.head_dim = D, s.offset = offset;
-  s.eps = 1e-6f, s.log2_base = std::log2(1e6f);
-  for (int j = 0; j < D / 2; ++j) s.inv_freq[j] = rope_inverse_frequency(j, D / 2, s.log2_base);
-  const int64_t q_strides[3] = {int64_t(L) * hq * D, int64_t(hq) * D, 1};
-  const int64_t kv_strides[3] = {int64_t(L) * hkv * D, int64_t(hkv) * D, 1};
+  StepProblem s = in.problem(b, hq, hkv, L, offset, D, qk_norm);
   const int64_t cache[4] = {int64_t(hkv) * capacity * D, int64_t(capacity) * D, D, 1};
-  for (int a = 0; a < 3; ++a) {
-    s.q_strides[a] = q_strides[a];
-    s.k_strides[a] = s.v_strides[a] = kv_strides[a];
-  }
   for (int a = 0; a < 4; ++a) s.kc_strides[a] = s.vc_strides[a] = cache[a];
 
   // make_step_attention()'s problem.
@@ -174,24 +189,8 @@ int run(const std::string& dir, int b, int hq, int hkv, int L, int offset, int s
 template <typename T>
 int run_quantized(const std::string& dir, int b, int hq, int hkv, int L, int offset, int D,
                   int capacity, bool qk_norm, int bits, int group_size) {
-  const auto q = to_t<T>(read(dir + "/q.bin")), k = to_t<T>(read(dir + "/k.bin"));
-  const auto v = to_t<T>(read(dir + "/v.bin"));
-  const auto qw = qk_norm ? to_t<T>(read(dir + "/qw.bin")) : std::vector<T>{};
-  const auto kw = qk_norm ? to_t<T>(read(dir + "/kw.bin")) : std::vector<T>{};
-  StepProblem s{};
-  s.q = q.data(), s.k = k.data(), s.v = v.data();
-  s.q_weight = qk_norm ? qw.data() : nullptr, s.k_weight = qk_norm ? kw.data() : nullptr;
-  s.qk_norm = qk_norm;
-  s.dtype = std::is_same_v<T, __half> ? ElementType::float16 : ElementType::bfloat16;
-  s.batch = b, s.length = L, s.q_heads = hq, s.kv_heads = hkv, s.head_dim = D, s.offset = offset;
-  s.eps = 1e-6f, s.log2_base = std::log2(1e6f);
-  for (int j = 0; j < D / 2; ++j) s.inv_freq[j] = rope_inverse_frequency(j, D / 2, s.log2_base);
-  const int64_t q_strides[3] = {int64_t(L) * hq * D, int64_t(hq) * D, 1};
-  const int64_t kv_strides[3] = {int64_t(L) * hkv * D, int64_t(hkv) * D, 1};
-  for (int a = 0; a < 3; ++a) {
-    s.q_strides[a] = q_strides[a];
-    s.k_strides[a] = s.v_strides[a] = kv_strides[a];
-  }
+  const StepInputs<T> in(dir, qk_norm);
+  StepProblem s = in.problem(b, hq, hkv, L, offset, D, qk_norm);
   const int warps = 4;
   auto strides = [&](int64_t last) {
     return std::array<int64_t, 4>{

@@ -140,65 +140,43 @@ class Attention(nn.Module):
         q, k, v = self.project(x, step)
         where = guard.backend()  # once per call: both of the guard's questions need it
         # The dispatch guard: the fused kernels only where they were measured to beat mx.fast;
-        # with a KVCache on a backend with a step kernel, one AttentionStep (guard.use_step).
-        if (
-            step
-            and isinstance(cache, KVCache)
-            and use_step(length, offset + length, self.head_dim, mask, where, dtype=q.dtype)
-        ):
-            # Norms, RoPE, the cache write and attention: one AttentionStep.
-            keys, values = cache.reserve(k.dtype, b, self.n_kv_heads, length, self.head_dim)
-            out, keys, values = attention_step(
-                q,
-                k,
-                v,
-                self.q_norm.weight,
-                self.k_norm.weight,
-                keys,
-                values,
-                offset,
-                eps=self.eps,
-                rope_base=self.rope_base,
-                scale=self.scale,
-                schedule=self.schedule,
-                # The cache holds only the returned buffers and reads [0, offset) of them, so
-                # they stay in place while the previous step still runs (pipelined generation).
-                owned_caches=True,
-                fold=self.fold_step,
+        # with a KVCache (or a QuantizedKVCache) on a backend with a step kernel, one
+        # AttentionStep (AttentionStepQuantized) per layer (guard.use_step, use_step_quantized).
+        quantized = isinstance(cache, QuantizedKVCache)
+        if step and (
+            (
+                isinstance(cache, KVCache)
+                and use_step(length, offset + length, self.head_dim, mask, where, dtype=q.dtype)
             )
-            cache.advance(keys, values, length)
-            return project_out(self.o_proj, out, residual, self.residual_in_matmul)
-        if (
-            step
-            and isinstance(cache, QuantizedKVCache)
-            and use_step_quantized(
-                length,
-                offset + length,
-                self.head_dim,
-                mask,
-                where,
-                dtype=q.dtype,
-                group_size=cache.group_size,
+            or (
+                quantized
+                and use_step_quantized(
+                    length,
+                    offset + length,
+                    self.head_dim,
+                    mask,
+                    where,
+                    dtype=q.dtype,
+                    group_size=cache.group_size,
+                )
             )
         ):
-            # The same over a quantized cache: the new position quantized inside the step.
+            # Norms, RoPE, the cache write (quantized: as mx.quantize) and attention in one op.
             keys, values = cache.reserve(k.dtype, b, self.n_kv_heads, length, self.head_dim)
-            out, keys, values = attention_step_quantized(
-                q,
-                k,
-                v,
-                self.q_norm.weight,
-                self.k_norm.weight,
-                keys,
-                values,
-                offset,
-                eps=self.eps,
-                rope_base=self.rope_base,
-                scale=self.scale,
-                group_size=cache.group_size,
-                bits=cache.bits,
-                owned_caches=True,
+            args = (q, k, v, self.q_norm.weight, self.k_norm.weight, keys, values, offset)
+            # The cache holds only the returned buffers and reads [0, offset) of them, so they
+            # stay in place while the previous step still runs (pipelined generation).
+            options = dict(
+                eps=self.eps, rope_base=self.rope_base, scale=self.scale, owned_caches=True
             )
+            if quantized:
+                out, keys, values = attention_step_quantized(
+                    *args, group_size=cache.group_size, bits=cache.bits, **options
+                )
+            else:
+                out, keys, values = attention_step(
+                    *args, schedule=self.schedule, fold=self.fold_step, **options
+                )
             cache.advance(keys, values, length)
             return project_out(self.o_proj, out, residual, self.residual_in_matmul)
         plain_cache = cache is None or isinstance(cache, KVCache)
