@@ -61,25 +61,28 @@ def rope_angles(positions, d, base):
     return (np.asarray(positions, dtype=np.float32)[:, None] * inv[None, :]).astype(np.float64)
 
 
+def norm_rope_f64(x, w, offset, d, eps, base):
+    """float64 per-head RMSNorm (none where w is None) and RoPE (dimension j pairs with
+    j + D/2) of new tokens x (B, L, H·D) at positions offset...: (B, L, H, D)."""
+    b, length, _ = x.shape
+    half = d // 2
+    theta = rope_angles(np.arange(offset, offset + length), d, base)  # (L, D/2)
+    cos, sin = np.cos(theta)[None, :, None, :], np.sin(theta)[None, :, None, :]
+    x = to_numpy(x).reshape(b, length, -1, d)
+    if w is not None:
+        x = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * to_numpy(w)
+    x1, x2 = x[..., :half], x[..., half:]
+    return np.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
+
+
 def step_f64(q, k, v, q_w, k_w, k_cache, v_cache, offset, eps, base, scale=None):
     """float64: per-head RMSNorm (none where q_w, k_w are None), RoPE (dimension j pairs with
     j + D/2), cache write, causal grouped attention over [0, offset + L). Returns
     (out (B, L, Hq·D), k_cache, v_cache)."""
     b, length, _ = q.shape
     d = k_cache.shape[-1]
-    half = d // 2
-    theta = rope_angles(np.arange(offset, offset + length), d, base)  # (L, D/2)
-    cos, sin = np.cos(theta)[None, :, None, :], np.sin(theta)[None, :, None, :]
-
-    def norm_rope(x, w):
-        x = to_numpy(x).reshape(b, length, -1, d)
-        if w is not None:
-            x = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * to_numpy(w)
-        x1, x2 = x[..., :half], x[..., half:]
-        return np.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
-
-    qh = norm_rope(q, q_w).transpose(0, 2, 1, 3)  # (B, Hq, L, D)
-    kh = norm_rope(k, k_w).transpose(0, 2, 1, 3)
+    qh = norm_rope_f64(q, q_w, offset, d, eps, base).transpose(0, 2, 1, 3)  # (B, Hq, L, D)
+    kh = norm_rope_f64(k, k_w, offset, d, eps, base).transpose(0, 2, 1, 3)
     vh = to_numpy(v).reshape(b, length, -1, d).transpose(0, 2, 1, 3)
     kc, vc = to_numpy(k_cache).copy(), to_numpy(v_cache).copy()
     kc[:, :, offset : offset + length] = kh

@@ -13,7 +13,8 @@ from attn_kernels import attention_step_cache_copies, attention_step_quantized
 from attn_kernels.quantized import decode_attention_quantized
 from conftest import TOLERANCE
 from reference import to_numpy
-from step_reference import rope_angles
+from step_reference import norm_rope_f64
+from test_attention_step import make_step as bf16_step
 
 EPS, BASE = 1e-6, 1_000_000.0  # Qwen3's
 DTYPES = [mx.float32, mx.float16, mx.bfloat16]
@@ -34,19 +35,14 @@ DEVICES = [
 
 
 def make_step(seed, b, hq, hkv, length, d, capacity, dtype, bits, group_size):
-    """New tokens' projections, norm weights near 1, quantized caches full of earlier K/V."""
-    keys = mx.random.split(mx.random.key(seed), 7)
-    q = mx.random.normal((b, length, hq * d), key=keys[0]).astype(dtype)
-    k = (2.0 * mx.random.normal((b, length, hkv * d), key=keys[1])).astype(dtype)
-    v = mx.random.normal((b, length, hkv * d), key=keys[2]).astype(dtype)
-    q_w = (1.0 + 0.2 * mx.random.normal((d,), key=keys[3])).astype(dtype)
-    k_w = (1.0 + 0.2 * mx.random.normal((d,), key=keys[4])).astype(dtype)
-    old_k = mx.random.normal((b, hkv, capacity, d), key=keys[5]).astype(dtype)
-    old_v = mx.random.normal((b, hkv, capacity, d), key=keys[6]).astype(dtype)
-    k_cache = mx.quantize(old_k, group_size=group_size, bits=bits, stream=mx.cpu)
-    v_cache = mx.quantize(old_v, group_size=group_size, bits=bits, stream=mx.cpu)
-    mx.eval(q, k, v, q_w, k_w, k_cache, v_cache)
-    return q, k, v, q_w, k_w, tuple(k_cache), tuple(v_cache)
+    """test_attention_step's step (projections, norm weights near 1, caches full of earlier
+    K/V), its caches quantized."""
+    *inputs, old_k, old_v = bf16_step(seed, b, hq, hkv, length, d, capacity, dtype)
+    caches = [
+        mx.quantize(c, group_size=group_size, bits=bits, stream=mx.cpu) for c in (old_k, old_v)
+    ]
+    mx.eval(caches)
+    return (*inputs, tuple(caches[0]), tuple(caches[1]))
 
 
 def heads(x, d):
@@ -84,24 +80,11 @@ def unpack(words, bits):
     return (words[..., None] >> shifts) & np.uint32((1 << bits) - 1)
 
 
-def rotate_f64(x, w, offset, d):
-    """float64 per-head RMSNorm (none where w is None) and RoPE: (B, H, L, D)."""
-    b, length, _ = x.shape
-    half = d // 2
-    x = to_numpy(x).reshape(b, length, -1, d)
-    if w is not None:
-        x = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + EPS) * to_numpy(w)
-    theta = rope_angles(np.arange(offset, offset + length), d, BASE)
-    cos, sin = np.cos(theta)[None, :, None, :], np.sin(theta)[None, :, None, :]
-    x1, x2 = x[..., :half], x[..., half:]
-    return np.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1).transpose(0, 2, 1, 3)
-
-
 def step_f64(q, q_w, k_cache, v_cache, offset, group_size, bits, d, scale):
     """float64: q normalised and rotated, causal attention over the dequantized caches' first
     offset + L positions (the codes the step wrote included)."""
     b, length, _ = q.shape
-    qh = rotate_f64(q, q_w, offset, d)
+    qh = norm_rope_f64(q, q_w, offset, d, EPS, BASE).transpose(0, 2, 1, 3)
     end = offset + length
     kc = dequantize(k_cache, group_size, bits)[:, :, :end]
     vc = dequantize(v_cache, group_size, bits)[:, :, :end]
@@ -171,7 +154,7 @@ def check_step(inputs, offset, device, bits, group_size, label):
     )
     scales = np.repeat(raw(new_k[1][:, :, offset:end]), group_size, axis=-1)
     biases = np.repeat(raw(new_k[2][:, :, offset:end]), group_size, axis=-1)
-    exact = rotate_f64(k, k_w, offset, d)
+    exact = norm_rope_f64(k, k_w, offset, d, EPS, BASE).transpose(0, 2, 1, 3)
     eps = ROUNDING[dtype]
     bound = 1.5 * np.abs(scales) + eps * (
         codes * np.abs(scales) + np.abs(biases) + 2 * np.abs(exact)

@@ -30,8 +30,10 @@ class QuantizedKVCache:
     def capacity(self) -> int:
         return 0 if self.keys is None else self.keys[0].shape[2]
 
-    def _grow(self, triples: list[mx.array] | None, new: tuple, capacity: int, start: int):
-        grown = [mx.zeros((*a.shape[:2], capacity, a.shape[3]), a.dtype) for a in new]
+    def _grow(self, triples: list[mx.array] | None, shapes: list, capacity: int, start: int):
+        """Zeroed arrays of `capacity` positions, (B, Hkv, last size, dtype) each, holding the
+        first `start` positions of `triples`."""
+        grown = [mx.zeros((b, h, capacity, last), dtype) for b, h, last, dtype in shapes]
         if triples is not None:
             for g, old in zip(grown, triples, strict=True):
                 g[:, :, :start, :] = old[:, :, :start, :]
@@ -47,13 +49,10 @@ class QuantizedKVCache:
         start, end = self.offset, self.offset + length
         if end > self.capacity:
             capacity = -(-end // self.step) * self.step
-            like = (
-                mx.zeros((b, h, 1, d * self.bits // 32), mx.uint32),
-                mx.zeros((b, h, 1, d // self.group_size), dtype),
-                mx.zeros((b, h, 1, d // self.group_size), dtype),
-            )
-            self.keys = self._grow(self.keys, like, capacity, start)
-            self.values = self._grow(self.values, like, capacity, start)
+            groups = d // self.group_size
+            shapes = [(b, h, d * self.bits // 32, mx.uint32), *[(b, h, groups, dtype)] * 2]
+            self.keys = self._grow(self.keys, shapes, capacity, start)
+            self.values = self._grow(self.values, shapes, capacity, start)
         return tuple(self.keys), tuple(self.values)
 
     def advance(self, keys: tuple, values: tuple, length: int) -> None:
@@ -71,8 +70,12 @@ class QuantizedKVCache:
         new_v = mx.quantize(values, group_size=self.group_size, bits=self.bits)
         if end > self.capacity:
             capacity = -(-end // self.step) * self.step
-            self.keys = self._grow(self.keys, new_k, capacity, start)
-            self.values = self._grow(self.values, new_v, capacity, start)
+            self.keys = self._grow(
+                self.keys, [(*a.shape[:2], a.shape[3], a.dtype) for a in new_k], capacity, start
+            )
+            self.values = self._grow(
+                self.values, [(*a.shape[:2], a.shape[3], a.dtype) for a in new_v], capacity, start
+            )
         for buffers, new in ((self.keys, new_k), (self.values, new_v)):
             for buffer, part in zip(buffers, new, strict=True):
                 buffer[:, :, start:end, :] = part
