@@ -112,9 +112,9 @@ bool is_mmat(const std::string& kind) {
 // 91-92 / 93 and mx.fast's 133 on bf16 K/V, docs/quantized-kv.md), or for A/B runs,
 // ATTN_QUANTIZED_VARIANT=mmacp (the untransposed tensor-core kernel on the same pipeline,
 // decode_attention_quantized_mma.cuh + _stages.cuh), mmat or mmat3 (mmat4's kernel sized for 2
-// or 3 blocks per SM), mmatp (mmat with two sub-steps per iteration; D = 128), 8x2 (the SIMT
-// kernel: 8 values per lane, 2 positions per step), 16x2, 8x4 or 8x2p (8x2 with the next step's
-// rows loaded while this step computes; these three bf16 only), mma (the tensor-core kernel loading straight into registers, where it applies, else
+// or 3 blocks per SM), 8x2 (the SIMT kernel: 8 values per lane, 2 positions per step), 16x2,
+// 8x4 or 8x2p (8x2 with the next step's rows loaded while this step computes; these three bf16
+// only), mma (the tensor-core kernel loading straight into registers, where it applies, else
 // 8x2), mma1, mma2 or mma4 (that many sub-steps of loads in flight; other than mma's default only
 // for bf16, D = 128, group 64).
 const std::string& variant(ElementType dtype) {
@@ -124,12 +124,12 @@ const std::string& variant(ElementType dtype) {
     // A typo must not time the default under another name.
     for (const char* known :
          {"8x2", "16x2", "8x4", "8x2p", "mma", "mma1", "mma2", "mma4", "mmacp", "mmat", "mmat3",
-          "mmat4", "mmatp"}) {
+          "mmat4"}) {
       if (name == known) return name;
     }
     throw std::invalid_argument("ATTN_QUANTIZED_VARIANT='" + name +
                                 "': use 8x2, 16x2, 8x4, 8x2p, mma, mma1, mma2, mma4, mmacp, "
-                                "mmat, mmat3, mmat4 or mmatp");
+                                "mmat, mmat3 or mmat4");
   }();
   static const std::string plain = chosen == "mmacp" || is_mmat(chosen) ? chosen
                                    : chosen.rfind("mma", 0) == 0 ? std::string("mma")
@@ -221,12 +221,12 @@ const Kernel& pipelined_kernel_for(const QuantizedProblem& p) {
   }
 }
 
-template <typename T, int BITS, int D, int GS, int BLOCKS, int PAIR = 1>
+template <typename T, int BITS, int D, int GS, int BLOCKS>
 const Kernel& mmat_kernel_for() {
   constexpr int kStages = mmat_stages<BITS, D, GS, BLOCKS>();
   static const Kernel kernel = [] {
     const void* symbol = reinterpret_cast<const void*>(
-        &attend_quantized_mmat<T, BITS, D, GS, kStages, BLOCKS, PAIR>);
+        &attend_quantized_mmat<T, BITS, D, GS, kStages, BLOCKS>);
     return resolve(symbol, mmat_smem_bytes<BITS, D, GS, kStages>());
   }();
   return kernel;
@@ -267,22 +267,8 @@ int split_fill(const std::string& kind) {
   return kind == "mmat3" ? 3 : 2;
 }
 
-// mmatp: mmat's 2-block build walking two sub-steps per iteration (attend_pairs), built for
-// D = 128 only (the shapes it is to be timed on); other head dims run mmat.
-template <typename T, int BITS>
-const Kernel& mmat_pair_kernel_for(const QuantizedProblem& p) {
-  switch (p.group_size) {
-    case 32: return mmat_kernel_for<T, BITS, 128, 32, 2, 2>();
-    case 64: return mmat_kernel_for<T, BITS, 128, 64, 2, 2>();
-    default: return mmat_kernel_for<T, BITS, 128, 128, 2, 2>();
-  }
-}
-
 template <typename T>
 const Kernel& mmat_kernel_for(const QuantizedProblem& p, const std::string& kind) {
-  if (kind == "mmatp" && p.head_dim == 128) {
-    return p.bits == 8 ? mmat_pair_kernel_for<T, 8>(p) : mmat_pair_kernel_for<T, 4>(p);
-  }
   switch (designed_blocks(kind)) {
     case 3: return p.bits == 8 ? mmat_kernel_for<T, 8, 3>(p) : mmat_kernel_for<T, 4, 3>(p);
     case 4: return p.bits == 8 ? mmat_kernel_for<T, 8, 4>(p) : mmat_kernel_for<T, 4, 4>(p);

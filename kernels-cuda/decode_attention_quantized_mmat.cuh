@@ -217,206 +217,12 @@ __device__ __forceinline__ int v_dim(int t, int g, int h) {
   return BITS == 8 ? 16 * t + 2 * g + h : 32 * (t / 2) + 4 * g + 2 * (t % 2) + h;
 }
 
-// The mmat kernel's walk with two sub-steps per iteration (PAIR = 2, variant mmatp): both
-// stages waited for together, their operands loaded, both score tiles computed before one max
-// and rescale over the 32 positions, then both P V products, so that a warp has two sub-steps'
-// dependent chains in flight instead of one. The copies run STAGES - 2 sub-steps ahead (the
-// two stages an iteration fills are the two the previous one read). Same arithmetic as the
-// one-sub-step loop in attend_quantized_mmat (only the order of float32 sums differs).
-template <typename T, int BITS, int D, int GS, int STAGES>
-__device__ __forceinline__ void attend_pairs(
-    const QuantizedProblem& p, char* const stages, const char* const (&codes)[2],
-    const int64_t (&row_bytes)[2], const char* const (&scale_rows)[4],
-    StageCopies<BITS, D, GS>& copies, int begin, int end, int visible_end, int warp, int lane,
-    int v_lane_offset, const uint32_t (&qb)[D / 16][2], const float (&qs)[2][D / GS],
-    float score_mul, const int (&last)[2], const int64_t (&mask_base)[2],
-    float (&o)[D / 16][4], float (&m)[2], float (&l)[2], float (&v_bias)[D / GS][2]) {
-  constexpr int NG = D / GS;
-  constexpr int BK = GS < 64 ? GS : 64;
-  constexpr int KB = D / BK, KC = BK / 4;
-  constexpr int KSB = BK / 16;
-  constexpr int KBYTES = KC * BITS / 8, KWORDS = KBYTES / 4;
-  constexpr int kSteps = D / 16;
-  constexpr int VPIECES = D * BITS / 8 / 16;
-  constexpr int SBYTES = NG * 2, SW = 1 + (SBYTES - 1) / 4;
-  constexpr float kLog2e = 1.4426950408889634f;
-  constexpr int kWarpStep = kWarps * kMmaStep;
-  using Stage = StageLayout<BITS, D, GS>;
-  const int g = lane / 4, c = lane % 4;
-  int step = 0;
-  for (int at = begin + warp * kMmaStep; at < end; at += 2 * kWarpStep, step += 2) {
-#pragma unroll
-    for (int u = 0; u < 2; ++u) {
-      const int ahead = at + (STAGES - 2 + u) * kWarpStep;
-      char* const next = stages + (step + STAGES - 2 + u) % STAGES * Stage::kBytes;
-      if (StageCopies<BITS, D, GS>::kApplies && ahead + kStagePositions <= end) {
-        copies.copy(next, row_bytes, lane);
-      } else if (ahead < end) {  // the chunk's last sub-step: rows clamped, scales zero-filled
-        stage_in<BITS, D, GS>(next, codes, row_bytes, scale_rows, ahead, begin, end, lane);
-      }
-      copies.advance(row_bytes, kWarpStep);
-      copy_async_commit();
-    }
-    copy_async_wait<STAGES - 2>();
-    __syncwarp();  // every lane's copies of both stages are visible to the warp
-    const bool second = at + kWarpStep < end;  // (uniform) the pair's second sub-step exists
-    uint32_t kw[2][2][KB][KWORDS], ks[2][2][SW], kb[2][2][SW], vs[2][2][SW], vb[2][2][SW];
-    uint32_t vr[2][VPIECES][2];
-#pragma unroll
-    for (int u = 0; u < 2; ++u) {
-      if (u == 1 && !second) break;
-      const char* stage = stages + (step + u) % STAGES * Stage::kBytes;
-#pragma unroll
-      for (int n = 0; n < 2; ++n) {
-        const char* k_row = stage + (8 * n + g) * Stage::kPitch;
-#pragma unroll
-        for (int w = 0; w < KB; ++w) {
-          shared_piece<KBYTES>(kw[u][n][w], k_row + (w * BK + c * KC) * BITS / 8);
-        }
-        const int pos = (8 * n + g) * SBYTES;
-        shared_piece<SBYTES>(ks[u][n], stage + Stage::kScales + pos);
-        shared_piece<SBYTES>(kb[u][n], stage + Stage::kScales + Stage::kScaleBytes + pos);
-        shared_piece<SBYTES>(vs[u][n], stage + Stage::kScales + 2 * Stage::kScaleBytes + pos);
-        shared_piece<SBYTES>(vb[u][n], stage + Stage::kScales + 3 * Stage::kScaleBytes + pos);
-      }
-#pragma unroll
-      for (int x = 0; x < VPIECES / 2; ++x) {
-        uint32_t r[4];
-        ldmatrix_x4_trans(r, stage + v_lane_offset + 32 * x);
-        vr[u][2 * x][0] = r[0], vr[u][2 * x][1] = r[1];
-        vr[u][2 * x + 1][0] = r[2], vr[u][2 * x + 1][1] = r[3];
-      }
-    }
-    __syncwarp();  // both stages are free for the copies of the next iteration
-
-    float sc[2][2][2];  // [sub-step][position half][vector]
-#pragma unroll
-    for (int u = 0; u < 2; ++u) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) sc[u][h][0] = sc[u][h][1] = u == 1 && !second ? kNegInf : 0.0f;
-      if (u == 1 && !second) break;
-#pragma unroll
-      for (int G = 0; G < NG; ++G) {
-        float acc[4] = {};
-#pragma unroll
-        for (int st = G * GS / 16; st < (G + 1) * GS / 16; ++st) {
-          uint32_t a[4];
-          k_pair<BITS>(kw[u][0][st / KSB], st % KSB, a[0], a[2]);
-          k_pair<BITS>(kw[u][1][st / KSB], st % KSB, a[1], a[3]);
-          mma16816<__half>(acc, a, qb[st][0], qb[st][1]);
-        }
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const float s = unpack<T>(ks[u][h], G), b = unpack<T>(kb[u][h], G);
-#pragma unroll
-          for (int v = 0; v < 2; ++v) {
-            sc[u][h][v] = fmaf(s, acc[2 * h + v], fmaf(b, qs[v][G], sc[u][h][v]));
-          }
-        }
-      }
-      const int at_u = at + u * kWarpStep;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-#pragma unroll
-        for (int v = 0; v < 2; ++v) sc[u][h][v] *= score_mul;
-      }
-      if (p.mask || at_u + kMmaStep > visible_end) {  // (uniform) past the end or masked
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int j = at_u + 8 * h + g;
-#pragma unroll
-          for (int v = 0; v < 2; ++v) {
-            if (j >= end || j > last[v]) {
-              sc[u][h][v] = kNegInf;
-            } else if (p.mask) {
-              sc[u][h][v] += kLog2e * mask_value(p, mask_base[v] + int64_t{j} * p.m_strides[3]);
-            }
-          }
-        }
-      }
-    }
-    // The max of each vector over both sub-steps' 32 positions: lanes with the same c.
-    float factor[2], shift[2];
-    bool grew = false;
-#pragma unroll
-    for (int v = 0; v < 2; ++v) {
-      float tile_max = fmaxf(fmaxf(sc[0][0][v], sc[0][1][v]), fmaxf(sc[1][0][v], sc[1][1][v]));
-#pragma unroll
-      for (int offset = 4; offset < 32; offset *= 2) {
-        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, offset));
-      }
-      const float new_max = fmaxf(m[v], tile_max);
-      shift[v] = new_max == kNegInf ? 0.0f : new_max;
-      factor[v] = exp2_approx(m[v] - shift[v]);
-      grew = grew || new_max > m[v];
-      m[v] = new_max;
-    }
-    if (warp_any(grew)) {
-#pragma unroll
-      for (int v = 0; v < 2; ++v) {
-        l[v] *= factor[v];
-#pragma unroll
-        for (int G = 0; G < NG; ++G) v_bias[G][v] *= factor[v];
-      }
-#pragma unroll
-      for (int t = 0; t < kSteps; ++t) {
-        o[t][0] *= factor[0];
-        o[t][1] *= factor[1];
-        o[t][2] *= factor[0];
-        o[t][3] *= factor[1];
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < 2; ++u) {
-      if (u == 1 && !second) break;
-      float w[2][2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-#pragma unroll
-        for (int v = 0; v < 2; ++v) {
-          w[h][v] = exp2_approx(sc[u][h][v] - shift[v]);
-          l[v] += w[h][v];
-        }
-      }
-      uint32_t pb[NG][2];
-#pragma unroll
-      for (int G = 0; G < NG; ++G) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const float s = unpack<T>(vs[u][h], G), b = unpack<T>(vb[u][h], G);
-          pb[G][h] = transpose8x8(half2_bits(w[h][0] * s, w[h][1] * s));
-#pragma unroll
-          for (int v = 0; v < 2; ++v) v_bias[G][v] = fmaf(w[h][v], b, v_bias[G][v]);
-        }
-      }
-#pragma unroll
-      for (int t = 0; t < kSteps; ++t) {
-        const int G = v_dim<BITS>(t, 0, 0) / GS;
-        uint32_t a[4];
-        if constexpr (BITS == 8) {
-          a[0] = minus_1024(prmt(vr[u][t][0], kHalf1024x2, 0x5250));
-          a[1] = minus_1024(prmt(vr[u][t][0], kHalf1024x2, 0x5351));
-          a[2] = minus_1024(prmt(vr[u][t][1], kHalf1024x2, 0x5250));
-          a[3] = minus_1024(prmt(vr[u][t][1], kHalf1024x2, 0x5351));
-        } else {
-          a[0] = nibble_pair(vr[u][t / 2][0], 2 * (t % 2));
-          a[1] = nibble_pair(vr[u][t / 2][0], 2 * (t % 2) + 1);
-          a[2] = nibble_pair(vr[u][t / 2][1], 2 * (t % 2));
-          a[3] = nibble_pair(vr[u][t / 2][1], 2 * (t % 2) + 1);
-        }
-        mma16816<__half>(o[t], a, pb[G][0], pb[G][1]);
-      }
-    }
-  }
-}
-
 // grid (kv_rows * tiles of 8 vectors, splits), kThreads threads, mmat_smem_bytes() of shared
 // memory.
-template <typename T, int BITS, int D, int GS, int STAGES, int BLOCKS, int PAIR = 1>
+template <typename T, int BITS, int D, int GS, int STAGES, int BLOCKS>
 __global__ void __launch_bounds__(kThreads, BLOCKS)
     attend_quantized_mmat(QuantizedProblem p, float* partials, int chunk, unsigned slot) {
-  static_assert(STAGES >= 1 + PAIR, "a pipeline of one stage copies nothing ahead");
-  static_assert(PAIR == 1 || PAIR == 2, "one or two sub-steps per iteration");
+  static_assert(STAGES >= 2, "a pipeline of one stage copies nothing ahead");
   ATTN_SHARED_FLOATS(smem);
   constexpr int NG = D / GS;                // groups per row
   constexpr int BK = GS < 64 ? GS : 64;     // K block (as mmacp)
@@ -522,7 +328,7 @@ __global__ void __launch_bounds__(kThreads, BLOCKS)
       reinterpret_cast<const char*>(k_scales), reinterpret_cast<const char*>(k_biases),
       reinterpret_cast<const char*>(v_scales), reinterpret_cast<const char*>(v_biases)};
 #pragma unroll
-  for (int s = 0; s < STAGES - PAIR; ++s) {
+  for (int s = 0; s < STAGES - 1; ++s) {
     const int at = begin + warp * kMmaStep + s * kWarpStep;
     if (at < end) {
       stage_in<BITS, D, GS>(stages + s * Stage::kBytes, codes, row_bytes, scale_rows, at, begin,
@@ -532,11 +338,10 @@ __global__ void __launch_bounds__(kThreads, BLOCKS)
   }
   // Sources of the next copy: the sub-step STAGES - 1 ahead of the warp's first.
   StageCopies<BITS, D, GS> copies(codes, row_bytes, scale_rows,
-                                  begin + warp * kMmaStep + (STAGES - PAIR) * kWarpStep, lane);
+                                  begin + warp * kMmaStep + (STAGES - 1) * kWarpStep, lane);
   // ldmatrix: lane 8i + k gives row k of matrix i = piece 2x + i / 2 of V row 8 (i % 2) + k.
   const int v_lane_offset =
       Stage::kV + (8 * (lane / 8 % 2) + lane % 8) * Stage::kPitch + 16 * (lane / 16);
-  if constexpr (PAIR == 1) {
   int step = 0;
   for (int at = begin + warp * kMmaStep; at < end; at += kWarpStep, ++step) {
     const int ahead = at + (STAGES - 1) * kWarpStep;
@@ -691,11 +496,6 @@ __global__ void __launch_bounds__(kThreads, BLOCKS)
       }
       mma16816<__half>(o[t], a, pb[G][0], pb[G][1]);
     }
-  }
-  } else {
-    attend_pairs<T, BITS, D, GS, STAGES>(p, stages, codes, row_bytes, scale_rows, copies, begin,
-                                         end, visible_end, warp, lane, v_lane_offset, qb, qs,
-                                         score_mul, last, mask_base, o, m, l, v_bias);
   }
 #pragma unroll
   for (int offset = 4; offset < 32; offset *= 2) {

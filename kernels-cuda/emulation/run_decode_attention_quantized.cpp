@@ -65,19 +65,17 @@ Kernel kernel_for(int lpr, bool pipelined) {
 
 // The mma kernel (U sub-steps as plan_quantized() takes them) or, pipelined, mmacp's, with the
 // shared memory it takes (bytes).
-// The mmat kernel sized for BLOCKS (2, 3, 4) blocks per SM, as plan_quantized() takes it
-// (PAIR 2: mmatp, two sub-steps per iteration).
-template <int BITS, int D, int GS, int BLOCKS, int PAIR = 1>
+// The mmat kernel sized for BLOCKS (2, 3, 4) blocks per SM, as plan_quantized() takes it.
+template <int BITS, int D, int GS, int BLOCKS>
 std::pair<Kernel, size_t> mmat_kernel_for() {
   constexpr int kStages = mmat_stages<BITS, D, GS, BLOCKS>();
-  return {&attend_quantized_mmat<__half, BITS, D, GS, kStages, BLOCKS, PAIR>,
+  return {&attend_quantized_mmat<__half, BITS, D, GS, kStages, BLOCKS>,
           mmat_smem_bytes<BITS, D, GS, kStages>()};
 }
 
 template <int BITS, int D, int GS>
 std::pair<Kernel, size_t> mma_kernel_for(bool pipelined, int mmat_blocks) {
   constexpr int U = D == 256 ? 1 : 2;
-  if (mmat_blocks == -2) return mmat_kernel_for<BITS, D, GS, 2, 2>();  // mmatp
   if (mmat_blocks == 2) return mmat_kernel_for<BITS, D, GS, 2>();
   if (mmat_blocks == 3) return mmat_kernel_for<BITS, D, GS, 3>();
   if (mmat_blocks == 4) return mmat_kernel_for<BITS, D, GS, 4>();
@@ -122,9 +120,8 @@ int main(int argc, char** argv) {
   int b, hq, hkv, L, S, D, bits, group_size, causal, mask_kind, splits, capacity, kind;
   config >> b >> hq >> hkv >> L >> S >> D >> bits >> group_size >> causal >> mask_kind >> splits >>
       capacity >> kind;
-  // 0: not mmat; -2: mmatp (mmat's 2-block build, two sub-steps per iteration)
-  const int mmat_blocks = kind >= 4 && kind <= 6 ? kind - 2 : kind == 7 ? -2 : 0;
-  const bool staged = kind == 3 || mmat_blocks != 0, mma = kind == 1 || staged;
+  const int mmat_blocks = kind >= 4 && kind <= 6 ? kind - 2 : 0;  // 0: not mmat
+  const bool staged = kind == 3 || mmat_blocks > 0, mma = kind == 1 || staged;
   const bool pipelined = kind == 2;
   const auto q = read<float>(dir + "/q.bin"), mask = read<float>(dir + "/mask.bin");
   const auto kc = read<uint32_t>(dir + "/kc.bin"), vc = read<uint32_t>(dir + "/vc.bin");
