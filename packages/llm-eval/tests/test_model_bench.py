@@ -329,6 +329,34 @@ def test_timed_takes_count_tokens_and_closes_the_loop():
     assert sample["decode_tok_s"] == pytest.approx(3 / sample["decode_s"])
 
 
+def test_timed_reads_the_prefill_peak_and_the_decode_peak_apart():
+    """A loop that holds 64 MiB only until its first token and 16 MiB once, later: the first
+    peak sees the 64 MiB, the second only the 16."""
+    mx.set_default_device(mx.cpu)
+    mib = 2**20
+
+    def loop():
+        big = mx.zeros((64 * mib // 4,), mx.float32)
+        mx.eval(big)
+        del big
+        yield 0, None
+        for token in range(1, 4):
+            if token == 2:
+                small = mx.ones((16 * mib // 4,), mx.float32)
+                mx.eval(small)
+                del small
+            yield token, None
+
+    mx.clear_cache()
+    mx.reset_peak_memory()
+    base = mx.get_active_memory()
+    sample = bench.timed(loop(), prompt_len=6, count=4)
+    prefill, decode = sample["prefill_peak_memory_bytes"], sample["decode_peak_memory_bytes"]
+    assert prefill - base >= 64 * mib
+    assert 16 * mib <= decode - base < 64 * mib
+    assert sample["peak_memory_bytes"] == prefill
+
+
 def test_our_loops_queue_one_step_past_the_tokens_taken(monkeypatch):
     """Equal structure with mlx-lm's generate_step, which always queues one step more."""
     asked = []

@@ -102,17 +102,26 @@ def timed(steps, prompt_len: int, count: int, streams=()) -> dict:
     Every loop measured here has queued the step after the last token taken (mlx-lm's
     generate_step always queues one past its max_tokens; ours is asked for count + 1). That
     matters on a CPU, where mx.async_eval returns only when most of the queued step has run: a
-    loop that queued nothing after its last token would end a step early."""
+    loop that queued nothing after its last token would end a step early.
+
+    Peak memory (mx.get_peak_memory(), all allocations, weights included) is read twice: up to
+    the first token (the prefill's) and after it (the decode steps'); call mx.reset_peak_memory()
+    first."""
     start = time.perf_counter()
     stamps, tokens = [], []
+    prefill_peak = None
     for token, _ in steps:
         stamps.append(time.perf_counter())
         tokens.append(token)
+        if prefill_peak is None:
+            prefill_peak = mx.get_peak_memory()
+            mx.reset_peak_memory()
         if len(tokens) == count:
             break
     steps.close()
     for stream in streams:  # the step queued past the last token ends outside the timing
         mx.synchronize(stream)
+    decode_peak = mx.get_peak_memory()
     prefill_s = stamps[0] - start
     step_s = [b - a for a, b in itertools.pairwise(stamps)]
     decode_s = stamps[-1] - stamps[0]
@@ -125,6 +134,9 @@ def timed(steps, prompt_len: int, count: int, streams=()) -> dict:
         "prefill_tok_s": prompt_len / prefill_s,
         "decode_tok_s": len(step_s) / decode_s if decode_s > 0 else None,
         "tokens": tokens,
+        "prefill_peak_memory_bytes": prefill_peak,
+        "decode_peak_memory_bytes": decode_peak,
+        "peak_memory_bytes": max(prefill_peak, decode_peak),
     }
 
 
@@ -182,9 +194,7 @@ class Models:
     def request(self, variant: str, prompt: mx.array, output_len: int) -> dict:
         mx.reset_peak_memory()
         steps = self.steps(variant, prompt, output_len)
-        sample = timed(steps, prompt.size, output_len, self.streams)
-        sample["peak_memory_bytes"] = mx.get_peak_memory()
-        return sample
+        return timed(steps, prompt.size, output_len, self.streams)
 
 
 def kv_bytes_per_position(model, kv_bits=None, kv_group_size: int = 64) -> int:
@@ -227,7 +237,8 @@ def summarise(samples: dict[str, list[dict]]) -> dict:
             r["output_len"] / (r["prefill_s"] + r["decode_s"]) for r in rows
         )
         m["median_step_ms"] = statistics.median(t for r in rows for t in r["step_s"]) * 1e3
-        m["peak_memory_bytes"] = statistics.median(r["peak_memory_bytes"] for r in rows)
+        for key in ("peak_memory_bytes", "prefill_peak_memory_bytes", "decode_peak_memory_bytes"):
+            m[key] = statistics.median(r[key] for r in rows)
         for key in ("read_gbs", "floor_fraction"):
             values = [r[key] for r in rows if r.get(key) is not None]
             m[key] = statistics.median(values) if values else None
@@ -518,6 +529,12 @@ def _fmt(value, spec: str, suffix: str = "") -> str:
     return "—" if value is None else f"{value:{spec}}{suffix}"
 
 
+def peak_gib(medians: dict, phase: str) -> str:
+    """The phase's median peak memory in GiB ("?" in records made before it was kept)."""
+    value = medians.get(f"{phase}_peak_memory_bytes")
+    return "?" if value is None else f"{value / 2**30:.2f}"
+
+
 def format_report(record: dict) -> str:
     cfg, res, meta = record["config"], record["results"], record["metadata"]
     medians, samples = res["medians"], res["samples"]
@@ -569,7 +586,7 @@ def format_report(record: dict) -> str:
     has_ref = "mlx-lm" in medians
     head = "| model | prefill tok/s | decode tok/s |"
     head += " vs mlx-lm (rounds ≥) |" if has_ref else ""
-    head += " weight+KV reads GB/s | of read floor |"
+    head += " weight+KV reads GB/s | of read floor | peak GiB, prefill / decode |"
     lines += [head, "|" + "---|" * (head.count("|") - 1)]
     for v, m in medians.items():
         name = {
@@ -585,6 +602,7 @@ def format_report(record: dict) -> str:
             row += f" {m['vs_mlx_lm']:.3f}x ({m['rounds_at_or_above_mlx_lm']}/{len(samples[v])}) |"
         frac = m["floor_fraction"]
         row += f" {_fmt(m['read_gbs'], '.2f')} | {_fmt(frac and 100 * frac, '.1f', '%')} |"
+        row += f" {peak_gib(m, 'prefill')} / {peak_gib(m, 'decode')} |"
         lines.append(row)
     loads = [x for x in (res.get("load_average") or {}).values() if x is not None]
     cores = device.get("cpu_count") or os.cpu_count()

@@ -166,7 +166,6 @@ def request(model, tokenizer, prompt: mx.array, generated: int, variant: str) ->
         sample = bench.timed(steps, prompt.size, generated, (generation_stream,))
         if kernel:
             sample["attention_calls"] = attention.calls()
-    sample["peak_memory_bytes"] = mx.get_peak_memory()
     return sample
 
 
