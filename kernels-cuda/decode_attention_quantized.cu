@@ -44,16 +44,15 @@ struct Kernel {
   CUfunction function;
   int resident;   // blocks an SM holds at once
   unsigned smem;  // bytes of shared memory it was resolved with
-  int threads;    // per block
 };
 
 // A kernel's driver handle (MLX's libmlx carries its own CUDA runtime) and how many of its
-// blocks of `threads` threads an SM holds with `smem` bytes of dynamic shared memory (allowed on
+// blocks of kThreads threads an SM holds with `smem` bytes of dynamic shared memory (allowed on
 // the handle itself, which is what MLX's graph launches, once the block's total passes 48 KB).
 // The total counts the kernel's static shared memory (finish()'s flag): mmat4 at 4 bits, group
 // 32 asks exactly 48 KB of dynamic memory, and without the opt-in it could not launch (H200,
 // 8e285a6: "cuGraphAddKernelNode ... invalid argument").
-Kernel resolve(const void* symbol, unsigned smem, int threads = kThreads) {
+Kernel resolve(const void* symbol, unsigned smem) {
   cudaFunction_t f;
   if (cudaGetFuncBySymbol(&f, symbol) != cudaSuccess) {
     throw std::runtime_error("[decode_attention_quantized] cudaGetFuncBySymbol failed");
@@ -72,11 +71,11 @@ Kernel resolve(const void* symbol, unsigned smem, int threads = kThreads) {
                              " bytes of shared memory");
   }
   int blocks = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, symbol, threads, smem) !=
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, symbol, kThreads, smem) !=
       cudaSuccess) {
     blocks = 1;
   }
-  return Kernel{reinterpret_cast<CUfunction>(f), std::max(blocks, 1), smem, threads};
+  return Kernel{reinterpret_cast<CUfunction>(f), std::max(blocks, 1), smem};
 }
 
 template <typename T, int BITS, int LPR, int VALUES, int POSITIONS, bool PIPELINED>
@@ -113,8 +112,7 @@ bool is_mmat(const std::string& kind) {
 // 91-92 / 93 and mx.fast's 133 on bf16 K/V, docs/quantized-kv.md), or for A/B runs,
 // ATTN_QUANTIZED_VARIANT=mmacp (the untransposed tensor-core kernel on the same pipeline,
 // decode_attention_quantized_mma.cuh + _stages.cuh), mmat or mmat3 (mmat4's kernel sized for 2
-// or 3 blocks per SM), mmatw (mmat4's registers per thread in blocks of 8 warps, 2 per SM; the
-// context split as mmat4's), 8x2 (the SIMT kernel: 8 values per lane, 2 positions per step), 16x2,
+// or 3 blocks per SM), 8x2 (the SIMT kernel: 8 values per lane, 2 positions per step), 16x2,
 // 8x4 or 8x2p (8x2 with the next step's rows loaded while this step computes; these three bf16
 // only), mma (the tensor-core kernel loading straight into registers, where it applies, else
 // 8x2), mma1, mma2 or mma4 (that many sub-steps of loads in flight; other than mma's default only
@@ -126,12 +124,12 @@ const std::string& variant(ElementType dtype) {
     // A typo must not time the default under another name.
     for (const char* known :
          {"8x2", "16x2", "8x4", "8x2p", "mma", "mma1", "mma2", "mma4", "mmacp", "mmat", "mmat3",
-          "mmat4", "mmatw"}) {
+          "mmat4"}) {
       if (name == known) return name;
     }
     throw std::invalid_argument("ATTN_QUANTIZED_VARIANT='" + name +
                                 "': use 8x2, 16x2, 8x4, 8x2p, mma, mma1, mma2, mma4, mmacp, "
-                                "mmat, mmat3, mmat4 or mmatw");
+                                "mmat, mmat3 or mmat4");
   }();
   static const std::string plain = chosen == "mmacp" || is_mmat(chosen) ? chosen
                                    : chosen.rfind("mma", 0) == 0 ? std::string("mma")
@@ -223,24 +221,24 @@ const Kernel& pipelined_kernel_for(const QuantizedProblem& p) {
   }
 }
 
-template <typename T, int BITS, int D, int GS, int BLOCKS, int WARPS>
+template <typename T, int BITS, int D, int GS, int BLOCKS>
 const Kernel& mmat_kernel_for() {
-  constexpr int kStages = mmat_stages<BITS, D, GS, BLOCKS, WARPS>();
+  constexpr int kStages = mmat_stages<BITS, D, GS, BLOCKS>();
   static const Kernel kernel = [] {
     const void* symbol = reinterpret_cast<const void*>(
-        &attend_quantized_mmat<T, BITS, D, GS, kStages, BLOCKS, WARPS>);
-    return resolve(symbol, mmat_smem_bytes<BITS, D, GS, kStages, WARPS>(), WARPS * 32);
+        &attend_quantized_mmat<T, BITS, D, GS, kStages, BLOCKS>);
+    return resolve(symbol, mmat_smem_bytes<BITS, D, GS, kStages>());
   }();
   return kernel;
 }
 
-template <typename T, int BITS, int D, int BLOCKS, int WARPS>
+template <typename T, int BITS, int D, int BLOCKS>
 const Kernel& mmat_kernel_for(int group_size) {
   switch (group_size) {
-    case 32: return mmat_kernel_for<T, BITS, D, 32, BLOCKS, WARPS>();
-    case 64: return mmat_kernel_for<T, BITS, D, 64, BLOCKS, WARPS>();
+    case 32: return mmat_kernel_for<T, BITS, D, 32, BLOCKS>();
+    case 64: return mmat_kernel_for<T, BITS, D, 64, BLOCKS>();
     default:
-      if constexpr (D >= 128) return mmat_kernel_for<T, BITS, D, 128, BLOCKS, WARPS>();
+      if constexpr (D >= 128) return mmat_kernel_for<T, BITS, D, 128, BLOCKS>();
       throw std::invalid_argument("[decode_attention_quantized] group_size larger than head_dim");
   }
 }
@@ -248,27 +246,15 @@ const Kernel& mmat_kernel_for(int group_size) {
 template <typename T, int BITS, int BLOCKS>
 const Kernel& mmat_kernel_for(const QuantizedProblem& p) {
   switch (p.head_dim) {
-    case 64: return mmat_kernel_for<T, BITS, 64, BLOCKS, kWarps>(p.group_size);
-    case 128: return mmat_kernel_for<T, BITS, 128, BLOCKS, kWarps>(p.group_size);
-    default: return mmat_kernel_for<T, BITS, 256, BLOCKS, kWarps>(p.group_size);
+    case 64: return mmat_kernel_for<T, BITS, 64, BLOCKS>(p.group_size);
+    case 128: return mmat_kernel_for<T, BITS, 128, BLOCKS>(p.group_size);
+    default: return mmat_kernel_for<T, BITS, 256, BLOCKS>(p.group_size);
   }
 }
 
 // Blocks per SM the variant's kernel is sized for.
 int designed_blocks(const std::string& kind) {
   return kind == "mmat3" ? 3 : kind == "mmat4" ? 4 : 2;
-}
-
-// mmatw: 2 blocks of 8 warps per SM, 128 registers a thread as mmat4 (16 warps per SM, 4 per
-// scheduler, with mmat4's chunk count), built for D = 128 only (the shapes it is timed on);
-// other head dims run mmat4.
-template <typename T>
-const Kernel& mmat_wide_kernel_for(const QuantizedProblem& p) {
-  if (p.head_dim != 128) {
-    return p.bits == 8 ? mmat_kernel_for<T, 8, 4>(p) : mmat_kernel_for<T, 4, 4>(p);
-  }
-  return p.bits == 8 ? mmat_kernel_for<T, 8, 128, 2, 8>(p.group_size)
-                     : mmat_kernel_for<T, 4, 128, 2, 8>(p.group_size);
 }
 
 // Blocks per SM a split call of the variant fills. mmat4's kernel is sized for four, but its
@@ -283,7 +269,6 @@ int split_fill(const std::string& kind) {
 
 template <typename T>
 const Kernel& mmat_kernel_for(const QuantizedProblem& p, const std::string& kind) {
-  if (kind == "mmatw") return mmat_wide_kernel_for<T>(p);
   switch (designed_blocks(kind)) {
     case 3: return p.bits == 8 ? mmat_kernel_for<T, 8, 3>(p) : mmat_kernel_for<T, 4, 3>(p);
     case 4: return p.bits == 8 ? mmat_kernel_for<T, 8, 4>(p) : mmat_kernel_for<T, 4, 4>(p);
@@ -402,6 +387,7 @@ void split_context(QuantizedPlan& plan, const QuantizedProblem& p, int blocks, i
 // steps; contexts of at most four block steps are not split (a merge costs more).
 QuantizedPlan plan_mma(const QuantizedProblem& p, const std::string& kind) {
   QuantizedPlan plan{};
+  plan.threads = kThreads;
   const bool half = p.dtype == ElementType::float16;
   const Kernel* kernel;
   if (is_mmat(kind)) {
@@ -421,9 +407,8 @@ QuantizedPlan plan_mma(const QuantizedProblem& p, const std::string& kind) {
                                  : &mma_kernel_for<__nv_bfloat16, 4>(p, kind, plan.smem));
   }
   plan.attend = kernel->function;
-  plan.threads = kernel->threads;
   const int u = mma_substeps(p, kind);
-  const int step = kernel->threads / 32 * u * kMmaStep;
+  const int step = kWarps * u * kMmaStep;
   const int vectors = p.group * p.query_len;
   const int tiles = (vectors + kMmaVectors - 1) / kMmaVectors;
   const int blocks = p.kv_rows * tiles;

@@ -142,14 +142,14 @@ __device__ __forceinline__ void k_pair(const uint32_t* w, int s, uint32_t& lo, u
   }
 }
 
-// Stages per warp of the mmat kernel sized for BLOCKS blocks of WARPS warps per SM: mmacp's at
-// 8 warps per SM (the same bytes in flight per warp), else as many as BLOCKS blocks' shared
-// memory allows on the H100/H200 (228 KB per SM, 1 KB of it reserved per block), at least 2.
-template <int BITS, int D, int GS, int BLOCKS, int WARPS = kWarps>
+// Stages per warp of the mmat kernel sized for BLOCKS blocks per SM: mmacp's at 2 (the same
+// bytes in flight per warp), else as many as BLOCKS blocks' shared memory allows on the H100/H200
+// (228 KB per SM, 1 KB of it reserved per block), at least 2.
+template <int BITS, int D, int GS, int BLOCKS>
 __host__ __device__ constexpr int mmat_stages() {
   using S = StageLayout<BITS, D, GS>;
-  if (BLOCKS * WARPS == 2 * kWarps) return S::kStages;
-  const int fit = (228 * 1024 / BLOCKS - 1024) / (WARPS * S::kBytes);
+  if (BLOCKS == 2) return S::kStages;
+  const int fit = (228 * 1024 / BLOCKS - 1024) / (kWarps * S::kBytes);
   return fit < 2 ? 2 : fit > 8 ? 8 : fit;
 }
 
@@ -200,12 +200,12 @@ struct StageCopies {
   }
 };
 
-// The shared memory the mmat kernel takes with WARPS warps of STAGES stages each.
-template <int BITS, int D, int GS, int STAGES, int WARPS = kWarps>
+// The shared memory the mmat kernel takes with STAGES stages per warp.
+template <int BITS, int D, int GS, int STAGES>
 __host__ __device__ constexpr int mmat_smem_bytes() {
   using S = StageLayout<BITS, D, GS>;
-  const int stages = WARPS * STAGES * S::kBytes;
-  const int states = finish_smem_floats(WARPS, kMmaVectors, D) * int(sizeof(float));
+  const int stages = kWarps * STAGES * S::kBytes;
+  const int states = states_smem_bytes(kMmaVectors, D);
   return stages > states ? stages : states;
 }
 
@@ -217,10 +217,10 @@ __device__ __forceinline__ int v_dim(int t, int g, int h) {
   return BITS == 8 ? 16 * t + 2 * g + h : 32 * (t / 2) + 4 * g + 2 * (t % 2) + h;
 }
 
-// grid (kv_rows * tiles of 8 vectors, splits), WARPS * 32 threads, mmat_smem_bytes() of shared
-// memory. WARPS 8 (variant mmatw): mmat4's registers per thread in blocks of twice the warps.
-template <typename T, int BITS, int D, int GS, int STAGES, int BLOCKS, int WARPS = kWarps>
-__global__ void __launch_bounds__(WARPS * 32, BLOCKS)
+// grid (kv_rows * tiles of 8 vectors, splits), kThreads threads, mmat_smem_bytes() of shared
+// memory.
+template <typename T, int BITS, int D, int GS, int STAGES, int BLOCKS>
+__global__ void __launch_bounds__(kThreads, BLOCKS)
     attend_quantized_mmat(QuantizedProblem p, float* partials, int chunk, unsigned slot) {
   static_assert(STAGES >= 2, "a pipeline of one stage copies nothing ahead");
   ATTN_SHARED_FLOATS(smem);
@@ -233,7 +233,7 @@ __global__ void __launch_bounds__(WARPS * 32, BLOCKS)
   constexpr int VPIECES = D * BITS / 8 / 16;  // 16-byte pieces of a V row: ldmatrix columns
   constexpr int SBYTES = NG * 2;            // one position's scales (or biases)
   constexpr float kLog2e = 1.4426950408889634f;
-  static_assert(WARPS == 4 || WARPS == 8, "blocks of 4 or 8 warps");
+  static_assert(kThreads == 4 * 32 && kWarps == 4, "the schedule takes 4 warps");
   static_assert(VPIECES % 2 == 0, "ldmatrix.x4 takes two pieces of both position halves");
   const int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4, warp = threadIdx.x / 32;
   const int L = p.query_len, S = p.context, vectors = p.group * L;
@@ -319,7 +319,7 @@ __global__ void __launch_bounds__(WARPS * 32, BLOCKS)
   float o[kSteps][4] = {};
   float m[2] = {kNegInf, kNegInf}, l[2] = {0.0f, 0.0f};
   float v_bias[NG][2] = {};
-  constexpr int kWarpStep = WARPS * kMmaStep;
+  constexpr int kWarpStep = kWarps * kMmaStep;
   using Stage = StageLayout<BITS, D, GS>;
   char* const stages = reinterpret_cast<char*>(smem) + warp * STAGES * Stage::kBytes;
   const char* const codes[2] = {k_codes, v_codes};

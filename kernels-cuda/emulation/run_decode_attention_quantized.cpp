@@ -65,19 +65,17 @@ Kernel kernel_for(int lpr, bool pipelined) {
 
 // The mma kernel (U sub-steps as plan_quantized() takes them) or, pipelined, mmacp's, with the
 // shared memory it takes (bytes).
-// The mmat kernel sized for BLOCKS (2, 3, 4) blocks of WARPS warps per SM, as plan_quantized()
-// takes it.
-template <int BITS, int D, int GS, int BLOCKS, int WARPS = kWarps>
+// The mmat kernel sized for BLOCKS (2, 3, 4) blocks per SM, as plan_quantized() takes it.
+template <int BITS, int D, int GS, int BLOCKS>
 std::pair<Kernel, size_t> mmat_kernel_for() {
-  constexpr int kStages = mmat_stages<BITS, D, GS, BLOCKS, WARPS>();
-  return {&attend_quantized_mmat<__half, BITS, D, GS, kStages, BLOCKS, WARPS>,
-          mmat_smem_bytes<BITS, D, GS, kStages, WARPS>()};
+  constexpr int kStages = mmat_stages<BITS, D, GS, BLOCKS>();
+  return {&attend_quantized_mmat<__half, BITS, D, GS, kStages, BLOCKS>,
+          mmat_smem_bytes<BITS, D, GS, kStages>()};
 }
 
 template <int BITS, int D, int GS>
 std::pair<Kernel, size_t> mma_kernel_for(bool pipelined, int mmat_blocks) {
   constexpr int U = D == 256 ? 1 : 2;
-  if (mmat_blocks == -2) return mmat_kernel_for<BITS, D, GS, 2, 8>();  // mmatw: 8 warps
   if (mmat_blocks == 2) return mmat_kernel_for<BITS, D, GS, 2>();
   if (mmat_blocks == 3) return mmat_kernel_for<BITS, D, GS, 3>();
   if (mmat_blocks == 4) return mmat_kernel_for<BITS, D, GS, 4>();
@@ -122,10 +120,8 @@ int main(int argc, char** argv) {
   int b, hq, hkv, L, S, D, bits, group_size, causal, mask_kind, splits, capacity, kind;
   config >> b >> hq >> hkv >> L >> S >> D >> bits >> group_size >> causal >> mask_kind >> splits >>
       capacity >> kind;
-  // 0: not mmat; -2: mmatw (2 blocks of 8 warps per SM; every D here, D = 128 on the GPU)
-  const int mmat_blocks = kind >= 4 && kind <= 6 ? kind - 2 : kind == 7 ? -2 : 0;
-  const int threads = kind == 7 ? 8 * 32 : kThreads;
-  const bool staged = kind == 3 || mmat_blocks != 0, mma = kind == 1 || staged;
+  const int mmat_blocks = kind >= 4 && kind <= 6 ? kind - 2 : 0;  // 0: not mmat
+  const bool staged = kind == 3 || mmat_blocks > 0, mma = kind == 1 || staged;
   const bool pipelined = kind == 2;
   const auto q = read<float>(dir + "/q.bin"), mask = read<float>(dir + "/mask.bin");
   const auto kc = read<uint32_t>(dir + "/kc.bin"), vc = read<uint32_t>(dir + "/vc.bin");
@@ -177,7 +173,7 @@ int main(int argc, char** argv) {
   while (lpr * 8 < D) lpr *= 2;
   const int vpb = mma ? kMmaVectors : kVectors;
   const int vectors = p.group * L, tiles = (vectors + vpb - 1) / vpb;
-  const int step = staged ? threads / 32 * kMmaStep
+  const int step = staged ? kWarps * kMmaStep
                    : mma  ? kWarps * (D == 256 ? 1 : 2) * kMmaStep
                           : 2 * (kThreads / lpr);
   Kernel kernel;
@@ -196,15 +192,15 @@ int main(int argc, char** argv) {
   chunk = (chunk + step - 1) / step * step;
   splits = (S + chunk - 1) / chunk;
   std::vector<float> partials(size_t(p.kv_rows) * vectors * splits * partial_stride(D));
-  blockDim.x = threads;
+  blockDim.x = kThreads;
   gridDim.x = p.kv_rows * tiles;
   gridDim.y = splits;
   for (unsigned y = 0; y < gridDim.y; ++y) {
     for (unsigned x = 0; x < gridDim.x; ++x) {
-      emu::Block block(threads, smem_bytes / sizeof(float));
-      std::vector<std::thread> workers;
-      for (int t = 0; t < threads; ++t) {
-        workers.emplace_back([&, t] {
+      emu::Block block(kThreads, smem_bytes / sizeof(float));
+      std::vector<std::thread> threads;
+      for (int t = 0; t < kThreads; ++t) {
+        threads.emplace_back([&, t] {
           emu::block = &block;
           threadIdx.x = t;
           blockIdx.x = x;
@@ -212,7 +208,7 @@ int main(int argc, char** argv) {
           kernel(p, splits > 1 ? partials.data() : nullptr, chunk, 7u);
         });
       }
-      for (auto& t : workers) t.join();
+      for (auto& t : threads) t.join();
     }
   }
   if (mma) {
