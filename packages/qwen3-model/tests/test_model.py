@@ -97,11 +97,11 @@ def check_parity(variant, checkpoint, prompt_len, monkeypatch):
     ours, our_logits = greedy(model, prompt, 16, make_cache(model), lambda m, t, c: m(t, c))
     layers = model.args.num_hidden_layers
     if checkpoint == "decode-attention":
-        # Every decode step in every layer (and the prefill's matmuls) fused.
+        # Every decode step in every layer fused; the prompt (more than DECODE_POSITIONS) not.
         assert steps[-16 * layers :] == [
             o for o in range(prompt_len, prompt_len + 16) for _ in range(layers)
         ]
-        assert len(fused_calls) == 2 * 17 * layers
+        assert len(fused_calls) == 2 * 16 * layers
     else:
         assert steps == [] and fused_calls == []
     theirs, their_logits = greedy(
@@ -249,6 +249,29 @@ def test_batch_with_per_request_padding_mask():
     solo = model(mx.array([short]), make_cache(model))
     assert mx.allclose(logits[1, :14], solo[0], atol=1e-4).item()
     assert mx.allclose(logits[0], model(mx.array([long]), make_cache(model))[0], atol=1e-4).item()
+
+
+def test_fused_projections_only_for_decode_sized_inputs(monkeypatch):
+    """Inputs of up to DECODE_POSITIONS positions take the fused q/k/v and gate/up matmuls, a
+    longer prompt chunk the separate ones (the fused outputs raised the prefill's peak memory),
+    with the same logits either way."""
+    model = load("qwen3-tiny", dtype=mx.float32, seed=8)
+    calls = []
+    fused_call = model_module.FusedLinear.__call__
+    monkeypatch.setattr(
+        model_module.FusedLinear, "__call__", lambda self, x: calls.append(1) or fused_call(self, x)
+    )
+    layers = model.args.num_hidden_layers
+    limit = model_module.DECODE_POSITIONS
+    for length, fused in ((limit, True), (limit + 1, False), (1, True)):
+        before = len(calls)
+        prompt = mx.array([list(range(20, 20 + length))])
+        logits = model(prompt, make_cache(model))
+        assert len(calls) - before == (2 * layers if fused else 0), length
+        model.set_fused_step(False)
+        plain = model(prompt, make_cache(model))
+        model.set_fused_step(True)
+        assert mx.allclose(logits, plain, atol=1e-4).item()
 
 
 def test_fused_step_switch(monkeypatch):
