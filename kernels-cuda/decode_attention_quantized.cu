@@ -113,9 +113,7 @@ bool is_mmat(const std::string& kind) {
 // ATTN_QUANTIZED_VARIANT=mmacp (the untransposed tensor-core kernel on the same pipeline,
 // decode_attention_quantized_mma.cuh + _stages.cuh), mmat or mmat3 (mmat4's kernel sized for 2
 // or 3 blocks per SM), mmat4d (mmat4 whose warps take sub-chunks of a head's context from a
-// counter instead of their block's fixed chunk, on split calls; D = 128), mmat4s (mmat4 with
-// the stages that a split call's two blocks per SM have room for: more copies in flight; D =
-// 128), mmat4ds (both), 8x2 (the SIMT kernel: 8 values per lane, 2 positions per step), 16x2,
+// counter instead of their block's fixed chunk, on split calls; D = 128), 8x2 (the SIMT kernel: 8 values per lane, 2 positions per step), 16x2,
 // 8x4 or 8x2p (8x2 with the next step's rows loaded while this step computes; these three bf16
 // only), mma (the tensor-core kernel loading straight into registers, where it applies, else
 // 8x2), mma1, mma2 or mma4 (that many sub-steps of loads in flight; other than mma's default only
@@ -127,12 +125,12 @@ const std::string& variant(ElementType dtype) {
     // A typo must not time the default under another name.
     for (const char* known :
          {"8x2", "16x2", "8x4", "8x2p", "mma", "mma1", "mma2", "mma4", "mmacp", "mmat", "mmat3",
-          "mmat4", "mmat4d", "mmat4s", "mmat4ds"}) {
+          "mmat4", "mmat4d"}) {
       if (name == known) return name;
     }
     throw std::invalid_argument("ATTN_QUANTIZED_VARIANT='" + name +
                                 "': use 8x2, 16x2, 8x4, 8x2p, mma, mma1, mma2, mma4, mmacp, "
-                                "mmat, mmat3, mmat4, mmat4d, mmat4s or mmat4ds");
+                                "mmat, mmat3, mmat4 or mmat4d");
   }();
   static const std::string plain = chosen == "mmacp" || is_mmat(chosen) ? chosen
                                    : chosen.rfind("mma", 0) == 0 ? std::string("mma")
@@ -224,13 +222,13 @@ const Kernel& pipelined_kernel_for(const QuantizedProblem& p) {
   }
 }
 
-template <typename T, int BITS, int D, int GS, int BLOCKS, bool DYNAMIC = false,
-          int STAGES = mmat_stages<BITS, D, GS, BLOCKS>()>
+template <typename T, int BITS, int D, int GS, int BLOCKS, bool DYNAMIC = false>
 const Kernel& mmat_kernel_for() {
+  constexpr int kStages = mmat_stages<BITS, D, GS, BLOCKS>();
   static const Kernel kernel = [] {
     const void* symbol = reinterpret_cast<const void*>(
-        &attend_quantized_mmat<T, BITS, D, GS, STAGES, BLOCKS, DYNAMIC>);
-    return resolve(symbol, mmat_smem_bytes<BITS, D, GS, STAGES>());
+        &attend_quantized_mmat<T, BITS, D, GS, kStages, BLOCKS, DYNAMIC>);
+    return resolve(symbol, mmat_smem_bytes<BITS, D, GS, kStages>());
   }();
   return kernel;
 }
@@ -257,29 +255,22 @@ const Kernel& mmat_kernel_for(const QuantizedProblem& p) {
 
 // Blocks per SM the variant's kernel is sized for.
 int designed_blocks(const std::string& kind) {
-  return kind == "mmat3" ? 3 : kind.rfind("mmat4", 0) == 0 ? 4 : 2;
+  return kind == "mmat3" ? 3 : kind == "mmat4" || kind == "mmat4d" ? 4 : 2;
 }
 
-// mmat4's build (its registers) with the dynamic walk (mmat4d, mmat4ds: DYNAMIC) or with the
-// stages that the two blocks per SM of a split call leave room for (mmat4s, mmat4ds: DEEP;
-// mmat4's are sized for four), for D = 128 only (the shapes they are timed on; other head dims
-// keep mmat4's kernel).
-template <typename T, bool DYNAMIC, bool DEEP>
-const Kernel* mmat4_variant_for(const QuantizedProblem& p) {
+// mmat4d's kernel: mmat4's build with the dynamic walk, built for D = 128 only (the shapes it is
+// timed on; other head dims keep mmat4's static walk).
+template <typename T>
+const Kernel* mmat_dynamic_kernel_for(const QuantizedProblem& p) {
   if (p.head_dim != 128) return nullptr;
-  auto pick = [&]<int BITS, int GS>() -> const Kernel* {
-    constexpr int stages =
-        DEEP ? stages_fitting<BITS, 128, GS, 2>() : mmat_stages<BITS, 128, GS, 4>();
-    return &mmat_kernel_for<T, BITS, 128, GS, 4, DYNAMIC, stages>();
-  };
-  auto of_bits = [&]<int BITS>() -> const Kernel* {
+  auto pick = [&]<int BITS>() -> const Kernel* {
     switch (p.group_size) {
-      case 32: return pick.template operator()<BITS, 32>();
-      case 64: return pick.template operator()<BITS, 64>();
-      default: return pick.template operator()<BITS, 128>();
+      case 32: return &mmat_kernel_for<T, BITS, 128, 32, 4, true>();
+      case 64: return &mmat_kernel_for<T, BITS, 128, 64, 4, true>();
+      default: return &mmat_kernel_for<T, BITS, 128, 128, 4, true>();
     }
   };
-  return p.bits == 8 ? of_bits.template operator()<8>() : of_bits.template operator()<4>();
+  return p.bits == 8 ? pick.template operator()<8>() : pick.template operator()<4>();
 }
 
 // Blocks per SM a split call of the variant fills. mmat4's kernel is sized for four, but its
@@ -294,9 +285,6 @@ int split_fill(const std::string& kind) {
 
 template <typename T>
 const Kernel& mmat_kernel_for(const QuantizedProblem& p, const std::string& kind) {
-  if (kind == "mmat4s" || kind == "mmat4ds") {
-    if (const Kernel* deep = mmat4_variant_for<T, false, true>(p)) return *deep;
-  }
   switch (designed_blocks(kind)) {
     case 3: return p.bits == 8 ? mmat_kernel_for<T, 8, 3>(p) : mmat_kernel_for<T, 4, 3>(p);
     case 4: return p.bits == 8 ? mmat_kernel_for<T, 8, 4>(p) : mmat_kernel_for<T, 4, 4>(p);
@@ -446,15 +434,11 @@ QuantizedPlan plan_mma(const QuantizedProblem& p, const std::string& kind) {
     const int per_sm = std::min(kernel->resident, split_blocks_per_sm(split_fill(kind)));
     splits = std::clamp(per_sm * sm_count() / blocks, 1, std::max(wanted, 1));
   }
-  // mmat4d, mmat4ds: the same build with the dynamic walk on split calls, whose work counters
-  // take a second slot per group after the arrival counters.
+  // mmat4d: the same build with the dynamic walk on split calls, whose work counters take a
+  // second slot per group after the arrival counters.
   const Kernel* dynamic = nullptr;
   if (kind == "mmat4d" && splits > 1) {
-    dynamic = half ? mmat4_variant_for<__half, true, false>(p)
-                   : mmat4_variant_for<__nv_bfloat16, true, false>(p);
-  } else if (kind == "mmat4ds" && splits > 1) {
-    dynamic = half ? mmat4_variant_for<__half, true, true>(p)
-                   : mmat4_variant_for<__nv_bfloat16, true, true>(p);
+    dynamic = half ? mmat_dynamic_kernel_for<__half>(p) : mmat_dynamic_kernel_for<__nv_bfloat16>(p);
   }
   split_context(plan, p, blocks, splits, step, kMmaVectors, dynamic ? 2 : 1);
   if (dynamic && plan.splits > 1) plan.attend = dynamic->function;

@@ -142,20 +142,15 @@ __device__ __forceinline__ void k_pair(const uint32_t* w, int s, uint32_t& lo, u
   }
 }
 
-// Stages per warp that BLOCKS blocks' shared memory holds on the H100/H200 (228 KB per SM, 1 KB
-// of it reserved per block), 2 to 8.
-template <int BITS, int D, int GS, int BLOCKS>
-__host__ __device__ constexpr int stages_fitting() {
-  const int fit = (228 * 1024 / BLOCKS - 1024) / (kWarps * StageLayout<BITS, D, GS>::kBytes);
-  return fit < 2 ? 2 : fit > 8 ? 8 : fit;
-}
-
 // Stages per warp of the mmat kernel sized for BLOCKS blocks per SM: mmacp's at 2 (the same
-// bytes in flight per warp), else as many as BLOCKS blocks' shared memory holds.
+// bytes in flight per warp), else as many as BLOCKS blocks' shared memory allows on the H100/H200
+// (228 KB per SM, 1 KB of it reserved per block), at least 2.
 template <int BITS, int D, int GS, int BLOCKS>
 __host__ __device__ constexpr int mmat_stages() {
-  if (BLOCKS == 2) return StageLayout<BITS, D, GS>::kStages;
-  return stages_fitting<BITS, D, GS, BLOCKS>();
+  using S = StageLayout<BITS, D, GS>;
+  if (BLOCKS == 2) return S::kStages;
+  const int fit = (228 * 1024 / BLOCKS - 1024) / (kWarps * S::kBytes);
+  return fit < 2 ? 2 : fit > 8 ? 8 : fit;
 }
 
 // stage_in()'s copies of a whole sub-step (16 positions before the chunk's end) from per-lane

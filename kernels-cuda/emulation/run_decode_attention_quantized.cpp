@@ -12,8 +12,7 @@
 // half storage: queries, scales and biases rounded to f16, the output f16 (written back as
 // float32); kind 3 its cp.async-pipelined variant (mmacp), likewise; kinds 4, 5, 6 the
 // transposed-score variants mmat, mmat3, mmat4 (decode_attention_quantized_mmat.cuh: their stage
-// counts; launch bounds do not apply here), kinds 7, 8, 9 mmat4's build as mmat4d (the dynamic
-// walk), mmat4s (stages sized for two blocks per SM) and mmat4ds (both).
+// counts; launch bounds do not apply here).
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
@@ -66,33 +65,22 @@ Kernel kernel_for(int lpr, bool pipelined) {
 
 // The mma kernel (U sub-steps as plan_quantized() takes them) or, pipelined, mmacp's, with the
 // shared memory it takes (bytes).
-// The mmat build a kind runs: the blocks per SM it is sized for (0: not an mmat kind), the
-// dynamic walk (mmat4d, mmat4ds), stages sized for two blocks per SM (mmat4s, mmat4ds).
-struct MmatBuild {
-  int blocks = 0;
-  bool dynamic = false, deep = false;
-};
-
-// The mmat kernel sized for BLOCKS (2, 3, 4) blocks per SM, as plan_quantized() takes it.
-template <int BITS, int D, int GS, int BLOCKS, bool DYNAMIC = false,
-          int STAGES = mmat_stages<BITS, D, GS, BLOCKS>()>
+// The mmat kernel sized for BLOCKS (2, 3, 4) blocks per SM, as plan_quantized() takes it
+// (DYNAMIC: mmat4d's walk).
+template <int BITS, int D, int GS, int BLOCKS, bool DYNAMIC = false>
 std::pair<Kernel, size_t> mmat_kernel_for() {
-  return {&attend_quantized_mmat<__half, BITS, D, GS, STAGES, BLOCKS, DYNAMIC>,
-          mmat_smem_bytes<BITS, D, GS, STAGES>()};
+  constexpr int kStages = mmat_stages<BITS, D, GS, BLOCKS>();
+  return {&attend_quantized_mmat<__half, BITS, D, GS, kStages, BLOCKS, DYNAMIC>,
+          mmat_smem_bytes<BITS, D, GS, kStages>()};
 }
 
 template <int BITS, int D, int GS>
-std::pair<Kernel, size_t> mma_kernel_for(bool pipelined, MmatBuild mmat) {
+std::pair<Kernel, size_t> mma_kernel_for(bool pipelined, int mmat_blocks) {
   constexpr int U = D == 256 ? 1 : 2;
-  constexpr int kDeep = stages_fitting<BITS, D, GS, 2>();
-  if (mmat.blocks == 4 && mmat.dynamic) {
-    return mmat.deep ? mmat_kernel_for<BITS, D, GS, 4, true, kDeep>()
-                     : mmat_kernel_for<BITS, D, GS, 4, true>();
-  }
-  if (mmat.blocks == 4 && mmat.deep) return mmat_kernel_for<BITS, D, GS, 4, false, kDeep>();
-  if (mmat.blocks == 2) return mmat_kernel_for<BITS, D, GS, 2>();
-  if (mmat.blocks == 3) return mmat_kernel_for<BITS, D, GS, 3>();
-  if (mmat.blocks == 4) return mmat_kernel_for<BITS, D, GS, 4>();
+  if (mmat_blocks == -4) return mmat_kernel_for<BITS, D, GS, 4, true>();  // mmat4d
+  if (mmat_blocks == 2) return mmat_kernel_for<BITS, D, GS, 2>();
+  if (mmat_blocks == 3) return mmat_kernel_for<BITS, D, GS, 3>();
+  if (mmat_blocks == 4) return mmat_kernel_for<BITS, D, GS, 4>();
   if (pipelined) {
     return {&attend_quantized_mma<__half, BITS, D, GS, 1, StageLayout<BITS, D, GS>::kStages>,
             pipelined_smem_bytes<BITS, D, GS>()};
@@ -101,18 +89,18 @@ std::pair<Kernel, size_t> mma_kernel_for(bool pipelined, MmatBuild mmat) {
 }
 
 template <int BITS, int D>
-std::pair<Kernel, size_t> mma_kernel_for(int group_size, bool pipelined, MmatBuild mmat) {
-  if (group_size == 32) return mma_kernel_for<BITS, D, 32>(pipelined, mmat);
-  if (group_size == 64) return mma_kernel_for<BITS, D, 64>(pipelined, mmat);
-  if constexpr (D >= 128) return mma_kernel_for<BITS, D, 128>(pipelined, mmat);
+std::pair<Kernel, size_t> mma_kernel_for(int group_size, bool pipelined, int mmat_blocks) {
+  if (group_size == 32) return mma_kernel_for<BITS, D, 32>(pipelined, mmat_blocks);
+  if (group_size == 64) return mma_kernel_for<BITS, D, 64>(pipelined, mmat_blocks);
+  if constexpr (D >= 128) return mma_kernel_for<BITS, D, 128>(pipelined, mmat_blocks);
   throw std::invalid_argument("group size");
 }
 
 template <int BITS>
-std::pair<Kernel, size_t> mma_kernel_for(int d, int group_size, bool pipelined, MmatBuild mmat) {
-  if (d == 64) return mma_kernel_for<BITS, 64>(group_size, pipelined, mmat);
-  if (d == 128) return mma_kernel_for<BITS, 128>(group_size, pipelined, mmat);
-  if (d == 256) return mma_kernel_for<BITS, 256>(group_size, pipelined, mmat);
+std::pair<Kernel, size_t> mma_kernel_for(int d, int group_size, bool pipelined, int mmat_blocks) {
+  if (d == 64) return mma_kernel_for<BITS, 64>(group_size, pipelined, mmat_blocks);
+  if (d == 128) return mma_kernel_for<BITS, 128>(group_size, pipelined, mmat_blocks);
+  if (d == 256) return mma_kernel_for<BITS, 256>(group_size, pipelined, mmat_blocks);
   throw std::invalid_argument("the mma kernel takes head_dim 64, 128 or 256");
 }
 
@@ -134,10 +122,9 @@ int main(int argc, char** argv) {
   int b, hq, hkv, L, S, D, bits, group_size, causal, mask_kind, splits, capacity, kind;
   config >> b >> hq >> hkv >> L >> S >> D >> bits >> group_size >> causal >> mask_kind >> splits >>
       capacity >> kind;
-  // mmat4d, mmat4s, mmat4ds: every D here, D = 128 on the GPU (other head dims run mmat4)
-  MmatBuild mmat{kind >= 4 && kind <= 6 ? kind - 2 : kind >= 7 && kind <= 9 ? 4 : 0,
-                 kind == 7 || kind == 9, kind == 8 || kind == 9};
-  const bool staged = kind == 3 || mmat.blocks != 0, mma = kind == 1 || staged;
+  // 0: not mmat; -4: mmat4d (mmat4's build, the dynamic walk; every D here, D = 128 on the GPU)
+  int mmat_blocks = kind >= 4 && kind <= 6 ? kind - 2 : kind == 7 ? -4 : 0;
+  const bool staged = kind == 3 || mmat_blocks != 0, mma = kind == 1 || staged;
   const bool pipelined = kind == 2;
   const auto q = read<float>(dir + "/q.bin"), mask = read<float>(dir + "/mask.bin");
   const auto kc = read<uint32_t>(dir + "/kc.bin"), vc = read<uint32_t>(dir + "/vc.bin");
@@ -196,8 +183,8 @@ int main(int argc, char** argv) {
   size_t smem_bytes = states_smem_bytes(vpb, D);
   if (mma) {
     std::tie(kernel, smem_bytes) = bits == 8
-                                       ? mma_kernel_for<8>(D, group_size, staged, mmat)
-                                       : mma_kernel_for<4>(D, group_size, staged, mmat);
+                                       ? mma_kernel_for<8>(D, group_size, staged, mmat_blocks)
+                                       : mma_kernel_for<4>(D, group_size, staged, mmat_blocks);
   } else {
     kernel = bits == 8 ? kernel_for<8>(lpr, pipelined) : kernel_for<4>(lpr, pipelined);
   }
@@ -207,18 +194,18 @@ int main(int argc, char** argv) {
   int chunk = (S + splits - 1) / splits;
   chunk = (chunk + step - 1) / step * step;
   splits = (S + chunk - 1) / chunk;
-  if (mmat.dynamic && splits == 1) {  // plan_mma(): the dynamic walk on split calls only
-    mmat.dynamic = false;
-    std::tie(kernel, smem_bytes) = bits == 8 ? mma_kernel_for<8>(D, group_size, true, mmat)
-                                             : mma_kernel_for<4>(D, group_size, true, mmat);
+  if (kind == 7 && splits == 1) {  // plan_mma(): mmat4d's walk on split calls only
+    mmat_blocks = 4;
+    std::tie(kernel, smem_bytes) = bits == 8 ? mma_kernel_for<8>(D, group_size, true, 4)
+                                             : mma_kernel_for<4>(D, group_size, true, 4);
   }
   std::vector<float> partials(size_t(p.kv_rows) * vectors * splits * partial_stride(D));
   blockDim.x = kThreads;
   gridDim.x = p.kv_rows * tiles;
   gridDim.y = splits;
-  // The dynamic walk runs the call twice with the same slot, the output of the first cleared: the
-  // second finds its work counters zero only if the first call's last blocks reset them.
-  for (int run = 0; run < (mmat.dynamic ? 2 : 1); ++run) {
+  // mmat4d runs the call twice with the same slot, the output of the first cleared: the second
+  // finds its work counters zero only if the first call's last blocks reset them.
+  for (int run = 0; run < (kind == 7 ? 2 : 1); ++run) {
     std::fill(out.begin(), out.end(), NAN);
     std::fill(out16.begin(), out16.end(), __float2half_rn(NAN));
     for (unsigned y = 0; y < gridDim.y; ++y) {
@@ -244,7 +231,7 @@ int main(int argc, char** argv) {
   std::ofstream(dir + "/out.bin", std::ios::binary)
       .write(reinterpret_cast<const char*>(out.data()), out.size() * sizeof(float));
   std::printf("splits %d chunk %d %s\n", splits, chunk,
-              mmat.blocks ? "mmat"
+              mmat_blocks ? "mmat"
               : staged    ? "mma pipelined"
               : mma       ? "mma"
               : pipelined ? "simt pipelined"

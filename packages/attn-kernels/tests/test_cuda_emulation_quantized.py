@@ -99,10 +99,7 @@ PIPELINED_MMA_CASES = [
 # mmat with mmacp's stage counts, mmat3 and mmat4 with fewer (2 at 8 bits, D = 128 under mmat4),
 # so the stage ring wraps differently, and mmat4d (mmat4 with the dynamic walk: its warps take
 # sub-chunks of a head's context from a counter; the runner runs each case twice, so the counters
-# must be reset by the first call). mmat4s and mmat4ds (mmat4 and mmat4d with the stages of two
-# blocks per SM, 5-8: more stages than a warp has sub-steps in these chunks) over three split
-# D = 128 cases: the code is mmat4's and mmat4d's, only the ring is longer.
-DEEP_CASES = [PIPELINED_MMA_CASES[i] for i in (0, 6, 9)]
+# must be reset by the first call).
 KERNEL_CASES = (
     [("8x2", c) for c in CASES]
     + [("mma", c) for c in MMA_CASES]
@@ -111,7 +108,6 @@ KERNEL_CASES = (
         for kind in ("mmacp", "mmat", "mmat3", "mmat4", "mmat4d")
         for c in PIPELINED_MMA_CASES
     ]
-    + [(kind, c) for kind in ("mmat4s", "mmat4ds") for c in DEEP_CASES]
 )
 
 
@@ -121,18 +117,7 @@ def test_cuda_quantized_kernel_under_emulation(emulator, tmp_path, kind, case):
 
 
 # the runner's config code of each kernel
-KINDS = {
-    "8x2": 0,
-    "mma": 1,
-    "8x2p": 2,
-    "mmacp": 3,
-    "mmat": 4,
-    "mmat3": 5,
-    "mmat4": 6,
-    "mmat4d": 7,
-    "mmat4s": 8,
-    "mmat4ds": 9,
-}
+KINDS = {"8x2": 0, "mma": 1, "8x2p": 2, "mmacp": 3, "mmat": 4, "mmat3": 5, "mmat4": 6, "mmat4d": 7}
 
 
 def run_case(emulator, tmp_path, case, kind):
