@@ -269,10 +269,10 @@ __device__ void merge_chunks(const Problem& p, float* smem, const float* partial
 // partial_stride(D) floats: 16-byte aligned accumulators). One thread per vector computes the
 // common max, each warp's rescale factor (stored over its max) and the denominator; then the
 // threads combine output dimensions across warps and write the output (one chunk) or the
-// block's partial state, which the group's last block merges. True in that last block.
+// block's partial state, which the group's last block merges.
 // Shared memory: finish_smem_floats(); a split call's merge takes 2 * VPB * splits + VPB floats.
 template <typename T, int VPB, bool WIDE_MERGE = VPB == kMmaVectors, typename Problem>
-__device__ bool finish(const Problem& p, float* smem, float* partials, int kv_row, int tile,
+__device__ void finish(const Problem& p, float* smem, float* partials, int kv_row, int tile,
                        int split, int splits, unsigned slot) {
   const int D = p.head_dim, L = p.query_len, vectors = p.group * L;
   const int stride = partial_stride(D), warps = blockDim.x / 32;
@@ -328,9 +328,7 @@ __device__ bool finish(const Problem& p, float* smem, float* partials, int kv_ro
   }
   if (splits > 1 && last_to_arrive(slot, splits)) {
     merge_chunks<T, VPB, WIDE_MERGE>(p, smem, partials, kv_row, tile, splits);
-    return true;
   }
-  return false;
 }
 
 }  // namespace

@@ -112,8 +112,7 @@ bool is_mmat(const std::string& kind) {
 // 91-92 / 93 and mx.fast's 133 on bf16 K/V, docs/quantized-kv.md), or for A/B runs,
 // ATTN_QUANTIZED_VARIANT=mmacp (the untransposed tensor-core kernel on the same pipeline,
 // decode_attention_quantized_mma.cuh + _stages.cuh), mmat or mmat3 (mmat4's kernel sized for 2
-// or 3 blocks per SM), mmat4d (mmat4 whose warps take sub-chunks of a head's context from a
-// counter instead of their block's fixed chunk, on split calls; D = 128), 8x2 (the SIMT kernel: 8 values per lane, 2 positions per step), 16x2,
+// or 3 blocks per SM), 8x2 (the SIMT kernel: 8 values per lane, 2 positions per step), 16x2,
 // 8x4 or 8x2p (8x2 with the next step's rows loaded while this step computes; these three bf16
 // only), mma (the tensor-core kernel loading straight into registers, where it applies, else
 // 8x2), mma1, mma2 or mma4 (that many sub-steps of loads in flight; other than mma's default only
@@ -125,12 +124,12 @@ const std::string& variant(ElementType dtype) {
     // A typo must not time the default under another name.
     for (const char* known :
          {"8x2", "16x2", "8x4", "8x2p", "mma", "mma1", "mma2", "mma4", "mmacp", "mmat", "mmat3",
-          "mmat4", "mmat4d"}) {
+          "mmat4"}) {
       if (name == known) return name;
     }
     throw std::invalid_argument("ATTN_QUANTIZED_VARIANT='" + name +
                                 "': use 8x2, 16x2, 8x4, 8x2p, mma, mma1, mma2, mma4, mmacp, "
-                                "mmat, mmat3, mmat4 or mmat4d");
+                                "mmat, mmat3 or mmat4");
   }();
   static const std::string plain = chosen == "mmacp" || is_mmat(chosen) ? chosen
                                    : chosen.rfind("mma", 0) == 0 ? std::string("mma")
@@ -222,12 +221,12 @@ const Kernel& pipelined_kernel_for(const QuantizedProblem& p) {
   }
 }
 
-template <typename T, int BITS, int D, int GS, int BLOCKS, bool DYNAMIC = false>
+template <typename T, int BITS, int D, int GS, int BLOCKS>
 const Kernel& mmat_kernel_for() {
   constexpr int kStages = mmat_stages<BITS, D, GS, BLOCKS>();
   static const Kernel kernel = [] {
     const void* symbol = reinterpret_cast<const void*>(
-        &attend_quantized_mmat<T, BITS, D, GS, kStages, BLOCKS, DYNAMIC>);
+        &attend_quantized_mmat<T, BITS, D, GS, kStages, BLOCKS>);
     return resolve(symbol, mmat_smem_bytes<BITS, D, GS, kStages>());
   }();
   return kernel;
@@ -255,22 +254,7 @@ const Kernel& mmat_kernel_for(const QuantizedProblem& p) {
 
 // Blocks per SM the variant's kernel is sized for.
 int designed_blocks(const std::string& kind) {
-  return kind == "mmat3" ? 3 : kind == "mmat4" || kind == "mmat4d" ? 4 : 2;
-}
-
-// mmat4d's kernel: mmat4's build with the dynamic walk, built for D = 128 only (the shapes it is
-// timed on; other head dims keep mmat4's static walk).
-template <typename T>
-const Kernel* mmat_dynamic_kernel_for(const QuantizedProblem& p) {
-  if (p.head_dim != 128) return nullptr;
-  auto pick = [&]<int BITS>() -> const Kernel* {
-    switch (p.group_size) {
-      case 32: return &mmat_kernel_for<T, BITS, 128, 32, 4, true>();
-      case 64: return &mmat_kernel_for<T, BITS, 128, 64, 4, true>();
-      default: return &mmat_kernel_for<T, BITS, 128, 128, 4, true>();
-    }
-  };
-  return p.bits == 8 ? pick.template operator()<8>() : pick.template operator()<4>();
+  return kind == "mmat3" ? 3 : kind == "mmat4" ? 4 : 2;
 }
 
 // Blocks per SM a split call of the variant fills. mmat4's kernel is sized for four, but its
@@ -381,7 +365,7 @@ namespace {
 // takes one pass over a tile's output (as split_count() in decode_attention.cu) and keeps two
 // floats per vector (`vpb` of them) and chunk in the kernel's shared memory (plan.smem).
 void split_context(QuantizedPlan& plan, const QuantizedProblem& p, int blocks, int splits,
-                   int step, int vpb, unsigned slots_per_group = 1) {
+                   int step, int vpb) {
   const int quads = (p.head_dim + 3) / 4;
   if (vpb * quads > kMergeItems * kThreads) splits = 1;  // D = 256 with 8 vectors per tile
   splits = std::clamp(splits, 1, max_merged_splits(int(plan.smem / sizeof(float)), vpb));
@@ -394,7 +378,7 @@ void split_context(QuantizedPlan& plan, const QuantizedProblem& p, int blocks, i
   const int vectors = p.group * p.query_len;
   plan.partial_floats =
       splits > 1 ? size_t(p.kv_rows) * vectors * splits * partial_stride(p.head_dim) : 0;
-  if (splits > 1) plan.arrival_slot = arrival_slots(plan.grid[0] * slots_per_group);
+  if (splits > 1) plan.arrival_slot = arrival_slots(plan.grid[0]);
 }
 
 // One launch of the mma kernel: blocks of 8 query vectors, the context split so that every SM
@@ -434,14 +418,7 @@ QuantizedPlan plan_mma(const QuantizedProblem& p, const std::string& kind) {
     const int per_sm = std::min(kernel->resident, split_blocks_per_sm(split_fill(kind)));
     splits = std::clamp(per_sm * sm_count() / blocks, 1, std::max(wanted, 1));
   }
-  // mmat4d: the same build with the dynamic walk on split calls, whose work counters take a
-  // second slot per group after the arrival counters.
-  const Kernel* dynamic = nullptr;
-  if (kind == "mmat4d" && splits > 1) {
-    dynamic = half ? mmat_dynamic_kernel_for<__half>(p) : mmat_dynamic_kernel_for<__nv_bfloat16>(p);
-  }
-  split_context(plan, p, blocks, splits, step, kMmaVectors, dynamic ? 2 : 1);
-  if (dynamic && plan.splits > 1) plan.attend = dynamic->function;
+  split_context(plan, p, blocks, splits, step, kMmaVectors);
   return plan;
 }
 

@@ -217,20 +217,9 @@ __device__ __forceinline__ int v_dim(int t, int g, int h) {
   return BITS == 8 ? 16 * t + 2 * g + h : 32 * (t / 2) + 4 * g + 2 * (t % 2) + h;
 }
 
-// Sub-steps a warp of the dynamic walk takes at once (at least STAGES - 1, so that the starts of
-// the sub-chunk it computes and of the one its copies run in fit a ring of two).
-template <int STAGES>
-__host__ __device__ constexpr int dynamic_grab() {
-  return STAGES - 1 > 4 ? STAGES - 1 : 4;
-}
-
 // grid (kv_rows * tiles of 8 vectors, splits), kThreads threads, mmat_smem_bytes() of shared
-// memory. DYNAMIC (variant mmat4d; splits > 1): instead of the block's chunk of `chunk`
-// positions, each warp takes sub-chunks of dynamic_grab() sub-steps from a counter per (kv_row,
-// tile) over the whole context, so that warps on faster SMs take more (the partial states stay
-// one per block); the counter is arrivals[slot + gridDim.x + blockIdx.x], zero before the call
-// and reset by the group's last block.
-template <typename T, int BITS, int D, int GS, int STAGES, int BLOCKS, bool DYNAMIC = false>
+// memory.
+template <typename T, int BITS, int D, int GS, int STAGES, int BLOCKS>
 __global__ void __launch_bounds__(kThreads, BLOCKS)
     attend_quantized_mmat(QuantizedProblem p, float* partials, int chunk, unsigned slot) {
   static_assert(STAGES >= 2, "a pipeline of one stage copies nothing ahead");
@@ -251,7 +240,7 @@ __global__ void __launch_bounds__(kThreads, BLOCKS)
   const int tiles = (vectors + kMmaVectors - 1) / kMmaVectors;
   const int kv_row = blockIdx.x / tiles, tile = blockIdx.x % tiles;
   const int split = blockIdx.y, splits = gridDim.y;
-  const int begin = DYNAMIC ? 0 : split * chunk, end = DYNAMIC ? S : min(S, begin + chunk);
+  const int begin = split * chunk, end = min(S, begin + chunk);
 
   const char* k_codes =
       reinterpret_cast<const char*>(p.k_codes + p.kv_offset(p.k_strides[0], kv_row));
@@ -338,67 +327,31 @@ __global__ void __launch_bounds__(kThreads, BLOCKS)
   const char* const scale_rows[4] = {
       reinterpret_cast<const char*>(k_scales), reinterpret_cast<const char*>(k_biases),
       reinterpret_cast<const char*>(v_scales), reinterpret_cast<const char*>(v_biases)};
-  // The warp's walk: sub-step j at at_of(j). Static: every kWarpStep positions of the chunk from
-  // the warp's first. Dynamic: position (j % G) * 16 of sub-chunk j / G, whose start the ring
-  // holds; lane 0 issues each grab a sub-chunk before its start is read, so that the atomic's
-  // round trip hides behind G sub-steps.
-  constexpr int G = dynamic_grab<STAGES>();
-  unsigned* const work = &arrivals[(slot + gridDim.x + blockIdx.x) % kArrivalSlots];
-  unsigned grabbed = 0;  // lane 0: the start of the next sub-chunk, once its atomic returns
-  int starts[2] = {0, 0};  // (selected, never indexed at run time: an indexed pair goes to the stack)
-  auto grab = [&] {
-    if (lane == 0) grabbed = atomicAdd(work, unsigned(G * kMmaStep));
-  };
-  if constexpr (DYNAMIC) {
-    grab();
-    starts[0] = int(__shfl_sync(0xffffffffu, grabbed, 0));
-    grab();
-  }
-  auto at_of = [&](int j) {
-    const int start = j / G % 2 ? starts[1] : starts[0];
-    return DYNAMIC ? start + j % G * kMmaStep : begin + warp * kMmaStep + j * kWarpStep;
-  };
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
-    const int at = at_of(s);  // (dynamic: in the first sub-chunk, STAGES - 1 <= G)
+    const int at = begin + warp * kMmaStep + s * kWarpStep;
     if (at < end) {
       stage_in<BITS, D, GS>(stages + s * Stage::kBytes, codes, row_bytes, scale_rows, at, begin,
                             end, lane);
     }
     copy_async_commit();  // one group per sub-step, empty or not: wait counts groups
   }
-  // Sources of the next copy: the sub-step STAGES - 1 ahead of the warp's first (dynamic: set
-  // again where the copies enter a sub-chunk).
+  // Sources of the next copy: the sub-step STAGES - 1 ahead of the warp's first.
   StageCopies<BITS, D, GS> copies(codes, row_bytes, scale_rows,
-                                  DYNAMIC ? starts[0] + (STAGES - 1) * kMmaStep : at_of(STAGES - 1),
-                                  lane);
+                                  begin + warp * kMmaStep + (STAGES - 1) * kWarpStep, lane);
   // ldmatrix: lane 8i + k gives row k of matrix i = piece 2x + i / 2 of V row 8 (i % 2) + k.
   const int v_lane_offset =
       Stage::kV + (8 * (lane / 8 % 2) + lane % 8) * Stage::kPitch + 16 * (lane / 16);
-  for (int step = 0, at_static = begin + warp * kMmaStep;; ++step, at_static += kWarpStep) {
-    const int at = DYNAMIC ? at_of(step) : at_static;
-    if (at >= end) break;  // (dynamic: a sub-chunk past the context, or the last one's end)
-    const int ja = step + STAGES - 1;  // the sub-step whose copies this iteration issues
-    if constexpr (DYNAMIC) {
-      if (ja % G == 0) {  // the copies enter sub-chunk ja / G
-        const int start = int(__shfl_sync(0xffffffffu, grabbed, 0));
-        if (ja / G % 2) {
-          starts[1] = start;
-        } else {
-          starts[0] = start;
-        }
-        grab();
-        copies = StageCopies<BITS, D, GS>(codes, row_bytes, scale_rows, start, lane);
-      }
-    }
-    const int ahead = DYNAMIC ? at_of(ja) : at + (STAGES - 1) * kWarpStep;
+  int step = 0;
+  for (int at = begin + warp * kMmaStep; at < end; at += kWarpStep, ++step) {
+    const int ahead = at + (STAGES - 1) * kWarpStep;
     char* const next = stages + (step + STAGES - 1) % STAGES * Stage::kBytes;
     if (StageCopies<BITS, D, GS>::kApplies && ahead + kStagePositions <= end) {
       copies.copy(next, row_bytes, lane);
     } else if (ahead < end) {  // the chunk's last sub-step: rows clamped, scales zero-filled
       stage_in<BITS, D, GS>(next, codes, row_bytes, scale_rows, ahead, begin, end, lane);
     }
-    copies.advance(row_bytes, DYNAMIC ? kMmaStep : kWarpStep);
+    copies.advance(row_bytes, kWarpStep);
     copy_async_commit();
     copy_async_wait<STAGES - 1>();
     __syncwarp();  // every lane's copies of this stage are visible to the warp
@@ -576,10 +529,7 @@ __global__ void __launch_bounds__(kThreads, BLOCKS)
     }
   }
   __syncthreads();
-  const bool merged = finish<T, kMmaVectors, false>(p, smem, partials, kv_row, tile, split, splits,
-                                                  slot);
-  // Every block of the group has arrived, so every grab is done: the counter's next user.
-  if (DYNAMIC && merged && threadIdx.x == 0) *work = 0u;
+  finish<T, kMmaVectors, false>(p, smem, partials, kv_row, tile, split, splits, slot);
 }
 
 }  // namespace attn_kernels::cuda::quantized

@@ -65,19 +65,17 @@ Kernel kernel_for(int lpr, bool pipelined) {
 
 // The mma kernel (U sub-steps as plan_quantized() takes them) or, pipelined, mmacp's, with the
 // shared memory it takes (bytes).
-// The mmat kernel sized for BLOCKS (2, 3, 4) blocks per SM, as plan_quantized() takes it
-// (DYNAMIC: mmat4d's walk).
-template <int BITS, int D, int GS, int BLOCKS, bool DYNAMIC = false>
+// The mmat kernel sized for BLOCKS (2, 3, 4) blocks per SM, as plan_quantized() takes it.
+template <int BITS, int D, int GS, int BLOCKS>
 std::pair<Kernel, size_t> mmat_kernel_for() {
   constexpr int kStages = mmat_stages<BITS, D, GS, BLOCKS>();
-  return {&attend_quantized_mmat<__half, BITS, D, GS, kStages, BLOCKS, DYNAMIC>,
+  return {&attend_quantized_mmat<__half, BITS, D, GS, kStages, BLOCKS>,
           mmat_smem_bytes<BITS, D, GS, kStages>()};
 }
 
 template <int BITS, int D, int GS>
 std::pair<Kernel, size_t> mma_kernel_for(bool pipelined, int mmat_blocks) {
   constexpr int U = D == 256 ? 1 : 2;
-  if (mmat_blocks == -4) return mmat_kernel_for<BITS, D, GS, 4, true>();  // mmat4d
   if (mmat_blocks == 2) return mmat_kernel_for<BITS, D, GS, 2>();
   if (mmat_blocks == 3) return mmat_kernel_for<BITS, D, GS, 3>();
   if (mmat_blocks == 4) return mmat_kernel_for<BITS, D, GS, 4>();
@@ -122,9 +120,8 @@ int main(int argc, char** argv) {
   int b, hq, hkv, L, S, D, bits, group_size, causal, mask_kind, splits, capacity, kind;
   config >> b >> hq >> hkv >> L >> S >> D >> bits >> group_size >> causal >> mask_kind >> splits >>
       capacity >> kind;
-  // 0: not mmat; -4: mmat4d (mmat4's build, the dynamic walk; every D here, D = 128 on the GPU)
-  int mmat_blocks = kind >= 4 && kind <= 6 ? kind - 2 : kind == 7 ? -4 : 0;
-  const bool staged = kind == 3 || mmat_blocks != 0, mma = kind == 1 || staged;
+  const int mmat_blocks = kind >= 4 && kind <= 6 ? kind - 2 : 0;  // 0: not mmat
+  const bool staged = kind == 3 || mmat_blocks > 0, mma = kind == 1 || staged;
   const bool pipelined = kind == 2;
   const auto q = read<float>(dir + "/q.bin"), mask = read<float>(dir + "/mask.bin");
   const auto kc = read<uint32_t>(dir + "/kc.bin"), vc = read<uint32_t>(dir + "/vc.bin");
@@ -194,35 +191,24 @@ int main(int argc, char** argv) {
   int chunk = (S + splits - 1) / splits;
   chunk = (chunk + step - 1) / step * step;
   splits = (S + chunk - 1) / chunk;
-  if (kind == 7 && splits == 1) {  // plan_mma(): mmat4d's walk on split calls only
-    mmat_blocks = 4;
-    std::tie(kernel, smem_bytes) = bits == 8 ? mma_kernel_for<8>(D, group_size, true, 4)
-                                             : mma_kernel_for<4>(D, group_size, true, 4);
-  }
   std::vector<float> partials(size_t(p.kv_rows) * vectors * splits * partial_stride(D));
   blockDim.x = kThreads;
   gridDim.x = p.kv_rows * tiles;
   gridDim.y = splits;
-  // mmat4d runs the call twice with the same slot, the output of the first cleared: the second
-  // finds its work counters zero only if the first call's last blocks reset them.
-  for (int run = 0; run < (kind == 7 ? 2 : 1); ++run) {
-    std::fill(out.begin(), out.end(), NAN);
-    std::fill(out16.begin(), out16.end(), __float2half_rn(NAN));
-    for (unsigned y = 0; y < gridDim.y; ++y) {
-      for (unsigned x = 0; x < gridDim.x; ++x) {
-        emu::Block block(kThreads, smem_bytes / sizeof(float));
-        std::vector<std::thread> threads;
-        for (int t = 0; t < kThreads; ++t) {
-          threads.emplace_back([&, t] {
-            emu::block = &block;
-            threadIdx.x = t;
-            blockIdx.x = x;
-            blockIdx.y = y;
-            kernel(p, splits > 1 ? partials.data() : nullptr, chunk, 7u);
-          });
-        }
-        for (auto& t : threads) t.join();
+  for (unsigned y = 0; y < gridDim.y; ++y) {
+    for (unsigned x = 0; x < gridDim.x; ++x) {
+      emu::Block block(kThreads, smem_bytes / sizeof(float));
+      std::vector<std::thread> threads;
+      for (int t = 0; t < kThreads; ++t) {
+        threads.emplace_back([&, t] {
+          emu::block = &block;
+          threadIdx.x = t;
+          blockIdx.x = x;
+          blockIdx.y = y;
+          kernel(p, splits > 1 ? partials.data() : nullptr, chunk, 7u);
+        });
       }
+      for (auto& t : threads) t.join();
     }
   }
   if (mma) {

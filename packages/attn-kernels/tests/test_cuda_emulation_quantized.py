@@ -97,17 +97,11 @@ PIPELINED_MMA_CASES = [
 # Each kernel over its cases, against float64 (run_case): 8x2 (the SIMT kernel), mma, mmacp,
 # and the transposed-score variants (decode_attention_quantized_mmat.cuh) over mmacp's cases:
 # mmat with mmacp's stage counts, mmat3 and mmat4 with fewer (2 at 8 bits, D = 128 under mmat4),
-# so the stage ring wraps differently, and mmat4d (mmat4 with the dynamic walk: its warps take
-# sub-chunks of a head's context from a counter; the runner runs each case twice, so the counters
-# must be reset by the first call).
+# so the stage ring wraps differently.
 KERNEL_CASES = (
     [("8x2", c) for c in CASES]
     + [("mma", c) for c in MMA_CASES]
-    + [
-        (kind, c)
-        for kind in ("mmacp", "mmat", "mmat3", "mmat4", "mmat4d")
-        for c in PIPELINED_MMA_CASES
-    ]
+    + [(kind, c) for kind in ("mmacp", "mmat", "mmat3", "mmat4") for c in PIPELINED_MMA_CASES]
 )
 
 
@@ -117,7 +111,7 @@ def test_cuda_quantized_kernel_under_emulation(emulator, tmp_path, kind, case):
 
 
 # the runner's config code of each kernel
-KINDS = {"8x2": 0, "mma": 1, "8x2p": 2, "mmacp": 3, "mmat": 4, "mmat3": 5, "mmat4": 6, "mmat4d": 7}
+KINDS = {"8x2": 0, "mma": 1, "8x2p": 2, "mmacp": 3, "mmat": 4, "mmat3": 5, "mmat4": 6}
 
 
 def run_case(emulator, tmp_path, case, kind):
