@@ -1,7 +1,7 @@
 """One look at decode_attention_quantized on the default device before longer runs: a few
 shapes against the readable path over the dequantised cache (float32), largest error printed.
 Each shape runs twice in separate evals: a kernel that leaves state behind for the next call
-(mmat4d's chunk counters) shows it in the second error."""
+(a counter it forgot to reset, as the removed mmat4d had to) shows it in the second error."""
 
 import mlx.core as mx
 from attn_kernels import decode_attention_quantized, scaled_dot_product_attention
