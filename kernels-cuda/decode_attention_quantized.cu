@@ -2,12 +2,12 @@
 // registers, float32 arithmetic, GQA sharing and flash-decoding's context split.
 //
 // One block per (key/value row, tile of up to kVectors query vectors of that row, context
-// chunk). A row of D values is spread over LPR lanes ("lanes per row"), 16 values each: 16 code
-// bytes at 8 bits, 8 at 4 bits, one group's scale and bias (a lane's 16 values never straddle a
+// chunk). A row of D values is spread over LPR lanes ("lanes per row"), 8 values each: 8 code
+// bytes at 8 bits, 4 at 4 bits, one group's scale and bias (a lane's 8 values never straddle a
 // group: groups are 32, 64 or 128 values). Every K/V row leaves memory once per block and serves
 // all of its query vectors. Scores use the group algebra
 //     q . (scale * c + bias) = scale * (q . c) + bias * sum(q)
-// (sum(q) over the lane's 16 dimensions, computed once), and values accumulate as
+// (sum(q) over the lane's 8 dimensions, computed once), and values accumulate as
 //     acc += (w * scale) * c,  bias_acc += w * bias,
 // so codes are converted to float once (exactly: 2^23 + c as float bits, minus 2^23) and every
 // multiply-add runs on them directly. Walkers (LPR-lane groups) take two positions per step with
@@ -32,7 +32,6 @@
 
 #include "decode_attention_quantized_cuda.h"
 #include "decode_attention_quantized_kernel.cuh"
-#include "decode_attention_quantized_mma.cuh"
 #include "decode_attention_quantized_mmat.cuh"
 
 namespace attn_kernels::cuda {
@@ -78,71 +77,60 @@ Kernel resolve(const void* symbol, unsigned smem) {
   return Kernel{reinterpret_cast<CUfunction>(f), std::max(blocks, 1), smem};
 }
 
-template <typename T, int BITS, int LPR, int VALUES, int POSITIONS, bool PIPELINED>
+template <typename T, int BITS, int LPR>
 const Kernel& kernel_for(unsigned smem) {
   static const Kernel kernel = [smem] {
-    const void* symbol = reinterpret_cast<const void*>(
-        &attend_quantized<T, BITS, LPR, VALUES, POSITIONS, PIPELINED>);
-    return resolve(symbol, smem);
+    return resolve(reinterpret_cast<const void*>(&attend_quantized<T, BITS, LPR>), smem);
   }();
   return kernel;
 }
 
-// Lanes per row cover D (a multiple of 32, at most 256) with VALUES values each.
-template <typename T, int BITS, int VALUES, int POSITIONS = 2, bool PIPELINED = false>
-const Kernel& kernel_for(int lpr, unsigned smem) {
-  constexpr int kFewest = 32 / VALUES;
-  switch (lpr) {
-    case kFewest: return kernel_for<T, BITS, kFewest, VALUES, POSITIONS, PIPELINED>(smem);
-    case 2 * kFewest: return kernel_for<T, BITS, 2 * kFewest, VALUES, POSITIONS, PIPELINED>(smem);
-    case 4 * kFewest: return kernel_for<T, BITS, 4 * kFewest, VALUES, POSITIONS, PIPELINED>(smem);
-    default: return kernel_for<T, BITS, 8 * kFewest, VALUES, POSITIONS, PIPELINED>(smem);
-  }
-}
-
-// The transposed-score variants (mmat, mmat3, mmat4).
-bool is_mmat(const std::string& kind) {
-  return kind.rfind("mmat", 0) == 0;
+// The SIMT kernel whose LPR lanes per row (a power of two) cover D (a multiple of 32, at most
+// 256) with 8 values each.
+template <typename T>
+const Kernel& kernel_for(int bits, int lpr, unsigned smem) {
+  auto of_bits = [&]<int BITS>() -> const Kernel& {
+    switch (lpr) {
+      case 4: return kernel_for<T, BITS, 4>(smem);
+      case 8: return kernel_for<T, BITS, 8>(smem);
+      case 16: return kernel_for<T, BITS, 16>(smem);
+      default: return kernel_for<T, BITS, 32>(smem);
+    }
+  };
+  return bits == 8 ? of_bits.template operator()<8>() : of_bits.template operator()<4>();
 }
 
 // The kernel variant: "mmat4" (the default: the tensor-core kernel with transposed scores fed
 // by a cp.async pipeline through shared memory, sized for 4 blocks per SM,
-// decode_attention_quantized_mmat.cuh, where its layout requirements hold, else 8x2; H200 at
-// 8340ee2, Qwen3-4B shapes, group 64: 85.8 / 59.7 µs at S = 131072, 8 / 4 bits, against mmacp's
-// 91-92 / 93 and mx.fast's 133 on bf16 K/V, docs/quantized-kv.md), or for A/B runs,
-// ATTN_QUANTIZED_VARIANT=mmacp (the untransposed tensor-core kernel on the same pipeline,
-// decode_attention_quantized_mma.cuh + _stages.cuh), mmat or mmat3 (mmat4's kernel sized for 2
-// or 3 blocks per SM), 8x2 (the SIMT kernel: 8 values per lane, 2 positions per step), 16x2,
-// 8x4 or 8x2p (8x2 with the next step's rows loaded while this step computes; these three bf16
-// only), mma (the tensor-core kernel loading straight into registers, where it applies, else
-// 8x2), mma1, mma2 or mma4 (that many sub-steps of loads in flight; other than mma's default only
-// for bf16, D = 128, group 64).
-const std::string& variant(ElementType dtype) {
+// decode_attention_quantized_mmat.cuh, where its layout requirements hold, else the SIMT kernel;
+// H200, Qwen3-4B shapes, group 64, S = 131072: 78-81 µs at 8 bits and 53-57 µs at 4 bits against
+// mx.fast's 130-135 on the bf16 K/V, docs/quantized-kv.md), or for A/B runs
+// ATTN_QUANTIZED_VARIANT=mmat (the same kernel sized for 2 blocks per SM: more registers and
+// stages) or 8x2 (the SIMT kernel everywhere). The variants that lost to these on the H200 left
+// the code with their numbers in docs/quantized-kv.md.
+const std::string& variant() {
   static const std::string chosen = [] {
     const char* env = std::getenv("ATTN_QUANTIZED_VARIANT");
     const std::string name = env ? env : "mmat4";
     // A typo must not time the default under another name.
-    for (const char* known :
-         {"8x2", "16x2", "8x4", "8x2p", "mma", "mma1", "mma2", "mma4", "mmacp", "mmat", "mmat3",
-          "mmat4"}) {
-      if (name == known) return name;
+    if (name != "mmat4" && name != "mmat" && name != "8x2") {
+      throw std::invalid_argument("ATTN_QUANTIZED_VARIANT='" + name + "': use mmat4, mmat or 8x2");
     }
-    throw std::invalid_argument("ATTN_QUANTIZED_VARIANT='" + name +
-                                "': use 8x2, 16x2, 8x4, 8x2p, mma, mma1, mma2, mma4, mmacp, "
-                                "mmat, mmat3 or mmat4");
+    return name;
   }();
-  static const std::string plain = chosen == "mmacp" || is_mmat(chosen) ? chosen
-                                   : chosen.rfind("mma", 0) == 0 ? std::string("mma")
-                                                                 : "8x2";
-  return dtype == ElementType::bfloat16 ? chosen : plain;
+  return chosen;
 }
 
-// Blocks per SM that a split mma call fills (ATTN_QUANTIZED_SPLIT_BLOCKS for A/B runs; else
-// `fill`, split_fill() of the variant).
-int split_blocks_per_sm(int fill) {
+// Blocks per SM that a split mmat call fills (ATTN_QUANTIZED_SPLIT_BLOCKS for A/B runs, else 2).
+// mmat4's kernel is sized for four, but its calls were shorter with the context split for two in
+// all 24 cases measured (H200, c139b75; S 4096-131072, 8 and 4 bits, groups 32-128, calls
+// independent or chained; 4 bits, group 64, S 131072: 56.8 against 59.7 µs, chained 76.4 against
+// 87.2, kernel-only 64.0 against 74.5): half the chunks to merge and twice the positions per
+// block.
+int split_blocks_per_sm() {
   static const int blocks = [] {
     const char* env = std::getenv("ATTN_QUANTIZED_SPLIT_BLOCKS");
-    if (!env) return 0;
+    if (!env) return 2;
     char* end = nullptr;
     const long n = std::strtol(env, &end, 10);
     if (end == env || *end != '\0' || n < 1 || n > 8) {
@@ -151,82 +139,15 @@ int split_blocks_per_sm(int fill) {
     }
     return static_cast<int>(n);
   }();
-  return blocks > 0 ? blocks : fill;
-}
-
-template <typename T>
-const Kernel& kernel_for(int bits, int lpr, const std::string& variant, unsigned smem) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    if (variant == "16x2") {
-      return bits == 8 ? kernel_for<T, 8, 16>(lpr, smem) : kernel_for<T, 4, 16>(lpr, smem);
-    }
-    if (variant == "8x4") {
-      return bits == 8 ? kernel_for<T, 8, 8, 4>(lpr, smem) : kernel_for<T, 4, 8, 4>(lpr, smem);
-    }
-    if (variant == "8x2p") {
-      return bits == 8 ? kernel_for<T, 8, 8, 2, true>(lpr, smem)
-                       : kernel_for<T, 4, 8, 2, true>(lpr, smem);
-    }
-  }
-  return bits == 8 ? kernel_for<T, 8, 8>(lpr, smem) : kernel_for<T, 4, 8>(lpr, smem);
-}
-
-template <typename T, int BITS, int D, int GS, int U, int STAGES = 0>
-const Kernel& mma_kernel_for(unsigned smem) {
-  static const Kernel kernel = [smem] {
-    const void* symbol =
-        reinterpret_cast<const void*>(&attend_quantized_mma<T, BITS, D, GS, U, STAGES>);
-    return resolve(symbol, smem);
-  }();
-  return kernel;
-}
-
-// Sub-steps of loads in flight: 2 (1 at D = 256, where registers run out).
-template <typename T, int BITS, int D>
-const Kernel& mma_kernel_for(int group_size, unsigned smem) {
-  constexpr int U = D == 256 ? 1 : 2;
-  switch (group_size) {
-    case 32: return mma_kernel_for<T, BITS, D, 32, U>(smem);
-    case 64: return mma_kernel_for<T, BITS, D, 64, U>(smem);
-    default:
-      if constexpr (D >= 128) return mma_kernel_for<T, BITS, D, 128, U>(smem);
-      throw std::invalid_argument("[decode_attention_quantized] group_size larger than head_dim");
-  }
-}
-
-// The pipelined kernel ("mmacp") of one bits, D and group size, with its stages and shared memory.
-template <typename T, int BITS, int D, int GS>
-const Kernel& pipelined_kernel_for() {
-  return mma_kernel_for<T, BITS, D, GS, 1, StageLayout<BITS, D, GS>::kStages>(
-      pipelined_smem_bytes<BITS, D, GS>());
-}
-
-template <typename T, int BITS, int D>
-const Kernel& pipelined_kernel_for(int group_size) {
-  switch (group_size) {
-    case 32: return pipelined_kernel_for<T, BITS, D, 32>();
-    case 64: return pipelined_kernel_for<T, BITS, D, 64>();
-    default:
-      if constexpr (D >= 128) return pipelined_kernel_for<T, BITS, D, 128>();
-      throw std::invalid_argument("[decode_attention_quantized] group_size larger than head_dim");
-  }
-}
-
-template <typename T, int BITS>
-const Kernel& pipelined_kernel_for(const QuantizedProblem& p) {
-  switch (p.head_dim) {
-    case 64: return pipelined_kernel_for<T, BITS, 64>(p.group_size);
-    case 128: return pipelined_kernel_for<T, BITS, 128>(p.group_size);
-    default: return pipelined_kernel_for<T, BITS, 256>(p.group_size);
-  }
+  return blocks;
 }
 
 template <typename T, int BITS, int D, int GS, int BLOCKS>
 const Kernel& mmat_kernel_for() {
   constexpr int kStages = mmat_stages<BITS, D, GS, BLOCKS>();
   static const Kernel kernel = [] {
-    const void* symbol = reinterpret_cast<const void*>(
-        &attend_quantized_mmat<T, BITS, D, GS, kStages, BLOCKS>);
+    const void* symbol =
+        reinterpret_cast<const void*>(&attend_quantized_mmat<T, BITS, D, GS, kStages, BLOCKS>);
     return resolve(symbol, mmat_smem_bytes<BITS, D, GS, kStages>());
   }();
   return kernel;
@@ -252,63 +173,19 @@ const Kernel& mmat_kernel_for(const QuantizedProblem& p) {
   }
 }
 
-// Blocks per SM the variant's kernel is sized for.
-int designed_blocks(const std::string& kind) {
-  return kind == "mmat3" ? 3 : kind == "mmat4" ? 4 : 2;
-}
-
-// Blocks per SM a split call of the variant fills. mmat4's kernel is sized for four, but its
-// calls were shorter with the context split for two in all 24 cases measured (H200, c139b75;
-// S 4096-131072, 8 and 4 bits, groups 32-128, calls independent or chained; 4 bits, group 64, S
-// 131072: 56.8 against 59.7 µs, chained 76.4 against 87.2, kernel-only 64.0 against 74.5):
-// half the chunks to merge and twice the positions per block. mmat3 keeps its three (not
-// measured with two).
-int split_fill(const std::string& kind) {
-  return kind == "mmat3" ? 3 : 2;
-}
-
+// mmat4's build (4 blocks per SM) or, under ATTN_QUANTIZED_VARIANT=mmat, the 2-block one.
 template <typename T>
 const Kernel& mmat_kernel_for(const QuantizedProblem& p, const std::string& kind) {
-  switch (designed_blocks(kind)) {
-    case 3: return p.bits == 8 ? mmat_kernel_for<T, 8, 3>(p) : mmat_kernel_for<T, 4, 3>(p);
-    case 4: return p.bits == 8 ? mmat_kernel_for<T, 8, 4>(p) : mmat_kernel_for<T, 4, 4>(p);
-    default: return p.bits == 8 ? mmat_kernel_for<T, 8, 2>(p) : mmat_kernel_for<T, 4, 2>(p);
+  if (kind == "mmat4") {
+    return p.bits == 8 ? mmat_kernel_for<T, 8, 4>(p) : mmat_kernel_for<T, 4, 4>(p);
   }
+  return p.bits == 8 ? mmat_kernel_for<T, 8, 2>(p) : mmat_kernel_for<T, 4, 2>(p);
 }
 
-// The sub-steps the mma kernel for `p` takes under variant `kind` (mmacp, mmat: one per stage).
-int mma_substeps(const QuantizedProblem& p, const std::string& kind) {
-  if (kind == "mmacp" || is_mmat(kind)) return 1;
-  if (p.dtype == ElementType::bfloat16 && p.head_dim == 128 && p.group_size == 64) {
-    if (kind == "mma1") return 1;
-    if (kind == "mma4") return 4;
-  }
-  return p.head_dim == 256 ? 1 : 2;
-}
-
-template <typename T, int BITS>
-const Kernel& mma_kernel_for(const QuantizedProblem& p, const std::string& kind, unsigned smem) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    if (p.head_dim == 128 && p.group_size == 64) {
-      const int u = mma_substeps(p, kind);
-      if (u == 1) return mma_kernel_for<T, BITS, 128, 64, 1>(smem);
-      if (u == 4) return mma_kernel_for<T, BITS, 128, 64, 4>(smem);
-    }
-  }
-  switch (p.head_dim) {
-    case 64: return mma_kernel_for<T, BITS, 64>(p.group_size, smem);
-    case 128: return mma_kernel_for<T, BITS, 128>(p.group_size, smem);
-    default: return mma_kernel_for<T, BITS, 256>(p.group_size, smem);
-  }
-}
-
-// The mma kernels' requirements: f16/bf16, D 64/128/256, sm_80+, codes rows of whole aligned
+// The mmat kernel's requirements: f16/bf16, D 64/128/256, sm_80+, codes rows of whole aligned
 // 16-byte pieces (last axis contiguous), scale and bias rows contiguous (each position's right
-// after the last's) with the runs that the kernel reads at once aligned: a pair of positions'
-// worth for mma (at most 16 bytes), 16 positions' worth (16 bytes) for mmacp's copies.
-// (A row stride is not a multiple of a pair's bytes: this once required it, so mma applied only
-// to D = 256 with group 32, and every "mma" timing on the H200 ran 8x2.)
-bool mma_applies(const QuantizedProblem& p, bool pipelined) {
+// after the last's) with the 16-byte runs that its copies take (16 positions' worth) aligned.
+bool mmat_applies(const QuantizedProblem& p) {
   if (p.dtype == ElementType::float32) return false;
   if (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256) return false;
   static const bool has_mma = [] {
@@ -323,7 +200,7 @@ bool mma_applies(const QuantizedProblem& p, bool pipelined) {
            strides[1] * elem_bytes % bytes == 0;
   };
   const int groups = p.head_dim / p.group_size;
-  const int run = pipelined ? 16 : std::min(2 * groups * 2, 16);  // scale bytes read at once
+  const int run = 16;  // scale bytes a copy takes
   for (const auto* strides : {&p.k_strides, &p.v_strides}) {
     const void* codes = strides == &p.k_strides ? p.k_codes : p.v_codes;
     const void* scales = strides == &p.k_strides ? p.k_scales : p.v_scales;
@@ -381,41 +258,25 @@ void split_context(QuantizedPlan& plan, const QuantizedProblem& p, int blocks, i
   if (splits > 1) plan.arrival_slot = arrival_slots(plan.grid[0]);
 }
 
-// One launch of the mma kernel: blocks of 8 query vectors, the context split so that every SM
+// One launch of the mmat kernel: blocks of 8 query vectors, the context split so that every SM
 // holds split_blocks_per_sm() blocks (as split-mma in decode_attention.cu: filling all resident
 // slots costs more in merged chunks than the extra warps bring), in chunks of at least two block
 // steps; contexts of at most four block steps are not split (a merge costs more).
-QuantizedPlan plan_mma(const QuantizedProblem& p, const std::string& kind) {
+QuantizedPlan plan_mmat(const QuantizedProblem& p, const std::string& kind) {
   QuantizedPlan plan{};
   plan.threads = kThreads;
-  const bool half = p.dtype == ElementType::float16;
-  const Kernel* kernel;
-  if (is_mmat(kind)) {
-    kernel = half ? &mmat_kernel_for<__half>(p, kind) : &mmat_kernel_for<__nv_bfloat16>(p, kind);
-    plan.smem = kernel->smem;
-  } else if (kind == "mmacp") {
-    kernel = half ? (p.bits == 8 ? &pipelined_kernel_for<__half, 8>(p)
-                                 : &pipelined_kernel_for<__half, 4>(p))
-                  : (p.bits == 8 ? &pipelined_kernel_for<__nv_bfloat16, 8>(p)
-                                 : &pipelined_kernel_for<__nv_bfloat16, 4>(p));
-    plan.smem = kernel->smem;
-  } else {
-    plan.smem = states_smem_bytes(kMmaVectors, p.head_dim);
-    kernel = half ? (p.bits == 8 ? &mma_kernel_for<__half, 8>(p, kind, plan.smem)
-                                 : &mma_kernel_for<__half, 4>(p, kind, plan.smem))
-                  : (p.bits == 8 ? &mma_kernel_for<__nv_bfloat16, 8>(p, kind, plan.smem)
-                                 : &mma_kernel_for<__nv_bfloat16, 4>(p, kind, plan.smem));
-  }
-  plan.attend = kernel->function;
-  const int u = mma_substeps(p, kind);
-  const int step = kWarps * u * kMmaStep;
+  const Kernel& kernel = p.dtype == ElementType::float16 ? mmat_kernel_for<__half>(p, kind)
+                                                         : mmat_kernel_for<__nv_bfloat16>(p, kind);
+  plan.smem = kernel.smem;
+  plan.attend = kernel.function;
+  const int step = kWarps * kMmaStep;
   const int vectors = p.group * p.query_len;
   const int tiles = (vectors + kMmaVectors - 1) / kMmaVectors;
   const int blocks = p.kv_rows * tiles;
   int splits = 1;
   if (p.context > 4 * step && blocks <= int(kArrivalSlots / 64)) {
     const int wanted = (p.context + 2 * step - 1) / (2 * step);
-    const int per_sm = std::min(kernel->resident, split_blocks_per_sm(split_fill(kind)));
+    const int per_sm = std::min(kernel.resident, split_blocks_per_sm());
     splits = std::clamp(per_sm * sm_count() / blocks, 1, std::max(wanted, 1));
   }
   split_context(plan, p, blocks, splits, step, kMmaVectors);
@@ -423,7 +284,7 @@ QuantizedPlan plan_mma(const QuantizedProblem& p, const std::string& kind) {
 }
 
 // ATTN_QUANTIZED_LOG=1: the first plan of each kernel, to stderr, so that a device run shows
-// which kernel a variant's timing ran (a variant whose layout requirements fail runs 8x2).
+// which kernel a variant's timing ran (where mmat's layout requirements fail, 8x2 runs).
 QuantizedPlan logged(const QuantizedPlan& plan, const std::string& kind,
                      const QuantizedProblem& p) {
   static const bool enabled = [] {
@@ -452,34 +313,30 @@ QuantizedPlan plan_quantized(const QuantizedProblem& p) {
         "[decode_attention_quantized] the CUDA kernel takes head_dim a multiple of 32 up to 256, "
         "got " + std::to_string(p.head_dim));
   }
+  const std::string& kind = variant();
+  if (kind != "8x2" && mmat_applies(p)) return logged(plan_mmat(p, kind), kind, p);
   QuantizedPlan plan{};
-  std::string kind = variant(p.dtype);
-  if (kind.rfind("mma", 0) == 0) {
-    const bool staged = kind == "mmacp" || is_mmat(kind);
-    if (mma_applies(p, staged)) return logged(plan_mma(p, kind), kind, p);
-    kind = "8x2";
-  }
-  const int values = kind == "16x2" ? 16 : 8, positions = kind == "8x4" ? 4 : 2;
-  int lpr = 32 / values;  // lanes per row: a power of two covering D with `values` values per lane
-  while (lpr * values < p.head_dim) lpr *= 2;
+  int lpr = 4;  // lanes per row: a power of two covering D with 8 values per lane
+  while (lpr * 8 < p.head_dim) lpr *= 2;
   plan.threads = kThreads;
   plan.smem = states_smem_bytes(kVectors, p.head_dim);
-  const Kernel& kernel = p.dtype == ElementType::float32 ? kernel_for<float>(p.bits, lpr, kind, plan.smem)
+  const Kernel& kernel = p.dtype == ElementType::float32
+                             ? kernel_for<float>(p.bits, lpr, plan.smem)
                          : p.dtype == ElementType::float16
-                             ? kernel_for<__half>(p.bits, lpr, kind, plan.smem)
-                             : kernel_for<__nv_bfloat16>(p.bits, lpr, kind, plan.smem);
+                             ? kernel_for<__half>(p.bits, lpr, plan.smem)
+                             : kernel_for<__nv_bfloat16>(p.bits, lpr, plan.smem);
   plan.attend = kernel.function;
   const int vectors = p.group * p.query_len;
   const int tiles = (vectors + kVectors - 1) / kVectors;
   const int blocks = p.kv_rows * tiles;
   // Split the context so that every SM holds as many blocks as it can run at once, in chunks of
   // at least two steps per walker (each step is a round trip to memory).
-  const int step = positions * (kThreads / lpr);
+  const int step = 2 * (kThreads / lpr);  // 2 positions per walker and step
   const int wanted = (p.context + 2 * step - 1) / (2 * step);
   int splits = std::clamp(kernel.resident * sm_count() / std::max(blocks, 1), 1, std::max(wanted, 1));
   if (blocks > int(kArrivalSlots / 64)) splits = 1;
   split_context(plan, p, blocks, splits, step, kVectors);
-  return logged(plan, kind, p);
+  return logged(plan, "8x2", p);
 }
 
 }  // namespace attn_kernels::cuda

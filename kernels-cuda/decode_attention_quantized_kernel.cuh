@@ -92,31 +92,16 @@ __device__ __forceinline__ bool rows_aligned(const uint32_t* codes, const int64_
          strides[0] % words == 0 && strides[1] % words == 0 && strides[2] % words == 0;
 }
 
-// The rows a walker reads in one step (8x2p's prefetch), scales and biases as stored.
-template <typename T, int POSITIONS, int kWords>
-struct Rows {
-  uint32_t kw[POSITIONS][kWords], vw[POSITIONS][kWords];
-  T ks[POSITIONS], kb[POSITIONS], vs[POSITIONS], vb[POSITIONS];
-};
-
-// Blocks per SM that the registers are sized for. 8x2: 4 (128 registers). 8x2p holds a second
-// step's rows (16 more registers at 8 bits): at 128 it spills 62/116 bytes, at 3 (168) none.
-__host__ __device__ constexpr int blocks_per_sm(int values, int positions, bool pipelined) {
-  return values == 8 && positions == 2 ? (pipelined ? 3 : 4) : 2;
-}
-
-// grid (kv_rows * tiles, splits), kThreads threads; shared memory: kWarps * kVectors states.
-// VALUES: values of a row per lane (8 or 16; fewer values take fewer registers, so more blocks
-// fit an SM, at one more shuffle level per score). POSITIONS: positions per walker and step
-// (loads in flight, one rescale). PIPELINED ("8x2p"): the next step's rows are loaded before this
-// step computes, so a walker has a step of loads in flight while it computes (without it,
-// nothing is in flight across steps: the loop is bound by memory latency).
-template <typename T, int BITS, int LPR, int VALUES, int POSITIONS, bool PIPELINED = false>
-__global__ void __launch_bounds__(kThreads, blocks_per_sm(VALUES, POSITIONS, PIPELINED))
+// grid (kv_rows * tiles, splits), kThreads threads, 4 blocks per SM (128 registers); shared
+// memory: kWarps * kVectors states. Each lane holds 8 values of a row, each walker takes 2
+// positions per step with one rescale ("8x2"; 16 values a lane, 4 positions a step, and the next
+// step's rows loaded during this one were slower on the H200: docs/quantized-kv.md).
+template <typename T, int BITS, int LPR>
+__global__ void __launch_bounds__(kThreads, 4)
     attend_quantized(QuantizedProblem p, float* partials, int chunk, unsigned slot) {
   ATTN_SHARED_FLOATS(smem);
-  constexpr int kValues = VALUES;
-  constexpr int kWords = VALUES * BITS / 32;
+  constexpr int kValues = 8, kPositions = 2;
+  constexpr int kWords = kValues * BITS / 32;
   constexpr int kWalkers = kThreads / LPR;
   const int lane = threadIdx.x % 32, sub = lane % LPR, warp = threadIdx.x / 32;
   const int walker = threadIdx.x / LPR;
@@ -165,66 +150,33 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm(VALUES, POSITIONS, PIP
     l[v] = 0.0f;
   }
 
-  // 8x2p: a step's rows as loaded, scales and biases as stored (converted where used, so that a
-  // prefetch does not wait for its loads where it is issued). Positions past the chunk read row
-  // `begin`, which exists (their weight is zero).
-  auto prefetch = [&](Rows<T, POSITIONS, kWords>& rows, int base) {
-#pragma unroll
-    for (int t = 0; t < POSITIONS; ++t) {
-      const int j = base + t * kWalkers + walker, at = j < end ? j : begin;
-      load_words<kWords>(rows.kw[t], k_codes + at * p.k_strides[0][2], first_word,
-                         p.k_strides[0][3], k_vector, active);
-      load_words<kWords>(rows.vw[t], v_codes + at * p.v_strides[0][2], first_word,
-                         p.v_strides[0][3], v_vector, active);
-      rows.ks[t] = active ? k_scales[at * p.k_strides[1][2]] : T();
-      rows.kb[t] = active ? k_biases[at * p.k_strides[2][2]] : T();
-      rows.vs[t] = active ? v_scales[at * p.v_strides[1][2]] : T();
-      rows.vb[t] = active ? v_biases[at * p.v_strides[2][2]] : T();
-    }
-  };
-  constexpr int kStep = POSITIONS * kWalkers;
-  Rows<T, POSITIONS, kWords> next;
-  if constexpr (PIPELINED) {
-    if (begin < end) prefetch(next, begin);
-  }
+  constexpr int kStep = kPositions * kWalkers;
 
   for (int base = begin; base < end; base += kStep) {
-    int j[POSITIONS];
-    bool in[POSITIONS];
+    int j[kPositions];
+    bool in[kPositions];
 #pragma unroll
-    for (int t = 0; t < POSITIONS; ++t) {
+    for (int t = 0; t < kPositions; ++t) {
       j[t] = base + t * kWalkers + walker;
       in[t] = j[t] < end;
     }
-    uint32_t kw[POSITIONS][kWords], vw[POSITIONS][kWords];
-    float ks[POSITIONS], kb[POSITIONS], vs[POSITIONS], vb[POSITIONS];
-    if constexpr (PIPELINED) {
-      const Rows<T, POSITIONS, kWords> rows = next;
-      if (base + kStep < end) prefetch(next, base + kStep);  // in flight during this step
+    uint32_t kw[kPositions][kWords], vw[kPositions][kWords];
+    float ks[kPositions], kb[kPositions], vs[kPositions], vb[kPositions];
 #pragma unroll
-      for (int t = 0; t < POSITIONS; ++t) {
-#pragma unroll
-        for (int k = 0; k < kWords; ++k) kw[t][k] = rows.kw[t][k], vw[t][k] = rows.vw[t][k];
-        ks[t] = to_float(rows.ks[t]), kb[t] = to_float(rows.kb[t]);
-        vs[t] = to_float(rows.vs[t]), vb[t] = to_float(rows.vb[t]);
-      }
-    } else {
-#pragma unroll
-      for (int t = 0; t < POSITIONS; ++t) {
-        const int at = in[t] ? j[t] : begin;  // a row that exists; its weight is zero
-        load_words<kWords>(kw[t], k_codes + at * p.k_strides[0][2], first_word, p.k_strides[0][3],
-                           k_vector, active);
-        load_words<kWords>(vw[t], v_codes + at * p.v_strides[0][2], first_word, p.v_strides[0][3],
-                           v_vector, active);
-        ks[t] = active ? to_float(k_scales[at * p.k_strides[1][2]]) : 0.0f;
-        kb[t] = active ? to_float(k_biases[at * p.k_strides[2][2]]) : 0.0f;
-        vs[t] = active ? to_float(v_scales[at * p.v_strides[1][2]]) : 0.0f;
-        vb[t] = active ? to_float(v_biases[at * p.v_strides[2][2]]) : 0.0f;
-      }
+    for (int t = 0; t < kPositions; ++t) {
+      const int at = in[t] ? j[t] : begin;  // a row that exists; its weight is zero
+      load_words<kWords>(kw[t], k_codes + at * p.k_strides[0][2], first_word, p.k_strides[0][3],
+                         k_vector, active);
+      load_words<kWords>(vw[t], v_codes + at * p.v_strides[0][2], first_word, p.v_strides[0][3],
+                         v_vector, active);
+      ks[t] = active ? to_float(k_scales[at * p.k_strides[1][2]]) : 0.0f;
+      kb[t] = active ? to_float(k_biases[at * p.k_strides[2][2]]) : 0.0f;
+      vs[t] = active ? to_float(v_scales[at * p.v_strides[1][2]]) : 0.0f;
+      vb[t] = active ? to_float(v_biases[at * p.v_strides[2][2]]) : 0.0f;
     }
-    float score[POSITIONS][kVectors];
+    float score[kPositions][kVectors];
 #pragma unroll
-    for (int t = 0; t < POSITIONS; ++t) {
+    for (int t = 0; t < kPositions; ++t) {
       float c[kValues];
       decode<BITS, kValues>(c, kw[t]);
 #pragma unroll
@@ -238,18 +190,18 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm(VALUES, POSITIONS, PIP
 #pragma unroll
     for (int offset = LPR / 2; offset > 0; offset /= 2) {
 #pragma unroll
-      for (int t = 0; t < POSITIONS; ++t) {
+      for (int t = 0; t < kPositions; ++t) {
 #pragma unroll
         for (int v = 0; v < kVectors; ++v) {
           score[t][v] += __shfl_xor_sync(0xffffffffu, score[t][v], offset);
         }
       }
     }
-    float weight[POSITIONS][kVectors];
+    float weight[kPositions][kVectors];
 #pragma unroll
     for (int v = 0; v < kVectors; ++v) {
 #pragma unroll
-      for (int t = 0; t < POSITIONS; ++t) {
+      for (int t = 0; t < kPositions; ++t) {
         float s = score[t][v];
         if (!in[t] || j[t] > last[v]) {
           s = kNegInf;
@@ -260,7 +212,7 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm(VALUES, POSITIONS, PIP
       }
       float tile_max = score[0][v];
 #pragma unroll
-      for (int t = 1; t < POSITIONS; ++t) tile_max = fmaxf(tile_max, score[t][v]);
+      for (int t = 1; t < kPositions; ++t) tile_max = fmaxf(tile_max, score[t][v]);
       if (tile_max > m[v]) {  // rescale only when the running max grows
         const float factor = m[v] == kNegInf ? 0.0f : __expf(m[v] - tile_max);
         m[v] = tile_max;
@@ -270,13 +222,13 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm(VALUES, POSITIONS, PIP
         for (int e = 0; e < kValues; ++e) acc[v][e] *= factor;
       }
 #pragma unroll
-      for (int t = 0; t < POSITIONS; ++t) {
+      for (int t = 0; t < kPositions; ++t) {
         weight[t][v] = score[t][v] == kNegInf ? 0.0f : __expf(score[t][v] - m[v]);
         l[v] += weight[t][v];
       }
     }
 #pragma unroll
-    for (int t = 0; t < POSITIONS; ++t) {
+    for (int t = 0; t < kPositions; ++t) {
       float c[kValues];
       decode<BITS, kValues>(c, vw[t]);
 #pragma unroll

@@ -1,33 +1,123 @@
-// The transposed-score variants of the pipelined tensor-core kernel ("mmat", "mmat3", "mmat4";
-// docs/quantized-kv.md): mmacp's schedule and cp.async stages
-// (decode_attention_quantized_stages.cuh) with fewer instructions per position, and optionally
-// more blocks per SM.
+// The tensor-core kernel of DecodeAttentionQuantized ("mmat4", the CUDA default; "mmat" is the
+// same kernel sized for 2 blocks per SM; docs/quantized-kv.md): one block of 4 warps per (key/value
+// row, tile of 8 query vectors, context chunk); each warp walks sub-steps of 16 positions, which
+// it copies itself from global into shared memory with cp.async, STAGES - 1 sub-steps ahead of the
+// one it computes (decode_attention_quantized_stages.cuh), and combines them with an online
+// softmax in float32; the warps, then the chunks of a split, are merged by finish().
 //
-// mmacp computes S = Q K^T with the 8 query vectors of a tile as the mma's 16 A rows, so at GQA 4
-// and L = 1 only 4 of 16 rows are real and a sub-step of 16 positions takes 16 score mmas. Here
-// S^T = K Q^T: the codes of 16 positions are the A operand and the vectors the 8 columns, so one
-// mma per k-step covers the sub-step (8 score mmas at D = 128 instead of 16; same K loads and code
-// conversions per position). The scores land as (positions g, g + 8; vectors 2c, 2c + 1) per
-// lane; the softmax runs in that layout (the max over positions is a reduction across the lanes
-// that share c) and movmatrix.trans turns the f16 weights into P^T's B operand of O^T += V^T P^T.
-// Other cuts:
+// Codes become f16 mma operands with two instructions: prmt puts a byte beside 0x64 (or lop3
+// masks a nibble into 0x6400), giving 1024 + c (0x6400 is 1024 and c < 1024 fills the mantissa),
+// and sub.f16x2 takes the 1024 off exactly. Scales and biases apply per quantization group in
+// float32:
+//     scores:  q . (s * c + b) = s * (q . c) + b * sum(q)
+// so each group's k-steps accumulate into their own mma tile before s and b apply; and
+//     values:  sum_j w_j (s_j * c_j + b_j) = sum_j (w_j s_j) c_j + sum_j w_j b_j
+// where P's operand carries w_j * s_j (rounded to f16) of the tile's group, and the second sum
+// is a float32 running term per vector and group. f16 operands whatever the queries' dtype: codes
+// are exact in f16 (8-bit codes are not exact as bf16 1024 + c), and bf16 queries fit f16 (scaled
+// down by a power of two first if any |q| >= 2^15). Keeping the 1024 and folding it into the
+// group terms instead cancels 1024 * sum(...) against the signal inside the tensor cores' float32
+// sums: it failed the GPU tests twice (f6e6a5d, and mmato; docs/quantized-kv.md).
+//
+// The scores are computed transposed, S^T = K Q^T: the codes of 16 positions are the A operand
+// and the tile's 8 vectors the columns, so one mma per k-step covers a sub-step (8 score mmas at
+// D = 128; untransposed, with the vectors as the 16 A rows, only 4 of them are real at GQA 4 and
+// L = 1, and a sub-step takes 16). K is read in blocks of BK = min(GS, 64) dims, lane c holding
+// BK / 4 contiguous dims of each block, so every mma tile lies in one quantization group; Q's B
+// operand follows the same dims (k_dim). The scores land as (positions g, g + 8; vectors 2c,
+// 2c + 1) per lane; the softmax runs in that layout (the max over positions is a reduction across
+// the lanes that share c) and movmatrix.trans turns the f16 weights into P^T's B operand of
+// O^T += V^T P^T. Other cuts:
 //   - V^T's A operand comes from ldmatrix.trans over the stage's V rows (pairs of code bytes as
-//     b16): one prmt or lop3 per register puts the two positions' codes beside 0x64 (instead of
-//     prmt + lop3 per register after 16-byte loads); 4-bit codes take three masks, the odd
-//     nibbles (16 c + 1024) scaled back with one fma (exact in f16);
+//     b16): one prmt or lop3 per register puts the two positions' codes beside 0x64; 4-bit codes
+//     take three masks, the odd nibbles (16 c + 1024) scaled back with one fma (exact in f16);
 //   - exp2 with log2(e) folded into the score scale (ex2.approx, one instruction);
 //   - the output, denominator and bias terms are rescaled only when some vector's max grew in
 //     the sub-step (a warp vote; the factor is exactly 1 otherwise);
 //   - a uniform test skips the per-position causal/mask checks for sub-steps wholly visible.
 // BLOCKS is the launch bound's blocks per SM (registers <= 65536 / (128 * BLOCKS)); STAGES is
 // chosen by the dispatcher so that BLOCKS blocks' stages fit the SM's shared memory.
-// Numerics as mmacp: codes exact in f16 (the 1024 subtracted exactly), f16 queries (scaled by a
-// power of two if huge), group scales and biases in float32, w * s of V rounded to f16 as P.
+// (Variants of this kernel and the earlier ones it replaced, with their timings on the H200:
+// docs/quantized-kv.md.)
 #pragma once
 
-#include "decode_attention_quantized_mma.cuh"
+#include <cstring>
+#include <type_traits>
+
+#include "decode_attention_quantized_kernel.cuh"
+#include "decode_attention_quantized_stages.cuh"
+#include "mma_m16n8k16.cuh"
 
 namespace attn_kernels::cuda::quantized {
+
+constexpr int kMmaStep = 16;  // positions per warp and sub-step: the K of the P V mma
+constexpr uint32_t kHalf1024x2 = 0x64006400u;
+static_assert(kStagePositions == kMmaStep, "a stage holds one sub-step");
+
+__device__ __forceinline__ float round_half(float x) {
+#if defined(__CUDACC__)
+  return __half2float(__float2half_rn(x));
+#else
+  return float(static_cast<_Float16>(x));
+#endif
+}
+
+__device__ __forceinline__ uint32_t half2_bits(float lo, float hi) {
+#if defined(__CUDACC__)
+  const __half2 h = __floats2half2_rn(lo, hi);
+  uint32_t u;
+  memcpy(&u, &h, 4);
+  return u;
+#else
+  return uint32_t(std::bit_cast<uint16_t>(static_cast<_Float16>(lo))) |
+         uint32_t(std::bit_cast<uint16_t>(static_cast<_Float16>(hi))) << 16;
+#endif
+}
+
+using tensor_core::mma16816;  // f16 operands here: the codes are exact in f16
+
+// (1024 + a, 1024 + b) - (1024, 1024) = (a, b), exactly (f16 subtraction of integers < 2048).
+__device__ __forceinline__ uint32_t minus_1024(uint32_t pair) {
+#if defined(__CUDACC__)
+  uint32_t out;
+  asm("sub.f16x2 %0, %1, %2;" : "=r"(out) : "r"(pair), "r"(kHalf1024x2));
+  return out;
+#else
+  const auto half = [](uint32_t w, int i) {
+    return std::bit_cast<_Float16>(uint16_t(w >> (16 * i)));
+  };
+  const _Float16 k1024 = static_cast<_Float16>(1024.0f);
+  return uint32_t(std::bit_cast<uint16_t>(static_cast<_Float16>(half(pair, 0) - k1024))) |
+         uint32_t(std::bit_cast<uint16_t>(static_cast<_Float16>(half(pair, 1) - k1024))) << 16;
+#endif
+}
+
+__device__ __forceinline__ uint32_t prmt(uint32_t x, uint32_t y, uint32_t selector) {
+  return __byte_perm(x, y, selector);
+}
+
+// Element e (< N) of N values of type T packed in words, as float.
+template <typename T>
+__device__ __forceinline__ float unpack(const uint32_t* w, int e) {
+  const uint16_t bits = uint16_t(w[e / 2] >> (16 * (e % 2)));
+#if defined(__CUDACC__)
+  if constexpr (std::is_same_v<T, __half>) {
+    return __half2float(__ushort_as_half(bits));
+  } else {
+    return __bfloat162float(__ushort_as_bfloat16(bits));
+  }
+#else
+  return to_float(T{bits});
+#endif
+}
+
+// The dim (within the lane's block piece) that k-step s's slot j (low and high half of the first
+// register, then of the second) stands for: what Q's B operand must follow. 8-bit: a word of codes
+// is one k-step; 4-bit: a word is two (nibbles 2h, 2h + 4 and 2h + 1, 2h + 5 for h = 0, 1).
+template <int BITS>
+__host__ __device__ constexpr int k_dim(int s, int j) {
+  return BITS == 8 ? 4 * s + j : 8 * (s / 2) + 2 * (s % 2) + (j >> 1) + 4 * (j & 1);
+}
 
 // Four 8x8 b16 matrices from shared memory, transposed: lane (g, c) gets elements (2c, g) and
 // (2c + 1, g) of matrix i in r[i]; lane 8i + k gives the address of row k of matrix i.
@@ -129,7 +219,7 @@ __device__ __forceinline__ uint32_t nibble_pair(uint32_t x, int i) {
 }
 
 // K codes of one k-step s of a lane's row piece w as the A operand's two registers of that row
-// (slots 2c, 2c + 1 and 2c + 8, 2c + 9): the dims of k_dim<BITS>(s, 0..3), as mmacp's B operand.
+// (slots 2c, 2c + 1 and 2c + 8, 2c + 9): the dims of k_dim<BITS>(s, 0..3).
 template <int BITS>
 __device__ __forceinline__ void k_pair(const uint32_t* w, int s, uint32_t& lo, uint32_t& hi) {
   if constexpr (BITS == 8) {
@@ -142,8 +232,8 @@ __device__ __forceinline__ void k_pair(const uint32_t* w, int s, uint32_t& lo, u
   }
 }
 
-// Stages per warp of the mmat kernel sized for BLOCKS blocks per SM: mmacp's at 2 (the same
-// bytes in flight per warp), else as many as BLOCKS blocks' shared memory allows on the H100/H200
+// Stages per warp of the mmat kernel sized for BLOCKS blocks per SM: StageLayout's at 2 (~20 KB
+// per warp), else as many as BLOCKS blocks' shared memory allows on the H100/H200
 // (228 KB per SM, 1 KB of it reserved per block), at least 2.
 template <int BITS, int D, int GS, int BLOCKS>
 __host__ __device__ constexpr int mmat_stages() {
@@ -155,7 +245,7 @@ __host__ __device__ constexpr int mmat_stages() {
 
 // stage_in()'s copies of a whole sub-step (16 positions before the chunk's end) from per-lane
 // source pointers that advance by one warp step per sub-step, instead of addresses recomputed
-// from the position each time (about 50 instructions of a sub-step's ~400 in mmacp's loop).
+// from the position each time (about 50 instructions of a sub-step's ~400 in stage_in).
 // Where the scales take more than one 16-byte piece per lane (D = 256, group 32), stage_in().
 template <int BITS, int D, int GS>
 struct StageCopies {
@@ -225,7 +315,7 @@ __global__ void __launch_bounds__(kThreads, BLOCKS)
   static_assert(STAGES >= 2, "a pipeline of one stage copies nothing ahead");
   ATTN_SHARED_FLOATS(smem);
   constexpr int NG = D / GS;                // groups per row
-  constexpr int BK = GS < 64 ? GS : 64;     // K block (as mmacp)
+  constexpr int BK = GS < 64 ? GS : 64;     // K block
   constexpr int KB = D / BK, KC = BK / 4;   // K blocks; a lane's dims of each
   constexpr int KSB = BK / 16;              // k-steps per block
   constexpr int KBYTES = KC * BITS / 8, KWORDS = KBYTES / 4;
@@ -252,7 +342,7 @@ __global__ void __launch_bounds__(kThreads, BLOCKS)
   const T* v_biases = static_cast<const T*>(p.v_biases) + p.kv_offset(p.v_strides[2], kv_row);
   const int64_t k_row_bytes = p.k_strides[0][2] * 4, v_row_bytes = p.v_strides[0][2] * 4;
 
-  // Lanes 4g..4g+3 load query vector g of the tile (the B operand's column g), as mmacp.
+  // Lanes 4g..4g+3 load query vector g of the tile (the B operand's column g).
   int visible_end;  // positions before it are visible to every real vector of the tile
   float q_sum[NG] = {};
   uint32_t qb[kSteps][2];

@@ -1,11 +1,10 @@
-// The cp.async pipeline of the tensor-core kernel's "mmacp" variant (decode_attention_quantized_mma.cuh
-// with STAGES > 0): each warp copies the rows of its next sub-steps (16 positions: K and V codes,
-// the scales and biases of K and V) from global into shared memory with 16-byte cp.async.cg,
-// STAGES - 1 sub-steps ahead of the one it computes, and reads its operands from there. The mma
-// kernel without stages loads its operands straight into registers and waits for them before it
-// computes, so a warp has nothing in flight while it computes; here it has up to STAGES - 1
-// sub-steps of rows in flight (about 15 KB per warp at 8 bits, D = 128), whatever it is doing.
-// The pipeline is private to a warp (its own stage buffers, __syncwarp, no block barrier).
+// The cp.async pipeline of the tensor-core kernel (decode_attention_quantized_mmat.cuh): each warp
+// copies the rows of its next sub-steps (16 positions: K and V codes, the scales and biases of K
+// and V) from global into shared memory with 16-byte cp.async.cg, STAGES - 1 sub-steps ahead of
+// the one it computes, and reads its operands from there, so a warp has up to STAGES - 1
+// sub-steps of rows in flight whatever it is doing (loading straight into registers, as the
+// earlier "mma" kernel did, left nothing in flight while it computed). The pipeline is private to
+// a warp (its own stage buffers, __syncwarp, no block barrier).
 //
 // A stage: K codes, 16 rows of `pitch` bytes (the row, then 16 bytes of padding that spread the
 // rows that one shared load reads across banks), V codes likewise, then the 16 positions' K
@@ -14,7 +13,7 @@
 // both are masked out by the kernel (their weight is zero).
 //
 // Needs code rows of whole aligned 16-byte pieces and contiguous scale/bias rows whose 16
-// positions start 16-byte aligned (pipelined_applies() in decode_attention_quantized.cu).
+// positions start 16-byte aligned (mmat_applies() in decode_attention_quantized.cu).
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,6 @@
 // d += A B on the tensor cores, mma.sync m16n8k16 with bf16 or f16 operands and float32
 // accumulators (PTX ISA, "Matrix fragments for mma.m16n8k16"): the one instruction both
-// tensor-core kernels use (decode_attention_mma.cuh, decode_attention_quantized_mma.cuh). Under
+// tensor-core kernels use (decode_attention_mma.cuh, decode_attention_quantized_mmat.cuh). Under
 // the CPU emulation (emulation/cuda_emu.h) each lane gathers its A rows and B columns with
 // shuffles and sums in float.
 #pragma once

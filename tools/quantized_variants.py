@@ -4,14 +4,13 @@ contexts: run once per ATTN_QUANTIZED_VARIANT (and ATTN_QUANTIZED_SPLIT_BLOCKS) 
 CUDA kernel's variants (kernels-cuda/decode_attention_quantized.cu). With --baseline, mx.fast on the bf16 K/V the codes
 came from is timed in alternation with ours (same samples, same process) and the ratio printed.
 
-    ATTN_QUANTIZED_VARIANT=mma python3 tools/quantized_variants.py --baseline
+    ATTN_QUANTIZED_VARIANT=mmat python3 tools/quantized_variants.py --baseline
 
 (The default variant is mmat4: the tensor-core kernel with transposed scores fed by a cp.async
-pipeline through shared memory, sized for 4 blocks per SM; mmat and mmat3 are the same kernel
-sized for 2 and 3; mmacp computes the scores untransposed; 8x2 is the SIMT kernel; 8x2p is 8x2
-with the next step's rows prefetched; 16x2, 8x4 and mma, mma1, mma4 as listed in the kernel's
-variant(); docs/quantized-kv.md. A variant whose layout requirements fail runs 8x2:
-ATTN_QUANTIZED_LOG=1 prints the kernel each call shape really ran.)
+pipeline through shared memory, sized for 4 blocks per SM; mmat is the same kernel sized for 2;
+8x2 is the SIMT kernel; docs/quantized-kv.md. Where mmat's layout requirements fail, 8x2 runs:
+ATTN_QUANTIZED_LOG=1 prints the kernel each call shape really ran. An experimental variant is
+added to the kernel's variant() for as long as it is being timed.)
 """
 
 import argparse

@@ -7,12 +7,10 @@
 // L, D) contiguous), kc.bin, ks.bin, kb.bin, vc.bin, vs.bin, vb.bin (mx.quantize's arrays, float32
 // scales and biases, each (B, Hkv, capacity, ·) contiguous, capacity in config line 2) and
 // mask.bin; it receives out.bin, float32 (B, Hq, L, D). The launch follows plan_quantized()
-// with the split count given. kind 0 runs the SIMT kernel (8x2) on float32 storage, kind 2 its
-// pipelined variant (8x2p); kind 1 the tensor-core kernel (decode_attention_quantized_mma.cuh) on
-// half storage: queries, scales and biases rounded to f16, the output f16 (written back as
-// float32); kind 3 its cp.async-pipelined variant (mmacp), likewise; kinds 4, 5, 6 the
-// transposed-score variants mmat, mmat3, mmat4 (decode_attention_quantized_mmat.cuh: their stage
-// counts; launch bounds do not apply here).
+// with the split count given. kind 0 runs the SIMT kernel (8x2) on float32 storage; kinds 2 and 4
+// the tensor-core kernel (decode_attention_quantized_mmat.cuh) sized for that many blocks per SM
+// (mmat, mmat4: their stage counts; launch bounds do not apply here) on half storage: queries,
+// scales and biases rounded to f16, the output f16 (written back as float32).
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
@@ -27,7 +25,6 @@
 #include "cuda_emu.h"
 // The kernel source itself, unchanged.
 #include "../decode_attention_quantized_kernel.cuh"
-#include "../decode_attention_quantized_mma.cuh"
 #include "../decode_attention_quantized_mmat.cuh"
 
 namespace {
@@ -48,24 +45,18 @@ std::vector<T> read(const std::string& path) {
 
 using Kernel = void (*)(QuantizedProblem, float*, int, unsigned);
 
-template <int BITS, bool PIPELINED>
+template <int BITS>
 Kernel kernel_for(int lpr) {
   switch (lpr) {
-    case 4: return &attend_quantized<float, BITS, 4, 8, 2, PIPELINED>;
-    case 8: return &attend_quantized<float, BITS, 8, 8, 2, PIPELINED>;
-    case 16: return &attend_quantized<float, BITS, 16, 8, 2, PIPELINED>;
-    default: return &attend_quantized<float, BITS, 32, 8, 2, PIPELINED>;
+    case 4: return &attend_quantized<float, BITS, 4>;
+    case 8: return &attend_quantized<float, BITS, 8>;
+    case 16: return &attend_quantized<float, BITS, 16>;
+    default: return &attend_quantized<float, BITS, 32>;
   }
 }
 
-template <int BITS>
-Kernel kernel_for(int lpr, bool pipelined) {
-  return pipelined ? kernel_for<BITS, true>(lpr) : kernel_for<BITS, false>(lpr);
-}
-
-// The mma kernel (U sub-steps as plan_quantized() takes them) or, pipelined, mmacp's, with the
+// The mmat kernel sized for BLOCKS (2 or 4) blocks per SM, as plan_quantized() takes it, with the
 // shared memory it takes (bytes).
-// The mmat kernel sized for BLOCKS (2, 3, 4) blocks per SM, as plan_quantized() takes it.
 template <int BITS, int D, int GS, int BLOCKS>
 std::pair<Kernel, size_t> mmat_kernel_for() {
   constexpr int kStages = mmat_stages<BITS, D, GS, BLOCKS>();
@@ -73,33 +64,23 @@ std::pair<Kernel, size_t> mmat_kernel_for() {
           mmat_smem_bytes<BITS, D, GS, kStages>()};
 }
 
-template <int BITS, int D, int GS>
-std::pair<Kernel, size_t> mma_kernel_for(bool pipelined, int mmat_blocks) {
-  constexpr int U = D == 256 ? 1 : 2;
-  if (mmat_blocks == 2) return mmat_kernel_for<BITS, D, GS, 2>();
-  if (mmat_blocks == 3) return mmat_kernel_for<BITS, D, GS, 3>();
-  if (mmat_blocks == 4) return mmat_kernel_for<BITS, D, GS, 4>();
-  if (pipelined) {
-    return {&attend_quantized_mma<__half, BITS, D, GS, 1, StageLayout<BITS, D, GS>::kStages>,
-            pipelined_smem_bytes<BITS, D, GS>()};
-  }
-  return {&attend_quantized_mma<__half, BITS, D, GS, U>, states_smem_bytes(kMmaVectors, D)};
-}
-
 template <int BITS, int D>
-std::pair<Kernel, size_t> mma_kernel_for(int group_size, bool pipelined, int mmat_blocks) {
-  if (group_size == 32) return mma_kernel_for<BITS, D, 32>(pipelined, mmat_blocks);
-  if (group_size == 64) return mma_kernel_for<BITS, D, 64>(pipelined, mmat_blocks);
-  if constexpr (D >= 128) return mma_kernel_for<BITS, D, 128>(pipelined, mmat_blocks);
+std::pair<Kernel, size_t> mmat_kernel_for(int group_size, int blocks) {
+  auto pick = [&]<int GS>() {
+    return blocks == 4 ? mmat_kernel_for<BITS, D, GS, 4>() : mmat_kernel_for<BITS, D, GS, 2>();
+  };
+  if (group_size == 32) return pick.template operator()<32>();
+  if (group_size == 64) return pick.template operator()<64>();
+  if constexpr (D >= 128) return pick.template operator()<128>();
   throw std::invalid_argument("group size");
 }
 
 template <int BITS>
-std::pair<Kernel, size_t> mma_kernel_for(int d, int group_size, bool pipelined, int mmat_blocks) {
-  if (d == 64) return mma_kernel_for<BITS, 64>(group_size, pipelined, mmat_blocks);
-  if (d == 128) return mma_kernel_for<BITS, 128>(group_size, pipelined, mmat_blocks);
-  if (d == 256) return mma_kernel_for<BITS, 256>(group_size, pipelined, mmat_blocks);
-  throw std::invalid_argument("the mma kernel takes head_dim 64, 128 or 256");
+std::pair<Kernel, size_t> mmat_kernel_for(int d, int group_size, int blocks) {
+  if (d == 64) return mmat_kernel_for<BITS, 64>(group_size, blocks);
+  if (d == 128) return mmat_kernel_for<BITS, 128>(group_size, blocks);
+  if (d == 256) return mmat_kernel_for<BITS, 256>(group_size, blocks);
+  throw std::invalid_argument("the mmat kernel takes head_dim 64, 128 or 256");
 }
 
 std::vector<__half> to_half(const std::vector<float>& x) {
@@ -120,9 +101,11 @@ int main(int argc, char** argv) {
   int b, hq, hkv, L, S, D, bits, group_size, causal, mask_kind, splits, capacity, kind;
   config >> b >> hq >> hkv >> L >> S >> D >> bits >> group_size >> causal >> mask_kind >> splits >>
       capacity >> kind;
-  const int mmat_blocks = kind >= 4 && kind <= 6 ? kind - 2 : 0;  // 0: not mmat
-  const bool staged = kind == 3 || mmat_blocks > 0, mma = kind == 1 || staged;
-  const bool pipelined = kind == 2;
+  if (kind != 0 && kind != 2 && kind != 4) {
+    std::fprintf(stderr, "kind must be 0 (8x2), 2 (mmat) or 4 (mmat4), got %d\n", kind);
+    return 2;
+  }
+  const bool mma = kind != 0;
   const auto q = read<float>(dir + "/q.bin"), mask = read<float>(dir + "/mask.bin");
   const auto kc = read<uint32_t>(dir + "/kc.bin"), vc = read<uint32_t>(dir + "/vc.bin");
   const auto ks = read<float>(dir + "/ks.bin"), kb = read<float>(dir + "/kb.bin");
@@ -173,17 +156,14 @@ int main(int argc, char** argv) {
   while (lpr * 8 < D) lpr *= 2;
   const int vpb = mma ? kMmaVectors : kVectors;
   const int vectors = p.group * L, tiles = (vectors + vpb - 1) / vpb;
-  const int step = staged ? kWarps * kMmaStep
-                   : mma  ? kWarps * (D == 256 ? 1 : 2) * kMmaStep
-                          : 2 * (kThreads / lpr);
+  const int step = mma ? kWarps * kMmaStep : 2 * (kThreads / lpr);
   Kernel kernel;
   size_t smem_bytes = states_smem_bytes(vpb, D);
   if (mma) {
-    std::tie(kernel, smem_bytes) = bits == 8
-                                       ? mma_kernel_for<8>(D, group_size, staged, mmat_blocks)
-                                       : mma_kernel_for<4>(D, group_size, staged, mmat_blocks);
+    std::tie(kernel, smem_bytes) = bits == 8 ? mmat_kernel_for<8>(D, group_size, kind)
+                                             : mmat_kernel_for<4>(D, group_size, kind);
   } else {
-    kernel = bits == 8 ? kernel_for<8>(lpr, pipelined) : kernel_for<4>(lpr, pipelined);
+    kernel = bits == 8 ? kernel_for<8>(lpr) : kernel_for<4>(lpr);
   }
   // split_context()'s limits: one merge pass per tile, the merge's chunks in shared memory.
   if (vpb * ((D + 3) / 4) > kMergeItems * kThreads) splits = 1;
@@ -216,11 +196,6 @@ int main(int argc, char** argv) {
   }
   std::ofstream(dir + "/out.bin", std::ios::binary)
       .write(reinterpret_cast<const char*>(out.data()), out.size() * sizeof(float));
-  std::printf("splits %d chunk %d %s\n", splits, chunk,
-              mmat_blocks ? "mmat"
-              : staged    ? "mma pipelined"
-              : mma       ? "mma"
-              : pipelined ? "simt pipelined"
-                          : "simt");
+  std::printf("splits %d chunk %d %s\n", splits, chunk, mma ? "mmat" : "simt");
   return 0;
 }

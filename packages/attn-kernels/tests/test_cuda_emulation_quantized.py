@@ -1,7 +1,6 @@
 """The CUDA quantized-KV kernels' device code (kernels-cuda/decode_attention_quantized_kernel.cuh:
-the SIMT kernel and its pipelined variant 8x2p; decode_attention_quantized_mma.cuh: the
-tensor-core kernel, its mma.sync emulated with shuffles, and its cp.async-pipelined variant mmacp,
-cp.async a plain copy), run on the CPU under
+the SIMT kernel; decode_attention_quantized_mmat.cuh: the tensor-core kernel, its mma.sync,
+ldmatrix and movmatrix emulated with shuffles, cp.async a plain copy), run on the CPU under
 kernels-cuda/emulation/cuda_emu.h, against float64 attention over the dequantised cache.
 
 What this proves: the kernel's indexing, code unpacking, group scales and biases, GQA tiles,
@@ -42,44 +41,11 @@ CASES = [
 ]
 
 
-# 8x2p (the next step's rows prefetched): chunks of many steps and of less than one, a last step
-# cut short, lanes past D (96), causal, a mask, both bit widths. Its arithmetic is 8x2's, so with
-# the same splits the outputs are the same bits.
-PIPELINED_CASES = [
-    (1, 4, 1, 1, 1000, 128, 4, 64, False, False, 4),
-    (1, 4, 2, 3, 333, 96, 8, 32, True, False, 5),
-    (1, 8, 2, 2, 300, 128, 8, 32, False, True, 3),
-]
-
-
-@pytest.mark.parametrize("case", PIPELINED_CASES)
-def test_cuda_quantized_pipelined_kernel_under_emulation(emulator, tmp_path, case):
-    pipelined = run_case(emulator, tmp_path, case, kind="8x2p")
-    np.testing.assert_array_equal(pipelined, run_case(emulator, tmp_path, case, kind="8x2"))
-
-
-# The mma kernel: D 64, 128, 256; tiles of 8 vectors (GQA 16 at L = 2: two tiles); contexts
-# that are not multiples of its 16-position steps, one position, splits.
+# The tensor-core kernel (mmat: fed by a cp.async pipeline through shared memory): every bits x
+# group size, D 64/128/256, L 1-8, GQA tiles of 8 (two at 16 vectors), contexts of fewer
+# positions than one stage, of many stages per warp, cut inside a stage and inside a 16-byte run
+# of scales (S and chunks not multiples of 16), splits, causal, masks.
 MMA_CASES = [
-    (1, 32, 8, 1, 100, 128, 8, 64, False, False, 1),
-    (1, 32, 8, 1, 1000, 128, 4, 64, False, False, 3),
-    (1, 8, 2, 3, 77, 64, 8, 32, True, False, 2),
-    (1, 6, 3, 2, 45, 256, 4, 128, True, False, 1),
-    (2, 4, 4, 1, 1, 64, 4, 32, False, False, 1),
-    (1, 16, 1, 2, 333, 128, 8, 32, True, False, 2),
-    (1, 8, 2, 2, 300, 128, 4, 32, False, True, 3),
-    (1, 8, 2, 1, 259, 256, 8, 64, False, True, 2),
-    (1, 4, 1, 1, 517, 128, 8, 128, False, False, 2),
-    (1, 4, 2, 1, 200, 64, 4, 64, True, False, 1),
-    (1, 32, 8, 2, 130, 128, 4, 128, True, False, 2),
-]
-
-
-# mmacp (the mma kernel fed by a cp.async pipeline through shared memory): every bits x group
-# size, D 64/128/256, L 1-8, GQA tiles of 8 (two at 16 vectors), contexts of fewer positions
-# than one stage, of many stages per warp, cut inside a stage and inside a 16-byte run of
-# scales (S and chunks not multiples of 16), splits, causal, masks.
-PIPELINED_MMA_CASES = [
     (1, 32, 8, 1, 1000, 128, 8, 64, False, False, 3),
     (1, 32, 8, 1, 1000, 128, 4, 64, False, False, 1),
     (1, 8, 2, 3, 77, 64, 8, 32, True, False, 2),
@@ -94,15 +60,12 @@ PIPELINED_MMA_CASES = [
 ]
 
 
-# Each kernel over its cases, against float64 (run_case): 8x2 (the SIMT kernel), mma, mmacp,
-# and the transposed-score variants (decode_attention_quantized_mmat.cuh) over mmacp's cases:
-# mmat with mmacp's stage counts, mmat3 and mmat4 with fewer (2 at 8 bits, D = 128 under mmat4),
-# so the stage ring wraps differently.
-KERNEL_CASES = (
-    [("8x2", c) for c in CASES]
-    + [("mma", c) for c in MMA_CASES]
-    + [(kind, c) for kind in ("mmacp", "mmat", "mmat3", "mmat4") for c in PIPELINED_MMA_CASES]
-)
+# Each kernel over its cases, against float64 (run_case): 8x2 (the SIMT kernel), and the
+# tensor-core kernel sized for 2 blocks per SM (mmat: 3-8 stages per warp) and for 4 (mmat4, the
+# CUDA default: 2 at 8 bits with D = 128), so the stage ring wraps differently.
+KERNEL_CASES = [("8x2", c) for c in CASES] + [
+    (kind, c) for kind in ("mmat", "mmat4") for c in MMA_CASES
+]
 
 
 @pytest.mark.parametrize(("kind", "case"), KERNEL_CASES)
@@ -111,11 +74,11 @@ def test_cuda_quantized_kernel_under_emulation(emulator, tmp_path, kind, case):
 
 
 # the runner's config code of each kernel
-KINDS = {"8x2": 0, "mma": 1, "8x2p": 2, "mmacp": 3, "mmat": 4, "mmat3": 5, "mmat4": 6}
+KINDS = {"8x2": 0, "mmat": 2, "mmat4": 4}
 
 
 def run_case(emulator, tmp_path, case, kind):
-    mma = kind not in ("8x2", "8x2p")
+    mma = kind != "8x2"
     b, hq, hkv, length, s, d, bits, group_size, causal, masked, splits = case
     capacity = s + 7  # K/V are views of a longer cache buffer
     keys = mx.random.split(mx.random.key(s + d + bits + splits), 4)
@@ -138,7 +101,7 @@ def run_case(emulator, tmp_path, case, kind):
     subprocess.run([str(emulator), str(tmp_path)], check=True, timeout=300, capture_output=True)
     out = np.fromfile(tmp_path / "out.bin", dtype=np.float32).reshape(b, hq, length, d)
 
-    def storage(x):  # what the runner stores: f16 for the mma kernel
+    def storage(x):  # what the runner stores: f16 for the tensor-core kernel
         return x.astype(mx.float16).astype(mx.float32) if mma else x
 
     def dequantized(triple):
@@ -149,7 +112,7 @@ def run_case(emulator, tmp_path, case, kind):
 
     ref_mask = mask if masked else ("causal" if causal else None)
     expected = attention_f64(storage(q), dequantized(k), dequantized(v), mask=ref_mask)
-    # mma: f16 outputs and f16 weights times scales as the P V operand.
+    # mmat: f16 outputs and f16 weights times scales as the P V operand.
     tolerance = 3e-3 if mma else 2e-5
     np.testing.assert_allclose(out, expected, atol=tolerance, rtol=tolerance)
     if masked:
