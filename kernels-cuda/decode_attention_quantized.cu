@@ -121,16 +121,12 @@ const std::string& variant() {
   return chosen;
 }
 
-// Blocks per SM that a split mmat call fills (ATTN_QUANTIZED_SPLIT_BLOCKS for A/B runs, else 2).
-// mmat4's kernel is sized for four, but its calls were shorter with the context split for two in
-// all 24 cases measured (H200, c139b75; S 4096-131072, 8 and 4 bits, groups 32-128, calls
-// independent or chained; 4 bits, group 64, S 131072: 56.8 against 59.7 µs, chained 76.4 against
-// 87.2, kernel-only 64.0 against 74.5): half the chunks to merge and twice the positions per
-// block.
+// Blocks per SM that a split mmat call fills: ATTN_QUANTIZED_SPLIT_BLOCKS for A/B runs, else 0
+// (plan_mmat picks 1 or 2 by the chunk length, below).
 int split_blocks_per_sm() {
   static const int blocks = [] {
     const char* env = std::getenv("ATTN_QUANTIZED_SPLIT_BLOCKS");
-    if (!env) return 2;
+    if (!env) return 0;
     char* end = nullptr;
     const long n = std::strtol(env, &end, 10);
     if (end == env || *end != '\0' || n < 1 || n > 8) {
@@ -259,9 +255,14 @@ void split_context(QuantizedPlan& plan, const QuantizedProblem& p, int blocks, i
 }
 
 // One launch of the mmat kernel: blocks of 8 query vectors, the context split so that every SM
-// holds split_blocks_per_sm() blocks (as split-mma in decode_attention.cu: filling all resident
-// slots costs more in merged chunks than the extra warps bring), in chunks of at least two block
-// steps; contexts of at most four block steps are not split (a merge costs more).
+// holds two blocks where each chunk still walks at least 16 block steps, else one (filling all
+// four resident slots costs more in merged chunks than the extra warps bring), in chunks of at
+// least two block steps; contexts of at most four block steps are not split (a merge costs more).
+// H200, Qwen3-4B shapes (8 blocks a call), 8 and 4 bits: one block per SM was faster from S =
+// 2048 to 16384 (chained calls 1.04-1.31x, independent 1.14-1.49x) and level chained at 32768;
+// two were faster chained from 65536 (4 bits 1.19x; 131072: 1.27x, 8 bits 1.09x), where a long
+// walk needs the second block's warps to hide its latency, though independent calls there still
+// favour one (8-10%); the decode step's calls are chained (docs/quantized-kv.md).
 QuantizedPlan plan_mmat(const QuantizedProblem& p, const std::string& kind) {
   QuantizedPlan plan{};
   plan.threads = kThreads;
@@ -276,7 +277,9 @@ QuantizedPlan plan_mmat(const QuantizedProblem& p, const std::string& kind) {
   int splits = 1;
   if (p.context > 4 * step && blocks <= int(kArrivalSlots / 64)) {
     const int wanted = (p.context + 2 * step - 1) / (2 * step);
-    const int per_sm = std::min(kernel.resident, split_blocks_per_sm());
+    int per_sm = split_blocks_per_sm();
+    if (per_sm == 0) per_sm = p.context / std::max(2 * sm_count() / blocks, 1) >= 16 * step ? 2 : 1;
+    per_sm = std::min(kernel.resident, per_sm);
     splits = std::clamp(per_sm * sm_count() / blocks, 1, std::max(wanted, 1));
   }
   split_context(plan, p, blocks, splits, step, kMmaVectors);
