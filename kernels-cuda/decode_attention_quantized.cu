@@ -255,14 +255,14 @@ void split_context(QuantizedPlan& plan, const QuantizedProblem& p, int blocks, i
 }
 
 // One launch of the mmat kernel: blocks of 8 query vectors, the context split so that every SM
-// holds two blocks where each chunk still walks at least 16 block steps, else one (filling all
+// holds two blocks where each chunk still walks at least 8 block steps, else one (filling all
 // four resident slots costs more in merged chunks than the extra warps bring), in chunks of at
 // least two block steps; contexts of at most four block steps are not split (a merge costs more).
-// H200, Qwen3-4B shapes (8 blocks a call), 8 and 4 bits: one block per SM was faster from S =
-// 2048 to 16384 (chained calls 1.04-1.31x, independent 1.14-1.49x) and level chained at 32768;
-// two were faster chained from 65536 (4 bits 1.19x; 131072: 1.27x, 8 bits 1.09x), where a long
-// walk needs the second block's warps to hide its latency, though independent calls there still
-// favour one (8-10%); the decode step's calls are chained (docs/quantized-kv.md).
+// H200, Qwen3-4B shapes (8 blocks a call), against mx.fast in the same process: one block per SM
+// was 1.04-1.25x faster in chained calls from S = 4096 to 16384 (independent 1.09-1.17x); two
+// were level or faster chained from 32768 (131072: 1.09x at 8 bits, 1.25x at 4), where a long
+// walk needs the second block's warps to hide its latency, though independent calls there
+// favour one by 1-10%: a decode step's calls are chained (docs/quantized-kv.md).
 QuantizedPlan plan_mmat(const QuantizedProblem& p, const std::string& kind) {
   QuantizedPlan plan{};
   plan.threads = kThreads;
@@ -278,7 +278,7 @@ QuantizedPlan plan_mmat(const QuantizedProblem& p, const std::string& kind) {
   if (p.context > 4 * step && blocks <= int(kArrivalSlots / 64)) {
     const int wanted = (p.context + 2 * step - 1) / (2 * step);
     int per_sm = split_blocks_per_sm();
-    if (per_sm == 0) per_sm = p.context / std::max(2 * sm_count() / blocks, 1) >= 16 * step ? 2 : 1;
+    if (per_sm == 0) per_sm = p.context / std::max(2 * sm_count() / blocks, 1) >= 8 * step ? 2 : 1;
     per_sm = std::min(kernel.resident, per_sm);
     splits = std::clamp(per_sm * sm_count() / blocks, 1, std::max(wanted, 1));
   }
