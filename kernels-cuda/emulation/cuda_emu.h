@@ -13,7 +13,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #define __global__
@@ -60,6 +62,30 @@ struct Block {
 };
 
 inline thread_local Block* block = nullptr;
+
+// Every block of the grid in turn, each with `threads` host threads running `kernel`.
+inline void launch(unsigned gx, unsigned gy, int threads, size_t shared_floats,
+                   const std::function<void()>& kernel) {
+  blockDim.x = threads;
+  gridDim.x = gx;
+  gridDim.y = gy;
+  for (unsigned y = 0; y < gy; ++y) {
+    for (unsigned x = 0; x < gx; ++x) {
+      Block grid_block(threads, shared_floats);
+      std::vector<std::thread> pool;
+      for (int t = 0; t < threads; ++t) {
+        pool.emplace_back([&, t] {
+          block = &grid_block;
+          threadIdx.x = t;
+          blockIdx.x = x;
+          blockIdx.y = y;
+          kernel();
+        });
+      }
+      for (auto& t : pool) t.join();
+    }
+  }
+}
 
 }  // namespace emu
 

@@ -23,11 +23,9 @@
 #include <array>
 #include <cstdio>
 #include <fstream>
-#include <functional>
 #include <iterator>
 #include <stdexcept>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "cuda_emu.h"
@@ -62,30 +60,6 @@ void write(const std::string& path, const std::vector<T>& x) {
   for (size_t i = 0; i < x.size(); ++i) f[i] = to_float(x[i]);
   std::ofstream(path, std::ios::binary)
       .write(reinterpret_cast<const char*>(f.data()), f.size() * sizeof(float));
-}
-
-// Every block of the grid in turn, each with `threads` host threads.
-void launch(unsigned gx, unsigned gy, int threads, size_t shared_floats,
-            const std::function<void()>& kernel) {
-  blockDim.x = threads;
-  gridDim.x = gx;
-  gridDim.y = gy;
-  for (unsigned y = 0; y < gy; ++y) {
-    for (unsigned x = 0; x < gx; ++x) {
-      emu::Block block(threads, shared_floats);
-      std::vector<std::thread> pool;
-      for (int t = 0; t < threads; ++t) {
-        pool.emplace_back([&, t] {
-          emu::block = &block;
-          threadIdx.x = t;
-          blockIdx.x = x;
-          blockIdx.y = y;
-          kernel();
-        });
-      }
-      for (auto& t : pool) t.join();
-    }
-  }
 }
 
 // The step's inputs from DIR (float32 files, each value exact in T) and the StepProblem that
@@ -158,10 +132,10 @@ int run(const std::string& dir, int b, int hq, int hkv, int L, int offset, int s
   std::vector<float> partials(partial_floats);
   s.q_out = scratch.data(), s.k_cache = kc.data(), s.v_cache = vc.data();
   const int warps = 4;
-  launch(b * L, (hq + hkv + warps - 1) / warps, warps * 32, 1,
+  emu::launch(b * L, (hq + hkv + warps - 1) / warps, warps * 32, 1,
          [&] { step::step_preprocess<T>(s); });
   p.queries = scratch.data(), p.keys = kc.data(), p.values = vc.data(), p.out = out.data();
-  launch(gx, gy, kMmaWarps * 32, shared_floats, [&] {
+  emu::launch(gx, gy, kMmaWarps * 32, shared_floats, [&] {
     attend_mma<T, D>(p, splits > 1 ? partials.data() : nullptr, chunk, 0u);
   });
   write(dir + "/out_chain.bin", out);
@@ -174,7 +148,7 @@ int run(const std::string& dir, int b, int hq, int hkv, int L, int offset, int s
   std::fill(partials.begin(), partials.end(), NAN);
   s.q_out = nullptr, s.k_cache = kf.data(), s.v_cache = vf.data();
   p.queries = nullptr, p.keys = kf.data(), p.values = vf.data(), p.out = out_fold.data();
-  launch(gx, gy, kMmaWarps * 32, shared_floats, [&] {
+  emu::launch(gx, gy, kMmaWarps * 32, shared_floats, [&] {
     attend_mma_step<T, D>(p, splits > 1 ? partials.data() : nullptr, chunk, gx, s);
   });
   write(dir + "/out_fold.bin", out_fold);
@@ -202,7 +176,7 @@ int run_quantized(const std::string& dir, int b, int hq, int hkv, int L, int off
   for (int a = 0; a < 4; ++a) s.kc_strides[a] = s.vc_strides[a] = plain[a];
   s.q_out = q_plain.data(), s.k_cache = kc.data(), s.v_cache = vc.data();
   const unsigned head_blocks = (hq + hkv + warps - 1) / warps;
-  launch(b * L, head_blocks, warps * 32, 1, [&] { step::step_preprocess<T>(s); });
+  emu::launch(b * L, head_blocks, warps * 32, 1, [&] { step::step_preprocess<T>(s); });
   // Quantized caches.
   const int words = D * bits / 32, groups = D / group_size;
   std::vector<uint32_t> kcodes(size_t(b) * hkv * capacity * words), vcodes(kcodes.size());
@@ -218,7 +192,7 @@ int run_quantized(const std::string& dir, int b, int hq, int hkv, int L, int off
   s.q_out = q_quant.data(), s.k_cache = kcodes.data(), s.v_cache = vcodes.data();
   s.k_scales = sb[0].data(), s.k_biases = sb[1].data(), s.v_scales = sb[2].data();
   s.v_biases = sb[3].data();
-  launch(b * L, head_blocks, warps * 32, 1, [&] { step::step_preprocess<T>(s); });
+  emu::launch(b * L, head_blocks, warps * 32, 1, [&] { step::step_preprocess<T>(s); });
   write(dir + "/kc_plain.bin", kc);
   write(dir + "/vc_plain.bin", vc);
   write(dir + "/q_plain.bin", q_plain);

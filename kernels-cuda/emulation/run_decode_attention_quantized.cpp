@@ -17,7 +17,6 @@
 #include <iterator>
 #include <stdexcept>
 #include <string>
-#include <thread>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -172,25 +171,8 @@ int main(int argc, char** argv) {
   chunk = (chunk + step - 1) / step * step;
   splits = (S + chunk - 1) / chunk;
   std::vector<float> partials(size_t(p.kv_rows) * vectors * splits * partial_stride(D));
-  blockDim.x = kThreads;
-  gridDim.x = p.kv_rows * tiles;
-  gridDim.y = splits;
-  for (unsigned y = 0; y < gridDim.y; ++y) {
-    for (unsigned x = 0; x < gridDim.x; ++x) {
-      emu::Block block(kThreads, smem_bytes / sizeof(float));
-      std::vector<std::thread> threads;
-      for (int t = 0; t < kThreads; ++t) {
-        threads.emplace_back([&, t] {
-          emu::block = &block;
-          threadIdx.x = t;
-          blockIdx.x = x;
-          blockIdx.y = y;
-          kernel(p, splits > 1 ? partials.data() : nullptr, chunk, 7u);
-        });
-      }
-      for (auto& t : threads) t.join();
-    }
-  }
+  emu::launch(p.kv_rows * tiles, splits, kThreads, smem_bytes / sizeof(float),
+              [&] { kernel(p, splits > 1 ? partials.data() : nullptr, chunk, 7u); });
   if (mma) {
     for (size_t i = 0; i < out.size(); ++i) out[i] = __half2float(out16[i]);
   }
