@@ -159,6 +159,50 @@ __device__ __forceinline__ uint32_t transpose8x8(uint32_t x) {
 #endif
 }
 
+// d += A B, mma.sync m16n8k32 with u8 A (4-bit codes, one per byte), s8 B (the queries' codes)
+// and int32 accumulators: the sums are exact. Fragments (PTX ISA, "m16n8k32"): lane (g, c) holds
+// bytes k = 4c..4c + 3 of A rows g (a[0]) and g + 8 (a[1]), k = 16 + 4c.. of the same rows (a[2],
+// a[3]); of B column g, k = 4c.. (b0) and 16 + 4c.. (b1); d as mma16816's.
+__device__ __forceinline__ void mma16832_u8s8(int (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                              uint32_t b1) {
+#if defined(__CUDACC__)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  __trap();  // the plans pick the tensor-core kernels only on sm_80 and newer
+#else
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+#else
+  const int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+  int row[2][32], col[2][32];  // A rows g, g + 8; B columns 2c, 2c + 1
+  for (int t = 0; t < 4; ++t) {
+    uint32_t x[4];
+    for (int r = 0; r < 4; ++r) x[r] = __shfl_sync(0xffffffffu, a[r], 4 * g + t);
+    for (int i = 0; i < 4; ++i) {
+      row[0][4 * t + i] = x[0] >> (8 * i) & 0xff, row[0][16 + 4 * t + i] = x[2] >> (8 * i) & 0xff;
+      row[1][4 * t + i] = x[1] >> (8 * i) & 0xff, row[1][16 + 4 * t + i] = x[3] >> (8 * i) & 0xff;
+    }
+    for (int n = 0; n < 2; ++n) {
+      const uint32_t y0 = __shfl_sync(0xffffffffu, b0, 4 * (2 * c + n) + t);
+      const uint32_t y1 = __shfl_sync(0xffffffffu, b1, 4 * (2 * c + n) + t);
+      for (int i = 0; i < 4; ++i) {
+        col[n][4 * t + i] = int8_t(y0 >> (8 * i)), col[n][16 + 4 * t + i] = int8_t(y1 >> (8 * i));
+      }
+    }
+  }
+  for (int r = 0; r < 2; ++r) {
+    for (int n = 0; n < 2; ++n) {
+      int sum = 0;
+      for (int k = 0; k < 32; ++k) sum += row[r][k] * col[n][k];
+      d[2 * r + n] += sum;
+    }
+  }
+#endif
+}
+
 __device__ __forceinline__ float exp2_approx(float x) {
 #if defined(__CUDACC__)
   float y;
@@ -308,11 +352,15 @@ __device__ __forceinline__ int v_dim(int t, int g, int h) {
 }
 
 // grid (kv_rows * tiles of 8 vectors, splits), kThreads threads, mmat_smem_bytes() of shared
-// memory.
-template <typename T, int BITS, int D, int GS, int STAGES, int BLOCKS>
+// memory. INT_SCORES (4 bits): the scores on the integer tensor cores, 4-bit codes split into
+// bytes (one lop3, or a shift and a lop3, per 4 codes, against two instructions per 2 codes as
+// f16) against the queries rounded to s8 per vector and group (step max |q| / 127); the sums are
+// exact and one m16n8k32 covers two f16 k-steps.
+template <typename T, int BITS, int D, int GS, int STAGES, int BLOCKS, bool INT_SCORES>
 __global__ void __launch_bounds__(kThreads, BLOCKS)
     attend_quantized_mmat(QuantizedProblem p, float* partials, int chunk, unsigned slot) {
   static_assert(STAGES >= 2, "a pipeline of one stage copies nothing ahead");
+  static_assert(!INT_SCORES || BITS == 4, "integer scores take 4-bit keys");
   ATTN_SHARED_FLOATS(smem);
   constexpr int NG = D / GS;                // groups per row
   constexpr int BK = GS < 64 ? GS : 64;     // K block
@@ -345,23 +393,59 @@ __global__ void __launch_bounds__(kThreads, BLOCKS)
   // Lanes 4g..4g+3 load query vector g of the tile (the B operand's column g).
   int visible_end;  // positions before it are visible to every real vector of the tile
   float q_sum[NG] = {};
-  uint32_t qb[kSteps][2];
+  uint32_t qb[kSteps][2];        // f16 scores: Q's B operand per k-step
+  uint32_t qi[KB][KWORDS][2];    // integer scores: per word of codes, s8 queries at its even
+  float q_step[NG];              // nibbles' dims and at its odd ones; their step per group
   float score_mul;
-  {
-    const int r = tile * kMmaVectors + g;
-    const bool real = r < vectors;
-    const int row = kv_row * p.group + (real ? r : 0) / L, i = (real ? r : 0) % L;
-    const T* q_row = static_cast<const T*>(p.queries) + p.q_offset(row, i);
-    auto q_at = [&](int d) { return real ? to_float(q_row[d * p.q_strides[3]]) : 0.0f; };
-    float q_max = 0.0f;
+  const int q_r = tile * kMmaVectors + g;
+  const bool q_real = q_r < vectors;
+  const int q_i = (q_real ? q_r : 0) % L;
+  const T* q_row = static_cast<const T*>(p.queries) +
+                   p.q_offset(kv_row * p.group + (q_real ? q_r : 0) / L, q_i);
+  auto q_at = [&](int d) { return q_real ? to_float(q_row[d * p.q_strides[3]]) : 0.0f; };
+  float q_max[NG] = {};  // per group, of the vector's |q|
+#pragma unroll
+  for (int w = 0; w < KB; ++w) {
+#pragma unroll
+    for (int e = 0; e < KC; ++e) {
+      q_max[w * BK / GS] = fmaxf(q_max[w * BK / GS], fabsf(q_at(w * BK + c * KC + e)));
+    }
+  }
+#pragma unroll
+  for (int G = 0; G < NG; ++G) {
+    q_max[G] = fmaxf(q_max[G], __shfl_xor_sync(0xffffffffu, q_max[G], 1));
+    q_max[G] = fmaxf(q_max[G], __shfl_xor_sync(0xffffffffu, q_max[G], 2));
+  }
+  if constexpr (INT_SCORES) {
 #pragma unroll
     for (int w = 0; w < KB; ++w) {
+      const int G = w * BK / GS;
+      q_step[G] = q_max[G] * (1.0f / 127.0f);
+      const float q_inv = q_max[G] > 0.0f ? 127.0f / q_max[G] : 0.0f;
 #pragma unroll
-      for (int e = 0; e < KC; ++e) q_max = fmaxf(q_max, fabsf(q_at(w * BK + c * KC + e)));
+      for (int j = 0; j < KWORDS; ++j) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          uint32_t bytes = 0;
+#pragma unroll
+          for (int b = 0; b < 4; ++b) {
+            const float x = q_at(w * BK + c * KC + 8 * j + 2 * b + h);
+            const int code = min(max(static_cast<int>(rintf(x * q_inv)), -127), 127);
+            // the rounded query in the bias term too: its error then meets the values s c + b,
+            // centred, not the codes' s c, offset by -b
+            q_sum[G] += float(code) * q_step[G];
+            bytes |= uint32_t(code & 0xff) << (8 * b);
+          }
+          qi[w][j][h] = bytes;
+        }
+      }
     }
-    q_max = fmaxf(q_max, __shfl_xor_sync(0xffffffffu, q_max, 1));
-    q_max = fmaxf(q_max, __shfl_xor_sync(0xffffffffu, q_max, 2));
-    const float q_mul = q_max < 32768.0f ? 1.0f : exp2f(-ceilf(log2f(q_max / 16384.0f)));
+    score_mul = p.scale * kLog2e;  // scores in log2 units
+  } else {
+    float all_max = 0.0f;
+#pragma unroll
+    for (int G = 0; G < NG; ++G) all_max = fmaxf(all_max, q_max[G]);
+    const float q_mul = all_max < 32768.0f ? 1.0f : exp2f(-ceilf(log2f(all_max / 16384.0f)));
     score_mul = p.scale * kLog2e / q_mul;  // scores in log2 units
 #pragma unroll
     for (int w = 0; w < KB; ++w) {
@@ -377,7 +461,9 @@ __global__ void __launch_bounds__(kThreads, BLOCKS)
         qb[w * KSB + s][1] = half2_bits(x[2], x[3]);
       }
     }
-    int visible = real ? (p.causal ? S - L + i + 1 : S) : S;
+  }
+  {
+    int visible = q_real ? (p.causal ? S - L + q_i + 1 : S) : S;
 #pragma unroll
     for (int offset = 4; offset < 32; offset *= 2) {
       visible = min(visible, __shfl_sync(0xffffffffu, visible, lane ^ offset));
@@ -390,13 +476,16 @@ __global__ void __launch_bounds__(kThreads, BLOCKS)
     q_sum[G] += __shfl_xor_sync(0xffffffffu, q_sum[G], 2);
   }
   // This lane's score columns: vectors 2c and 2c + 1 (their sums live on lanes 8c, 8c + 4).
-  float qs[2][NG];
+  float qs[2][NG], qstep[2][NG];
   int last[2];
   int64_t mask_base[2];
 #pragma unroll
   for (int v = 0; v < 2; ++v) {
 #pragma unroll
-    for (int G = 0; G < NG; ++G) qs[v][G] = __shfl_sync(0xffffffffu, q_sum[G], 8 * c + 4 * v);
+    for (int G = 0; G < NG; ++G) {
+      qs[v][G] = __shfl_sync(0xffffffffu, q_sum[G], 8 * c + 4 * v);
+      if constexpr (INT_SCORES) qstep[v][G] = __shfl_sync(0xffffffffu, q_step[G], 8 * c + 4 * v);
+    }
     const int r = tile * kMmaVectors + 2 * c + v;
     const bool real = r < vectors;
     const int row = kv_row * p.group + (real ? r : 0) / L, i = (real ? r : 0) % L;
@@ -477,13 +566,28 @@ __global__ void __launch_bounds__(kThreads, BLOCKS)
     float sc[2][2] = {};  // [position half][vector]
 #pragma unroll
     for (int G = 0; G < NG; ++G) {
-      float acc[4] = {};
+      float acc[4] = {};  // q . c over the group
+      if constexpr (INT_SCORES) {
+        int dot[4] = {};
 #pragma unroll
-      for (int st = G * GS / 16; st < (G + 1) * GS / 16; ++st) {
-        uint32_t a[4];
-        k_pair<BITS>(kw[0][st / KSB], st % KSB, a[0], a[2]);
-        k_pair<BITS>(kw[1][st / KSB], st % KSB, a[1], a[3]);
-        mma16816<__half>(acc, a, qb[st][0], qb[st][1]);
+        for (int w = G * GS / BK; w < (G + 1) * GS / BK; ++w) {
+#pragma unroll
+          for (int j = 0; j < KWORDS; ++j) {  // word j's nibbles 2b (low) and 2b + 1 as bytes
+            const uint32_t a[4] = {kw[0][w][j] & 0x0f0f0f0fu, kw[1][w][j] & 0x0f0f0f0fu,
+                                   kw[0][w][j] >> 4 & 0x0f0f0f0fu, kw[1][w][j] >> 4 & 0x0f0f0f0fu};
+            mma16832_u8s8(dot, a, qi[w][j][0], qi[w][j][1]);
+          }
+        }
+#pragma unroll
+        for (int x = 0; x < 4; ++x) acc[x] = qstep[x % 2][G] * float(dot[x]);
+      } else {
+#pragma unroll
+        for (int st = G * GS / 16; st < (G + 1) * GS / 16; ++st) {
+          uint32_t a[4];
+          k_pair<BITS>(kw[0][st / KSB], st % KSB, a[0], a[2]);
+          k_pair<BITS>(kw[1][st / KSB], st % KSB, a[1], a[3]);
+          mma16816<__half>(acc, a, qb[st][0], qb[st][1]);
+        }
       }
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
