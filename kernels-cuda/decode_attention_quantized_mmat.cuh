@@ -255,24 +255,36 @@ __device__ __forceinline__ uint32_t and_or(uint32_t x, uint32_t mask, uint32_t b
 }
 
 // Nibbles i and i + 4 (bits 4i..4i+3 and 16+4i..) of a word as the f16 pair, i = 0..3: one lop3
-// and one subtraction or fma (odd nibbles land as 16 c + 1024), a shift for i >= 2.
+// and one subtraction or fma (odd nibbles land as 16 c + 1024), a shift for i >= 2. SUBNORMAL:
+// the lop3 alone, c * 2^-24 for even i and 16 c * 2^-24 for odd (f16 bits below 0x400 are
+// subnormals, exact and linear in the bits).
+template <bool SUBNORMAL>
 __device__ __forceinline__ uint32_t nibble_pair(uint32_t x, int i) {
   const uint32_t y = i >= 2 ? x >> 8 : x;
+  if constexpr (SUBNORMAL) return y & (i % 2 == 0 ? 0x000f000fu : 0x00f000f0u);
   return i % 2 == 0 ? minus_1024(and_or(y, 0x000f000fu, kHalf1024x2))
                     : sixteenths_minus_64(and_or(y, 0x00f000f0u, kHalf1024x2));
 }
 
+// Bytes of x (selector nibbles 0-3) as an f16 pair: 1024 + c, or SUBNORMAL c * 2^-24 (a zero
+// byte above each code instead of 0x64).
+template <bool SUBNORMAL>
+__device__ __forceinline__ uint32_t byte_pair(uint32_t x, uint32_t selector) {
+  if constexpr (SUBNORMAL) return prmt(x, 0u, selector | 0x4040u);
+  return minus_1024(prmt(x, kHalf1024x2, selector | 0x5050u));
+}
+
 // K codes of one k-step s of a lane's row piece w as the A operand's two registers of that row
 // (slots 2c, 2c + 1 and 2c + 8, 2c + 9): the dims of k_dim<BITS>(s, 0..3).
-template <int BITS>
+template <int BITS, bool SUBNORMAL>
 __device__ __forceinline__ void k_pair(const uint32_t* w, int s, uint32_t& lo, uint32_t& hi) {
   if constexpr (BITS == 8) {
-    lo = minus_1024(prmt(w[s], kHalf1024x2, 0x5150));  // codes 4s, 4s + 1
-    hi = minus_1024(prmt(w[s], kHalf1024x2, 0x5352));  // codes 4s + 2, 4s + 3
+    lo = byte_pair<SUBNORMAL>(w[s], 0x0100);  // codes 4s, 4s + 1
+    hi = byte_pair<SUBNORMAL>(w[s], 0x0302);  // codes 4s + 2, 4s + 3
   } else {
     // nibbles 2h, 2h + 4 and 2h + 1, 2h + 5 of word s / 2, h = s % 2
-    lo = nibble_pair(w[s / 2], 2 * (s % 2));
-    hi = nibble_pair(w[s / 2], 2 * (s % 2) + 1);
+    lo = nibble_pair<SUBNORMAL>(w[s / 2], 2 * (s % 2));
+    hi = nibble_pair<SUBNORMAL>(w[s / 2], 2 * (s % 2) + 1);
   }
 }
 
@@ -355,12 +367,25 @@ __device__ __forceinline__ int v_dim(int t, int g, int h) {
 // memory. INT_SCORES (4 bits): the scores on the integer tensor cores, 4-bit codes split into
 // bytes (one lop3, or a shift and a lop3, per 4 codes, against two instructions per 2 codes as
 // f16) against the queries rounded to s8 per vector and group (step max |q| / 127); the sums are
-// exact and one m16n8k32 covers two f16 k-steps.
-template <typename T, int BITS, int D, int GS, int STAGES, int BLOCKS, bool INT_SCORES>
+// exact and one m16n8k32 covers two f16 k-steps. SUBNORMAL: codes become f16 operands as
+// subnormals, c * 2^-24 (one prmt or lop3 per register instead of two instructions; odd nibbles
+// 16 c * 2^-24, so 4-bit scores take the queries' even-nibble slots times 16 and the output rows
+// of odd nibbles come out 16 times larger), the powers of two taken out of the float32 results:
+// the same products and sums as 1024 + c minus 1024, scaled.
+template <typename T, int BITS, int D, int GS, int STAGES, int BLOCKS, bool INT_SCORES,
+          bool SUBNORMAL>
 __global__ void __launch_bounds__(kThreads, BLOCKS)
     attend_quantized_mmat(QuantizedProblem p, float* partials, int chunk, unsigned slot) {
   static_assert(STAGES >= 2, "a pipeline of one stage copies nothing ahead");
   static_assert(!INT_SCORES || BITS == 4, "integer scores take 4-bit keys");
+  // SUBNORMAL: f16 scores come out times 2^-K_EXP (4 bits: the queries' even slots times 16),
+  // output rows of even / odd code slots times 2^-24 / 2^-V_ODD_EXP.
+  constexpr bool kSubScores = SUBNORMAL && !INT_SCORES;
+  constexpr int K_EXP = !kSubScores ? 0 : BITS == 8 ? 24 : 20;
+  constexpr float kEvenSlotMul = kSubScores && BITS == 4 ? 16.0f : 1.0f;
+  constexpr float kScoreUnscale = float(1 << K_EXP);
+  constexpr float kOutEvenUnscale = SUBNORMAL ? float(1 << 24) : 1.0f;
+  constexpr float kOutOddUnscale = !SUBNORMAL ? 1.0f : BITS == 8 ? float(1 << 24) : float(1 << 20);
   ATTN_SHARED_FLOATS(smem);
   constexpr int NG = D / GS;                // groups per row
   constexpr int BK = GS < 64 ? GS : 64;     // K block
@@ -444,9 +469,9 @@ __global__ void __launch_bounds__(kThreads, BLOCKS)
   } else {
     float all_max = 0.0f;
 #pragma unroll
-    for (int G = 0; G < NG; ++G) all_max = fmaxf(all_max, q_max[G]);
+    for (int G = 0; G < NG; ++G) all_max = fmaxf(all_max, q_max[G] * kEvenSlotMul);
     const float q_mul = all_max < 32768.0f ? 1.0f : exp2f(-ceilf(log2f(all_max / 16384.0f)));
-    score_mul = p.scale * kLog2e / q_mul;  // scores in log2 units
+    score_mul = p.scale * kLog2e / q_mul * kScoreUnscale;  // scores in log2 units
 #pragma unroll
     for (int w = 0; w < KB; ++w) {
 #pragma unroll
@@ -456,6 +481,7 @@ __global__ void __launch_bounds__(kThreads, BLOCKS)
         for (int j = 0; j < 4; ++j) {
           x[j] = round_half(q_at(w * BK + c * KC + k_dim<BITS>(s, j)) * q_mul);
           q_sum[w * BK / GS] += x[j];
+          if (j < 2) x[j] *= kEvenSlotMul;  // (exact)
         }
         qb[w * KSB + s][0] = half2_bits(x[0], x[1]);
         qb[w * KSB + s][1] = half2_bits(x[2], x[3]);
@@ -483,7 +509,7 @@ __global__ void __launch_bounds__(kThreads, BLOCKS)
   for (int v = 0; v < 2; ++v) {
 #pragma unroll
     for (int G = 0; G < NG; ++G) {
-      qs[v][G] = __shfl_sync(0xffffffffu, q_sum[G], 8 * c + 4 * v);
+      qs[v][G] = __shfl_sync(0xffffffffu, q_sum[G], 8 * c + 4 * v) * (1.0f / kScoreUnscale);
       if constexpr (INT_SCORES) qstep[v][G] = __shfl_sync(0xffffffffu, q_step[G], 8 * c + 4 * v);
     }
     const int r = tile * kMmaVectors + 2 * c + v;
@@ -584,8 +610,8 @@ __global__ void __launch_bounds__(kThreads, BLOCKS)
 #pragma unroll
         for (int st = G * GS / 16; st < (G + 1) * GS / 16; ++st) {
           uint32_t a[4];
-          k_pair<BITS>(kw[0][st / KSB], st % KSB, a[0], a[2]);
-          k_pair<BITS>(kw[1][st / KSB], st % KSB, a[1], a[3]);
+          k_pair<BITS, SUBNORMAL>(kw[0][st / KSB], st % KSB, a[0], a[2]);
+          k_pair<BITS, SUBNORMAL>(kw[1][st / KSB], st % KSB, a[1], a[3]);
           mma16816<__half>(acc, a, qb[st][0], qb[st][1]);
         }
       }
@@ -677,16 +703,16 @@ __global__ void __launch_bounds__(kThreads, BLOCKS)
       uint32_t a[4];
       if constexpr (BITS == 8) {
         // bytes 0, 2 (dim 2g) and 1, 3 (dim 2g + 1) of positions 2c, 2c + 1 (+ 8)
-        a[0] = minus_1024(prmt(vr[t][0], kHalf1024x2, 0x5250));
-        a[1] = minus_1024(prmt(vr[t][0], kHalf1024x2, 0x5351));
-        a[2] = minus_1024(prmt(vr[t][1], kHalf1024x2, 0x5250));
-        a[3] = minus_1024(prmt(vr[t][1], kHalf1024x2, 0x5351));
+        a[0] = byte_pair<SUBNORMAL>(vr[t][0], 0x0200);
+        a[1] = byte_pair<SUBNORMAL>(vr[t][0], 0x0301);
+        a[2] = byte_pair<SUBNORMAL>(vr[t][1], 0x0200);
+        a[3] = byte_pair<SUBNORMAL>(vr[t][1], 0x0301);
       } else {
         // nibbles 2 (t % 2) and 2 (t % 2) + 1 of each position's half: dims 4g + 2 (t % 2), + 1
-        a[0] = nibble_pair(vr[t / 2][0], 2 * (t % 2));
-        a[1] = nibble_pair(vr[t / 2][0], 2 * (t % 2) + 1);
-        a[2] = nibble_pair(vr[t / 2][1], 2 * (t % 2));
-        a[3] = nibble_pair(vr[t / 2][1], 2 * (t % 2) + 1);
+        a[0] = nibble_pair<SUBNORMAL>(vr[t / 2][0], 2 * (t % 2));
+        a[1] = nibble_pair<SUBNORMAL>(vr[t / 2][0], 2 * (t % 2) + 1);
+        a[2] = nibble_pair<SUBNORMAL>(vr[t / 2][1], 2 * (t % 2));
+        a[3] = nibble_pair<SUBNORMAL>(vr[t / 2][1], 2 * (t % 2) + 1);
       }
       mma16816<__half>(o[t], a, pb[G][0], pb[G][1]);
     }
@@ -718,8 +744,8 @@ __global__ void __launch_bounds__(kThreads, BLOCKS)
 #pragma unroll
     for (int t = 0; t < kSteps; ++t) {
       const int G = v_dim<BITS>(t, 0, 0) / GS;
-      state[4 + v_dim<BITS>(t, g, 0)] = o[t][v] + v_bias[G][v];
-      state[4 + v_dim<BITS>(t, g, 1)] = o[t][2 + v] + v_bias[G][v];
+      state[4 + v_dim<BITS>(t, g, 0)] = fmaf(o[t][v], kOutEvenUnscale, v_bias[G][v]);
+      state[4 + v_dim<BITS>(t, g, 1)] = fmaf(o[t][2 + v], kOutOddUnscale, v_bias[G][v]);
     }
   }
   __syncthreads();

@@ -62,12 +62,13 @@ MMA_CASES = [
 
 # Each kernel over its cases, against float64 (run_case): 8x2 (the SIMT kernel), and the
 # tensor-core kernel sized for 2 blocks per SM (mmat: 3-8 stages per warp) and for 4 (mmat4, the
-# CUDA default: 2 at 8 bits with D = 128), so the stage ring wraps differently; mmat4i (mmat4
-# with integer scores) on the 4-bit cases, the only ones where it differs.
+# CUDA default: 2 at 8 bits with D = 128), so the stage ring wraps differently; mmat4's A/B
+# variants: mmat4z (codes as f16 subnormals) on every case, mmat4i and mmat4iz (integer scores)
+# on the 4-bit ones, the only ones where they differ from mmat4 and mmat4z.
 KERNEL_CASES = (
     [("8x2", c) for c in CASES]
-    + [(kind, c) for kind in ("mmat", "mmat4") for c in MMA_CASES]
-    + [("mmat4i", c) for c in MMA_CASES if c[6] == 4]
+    + [(kind, c) for kind in ("mmat", "mmat4", "mmat4z") for c in MMA_CASES]
+    + [(kind, c) for kind in ("mmat4i", "mmat4iz") for c in MMA_CASES if c[6] == 4]
 )
 
 
@@ -77,7 +78,7 @@ def test_cuda_quantized_kernel_under_emulation(emulator, tmp_path, kind, case):
 
 
 # the runner's config code of each kernel
-KINDS = {"8x2": 0, "mmat": 2, "mmat4": 4, "mmat4i": 5}
+KINDS = {"8x2": 0, "mmat": 2, "mmat4": 4, "mmat4i": 5, "mmat4z": 6, "mmat4iz": 7}
 
 
 def rounded_to_s8(q, group_size):
@@ -125,7 +126,7 @@ def run_case(emulator, tmp_path, case, kind):
 
     ref_mask = mask if masked else ("causal" if causal else None)
     q_ref = storage(q)
-    if kind == "mmat4i" and bits == 4:
+    if kind in ("mmat4i", "mmat4iz") and bits == 4:
         q_ref = rounded_to_s8(q_ref, group_size)
     expected = attention_f64(q_ref, dequantized(k), dequantized(v), mask=ref_mask)
     # mmat: f16 outputs and f16 weights times scales as the P V operand.
