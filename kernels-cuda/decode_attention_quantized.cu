@@ -106,19 +106,15 @@ const Kernel& kernel_for(int bits, int lpr, unsigned smem) {
 // H200, Qwen3-4B shapes, group 64, S = 131072: 78-81 µs at 8 bits and 53-57 µs at 4 bits against
 // mx.fast's 130-135 on the bf16 K/V, docs/quantized-kv.md), or for A/B runs
 // ATTN_QUANTIZED_VARIANT=mmat (the same kernel sized for 2 blocks per SM: more registers and
-// stages), mmat4i (mmat4 with the 4-bit scores on the integer tensor cores, INT_SCORES), mmat4z
-// (mmat4 with codes as f16 subnormals, SUBNORMAL), mmat4iz (both) or 8x2 (the SIMT kernel
-// everywhere). The variants that lost to these on the H200 left the code with
-// their numbers in docs/quantized-kv.md.
+// stages) or 8x2 (the SIMT kernel everywhere). The variants that lost to these on the H200 left
+// the code with their numbers in docs/quantized-kv.md.
 const std::string& variant() {
   static const std::string chosen = [] {
     const char* env = std::getenv("ATTN_QUANTIZED_VARIANT");
     const std::string name = env ? env : "mmat4";
     // A typo must not time the default under another name.
-    if (name != "mmat4" && name != "mmat" && name != "mmat4i" && name != "mmat4z" &&
-        name != "mmat4iz" && name != "8x2") {
-      throw std::invalid_argument("ATTN_QUANTIZED_VARIANT='" + name +
-                                  "': use mmat4, mmat, mmat4i, mmat4z, mmat4iz or 8x2");
+    if (name != "mmat4" && name != "mmat" && name != "8x2") {
+      throw std::invalid_argument("ATTN_QUANTIZED_VARIANT='" + name + "': use mmat4, mmat or 8x2");
     }
     return name;
   }();
@@ -142,49 +138,44 @@ int split_blocks_per_sm() {
   return blocks;
 }
 
-template <typename T, int BITS, int D, int GS, int BLOCKS, bool INT, bool SUB>
+template <typename T, int BITS, int D, int GS, int BLOCKS>
 const Kernel& mmat_kernel_for() {
   constexpr int kStages = mmat_stages<BITS, D, GS, BLOCKS>();
   static const Kernel kernel = [] {
-    const void* symbol = reinterpret_cast<const void*>(
-        &attend_quantized_mmat<T, BITS, D, GS, kStages, BLOCKS, INT, SUB>);
+    const void* symbol =
+        reinterpret_cast<const void*>(&attend_quantized_mmat<T, BITS, D, GS, kStages, BLOCKS>);
     return resolve(symbol, mmat_smem_bytes<BITS, D, GS, kStages>());
   }();
   return kernel;
 }
 
-template <typename T, int BITS, int D, int BLOCKS, bool INT, bool SUB>
+template <typename T, int BITS, int D, int BLOCKS>
 const Kernel& mmat_kernel_for(int group_size) {
   switch (group_size) {
-    case 32: return mmat_kernel_for<T, BITS, D, 32, BLOCKS, INT, SUB>();
-    case 64: return mmat_kernel_for<T, BITS, D, 64, BLOCKS, INT, SUB>();
+    case 32: return mmat_kernel_for<T, BITS, D, 32, BLOCKS>();
+    case 64: return mmat_kernel_for<T, BITS, D, 64, BLOCKS>();
     default:
-      if constexpr (D >= 128) return mmat_kernel_for<T, BITS, D, 128, BLOCKS, INT, SUB>();
+      if constexpr (D >= 128) return mmat_kernel_for<T, BITS, D, 128, BLOCKS>();
       throw std::invalid_argument("[decode_attention_quantized] group_size larger than head_dim");
   }
 }
 
-template <typename T, int BITS, int BLOCKS, bool INT = false, bool SUB = false>
+template <typename T, int BITS, int BLOCKS>
 const Kernel& mmat_kernel_for(const QuantizedProblem& p) {
   switch (p.head_dim) {
-    case 64: return mmat_kernel_for<T, BITS, 64, BLOCKS, INT, SUB>(p.group_size);
-    case 128: return mmat_kernel_for<T, BITS, 128, BLOCKS, INT, SUB>(p.group_size);
-    default: return mmat_kernel_for<T, BITS, 256, BLOCKS, INT, SUB>(p.group_size);
+    case 64: return mmat_kernel_for<T, BITS, 64, BLOCKS>(p.group_size);
+    case 128: return mmat_kernel_for<T, BITS, 128, BLOCKS>(p.group_size);
+    default: return mmat_kernel_for<T, BITS, 256, BLOCKS>(p.group_size);
   }
 }
 
-// mmat4's build (4 blocks per SM), under ATTN_QUANTIZED_VARIANT=mmat4i / mmat4z / mmat4iz with
-// integer 4-bit scores / subnormal codes / both, or under mmat the 2-block one.
+// mmat4's build (4 blocks per SM) or, under ATTN_QUANTIZED_VARIANT=mmat, the 2-block one.
 template <typename T>
 const Kernel& mmat_kernel_for(const QuantizedProblem& p, const std::string& kind) {
-  if (kind == "mmat") {
-    return p.bits == 8 ? mmat_kernel_for<T, 8, 2>(p) : mmat_kernel_for<T, 4, 2>(p);
+  if (kind == "mmat4") {
+    return p.bits == 8 ? mmat_kernel_for<T, 8, 4>(p) : mmat_kernel_for<T, 4, 4>(p);
   }
-  const bool sub = kind == "mmat4z" || kind == "mmat4iz";
-  if (p.bits == 8) return sub ? mmat_kernel_for<T, 8, 4, false, true>(p) : mmat_kernel_for<T, 8, 4>(p);
-  if (kind == "mmat4i") return mmat_kernel_for<T, 4, 4, true>(p);
-  if (kind == "mmat4iz") return mmat_kernel_for<T, 4, 4, true, true>(p);
-  return sub ? mmat_kernel_for<T, 4, 4, false, true>(p) : mmat_kernel_for<T, 4, 4>(p);
+  return p.bits == 8 ? mmat_kernel_for<T, 8, 2>(p) : mmat_kernel_for<T, 4, 2>(p);
 }
 
 // The mmat kernel's requirements: f16/bf16, D 64/128/256, sm_80+, codes rows of whole aligned

@@ -5,19 +5,22 @@
 // one it computes (decode_attention_quantized_stages.cuh), and combines them with an online
 // softmax in float32; the warps, then the chunks of a split, are merged by finish().
 //
-// Codes become f16 mma operands with two instructions: prmt puts a byte beside 0x64 (or lop3
-// masks a nibble into 0x6400), giving 1024 + c (0x6400 is 1024 and c < 1024 fills the mantissa),
-// and sub.f16x2 takes the 1024 off exactly. Scales and biases apply per quantization group in
-// float32:
+// Codes become f16 mma operands with one instruction per register: prmt puts a byte beside a
+// zero byte (or lop3 masks a nibble), and f16 bits below 0x400 are subnormals, c * 2^-24, exact
+// and linear in the bits (the tensor cores take them as they are). An odd nibble masked in place
+// is 16 c * 2^-24, so at 4 bits the queries' slots facing even nibbles carry a factor 16 and the
+// output rows of odd nibbles come out 16 times larger; the powers of two leave the float32
+// results through the score scale, the bias term and the final write. (Each code was 1024 + c
+// minus 1024 before, one f16 instruction more per register: docs/quantized-kv.md, "Codes as f16
+// subnormals".)
+// Scales and biases apply per quantization group in float32:
 //     scores:  q . (s * c + b) = s * (q . c) + b * sum(q)
 // so each group's k-steps accumulate into their own mma tile before s and b apply; and
 //     values:  sum_j w_j (s_j * c_j + b_j) = sum_j (w_j s_j) c_j + sum_j w_j b_j
 // where P's operand carries w_j * s_j (rounded to f16) of the tile's group, and the second sum
-// is a float32 running term per vector and group. f16 operands whatever the queries' dtype: codes
-// are exact in f16 (8-bit codes are not exact as bf16 1024 + c), and bf16 queries fit f16 (scaled
-// down by a power of two first if any |q| >= 2^15). Keeping the 1024 and folding it into the
-// group terms instead cancels 1024 * sum(...) against the signal inside the tensor cores' float32
-// sums: it failed the GPU tests twice (f6e6a5d, and mmato; docs/quantized-kv.md).
+// is a float32 running term per vector and group. f16 operands whatever the queries' dtype: bf16
+// has no subnormal room for 8-bit codes (7 mantissa bits), and bf16 queries fit f16 (scaled down
+// by a power of two first if any |q|, times 16 where it faces even nibbles, reaches 2^15).
 //
 // The scores are computed transposed, S^T = K Q^T: the codes of 16 positions are the A operand
 // and the tile's 8 vectors the columns, so one mma per k-step covers a sub-step (8 score mmas at
@@ -29,8 +32,8 @@
 // the lanes that share c) and movmatrix.trans turns the f16 weights into P^T's B operand of
 // O^T += V^T P^T. Other cuts:
 //   - V^T's A operand comes from ldmatrix.trans over the stage's V rows (pairs of code bytes as
-//     b16): one prmt or lop3 per register puts the two positions' codes beside 0x64; 4-bit codes
-//     take three masks, the odd nibbles (16 c + 1024) scaled back with one fma (exact in f16);
+//     b16): one prmt or lop3 per register (and a shift per two registers for 4-bit codes in the
+//     upper byte of each position's b16);
 //   - exp2 with log2(e) folded into the score scale (ex2.approx, one instruction);
 //   - the output, denominator and bias terms are rescaled only when some vector's max grew in
 //     the sub-step (a warp vote; the factor is exactly 1 otherwise);
@@ -51,7 +54,6 @@
 namespace attn_kernels::cuda::quantized {
 
 constexpr int kMmaStep = 16;  // positions per warp and sub-step: the K of the P V mma
-constexpr uint32_t kHalf1024x2 = 0x64006400u;
 static_assert(kStagePositions == kMmaStep, "a stage holds one sub-step");
 
 __device__ __forceinline__ float round_half(float x) {
@@ -75,22 +77,6 @@ __device__ __forceinline__ uint32_t half2_bits(float lo, float hi) {
 }
 
 using tensor_core::mma16816;  // f16 operands here: the codes are exact in f16
-
-// (1024 + a, 1024 + b) - (1024, 1024) = (a, b), exactly (f16 subtraction of integers < 2048).
-__device__ __forceinline__ uint32_t minus_1024(uint32_t pair) {
-#if defined(__CUDACC__)
-  uint32_t out;
-  asm("sub.f16x2 %0, %1, %2;" : "=r"(out) : "r"(pair), "r"(kHalf1024x2));
-  return out;
-#else
-  const auto half = [](uint32_t w, int i) {
-    return std::bit_cast<_Float16>(uint16_t(w >> (16 * i)));
-  };
-  const _Float16 k1024 = static_cast<_Float16>(1024.0f);
-  return uint32_t(std::bit_cast<uint16_t>(static_cast<_Float16>(half(pair, 0) - k1024))) |
-         uint32_t(std::bit_cast<uint16_t>(static_cast<_Float16>(half(pair, 1) - k1024))) << 16;
-#endif
-}
 
 __device__ __forceinline__ uint32_t prmt(uint32_t x, uint32_t y, uint32_t selector) {
   return __byte_perm(x, y, selector);
@@ -159,50 +145,6 @@ __device__ __forceinline__ uint32_t transpose8x8(uint32_t x) {
 #endif
 }
 
-// d += A B, mma.sync m16n8k32 with u8 A (4-bit codes, one per byte), s8 B (the queries' codes)
-// and int32 accumulators: the sums are exact. Fragments (PTX ISA, "m16n8k32"): lane (g, c) holds
-// bytes k = 4c..4c + 3 of A rows g (a[0]) and g + 8 (a[1]), k = 16 + 4c.. of the same rows (a[2],
-// a[3]); of B column g, k = 4c.. (b0) and 16 + 4c.. (b1); d as mma16816's.
-__device__ __forceinline__ void mma16832_u8s8(int (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                              uint32_t b1) {
-#if defined(__CUDACC__)
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-  __trap();  // the plans pick the tensor-core kernels only on sm_80 and newer
-#else
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#endif
-#else
-  const int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
-  int row[2][32], col[2][32];  // A rows g, g + 8; B columns 2c, 2c + 1
-  for (int t = 0; t < 4; ++t) {
-    uint32_t x[4];
-    for (int r = 0; r < 4; ++r) x[r] = __shfl_sync(0xffffffffu, a[r], 4 * g + t);
-    for (int i = 0; i < 4; ++i) {
-      row[0][4 * t + i] = x[0] >> (8 * i) & 0xff, row[0][16 + 4 * t + i] = x[2] >> (8 * i) & 0xff;
-      row[1][4 * t + i] = x[1] >> (8 * i) & 0xff, row[1][16 + 4 * t + i] = x[3] >> (8 * i) & 0xff;
-    }
-    for (int n = 0; n < 2; ++n) {
-      const uint32_t y0 = __shfl_sync(0xffffffffu, b0, 4 * (2 * c + n) + t);
-      const uint32_t y1 = __shfl_sync(0xffffffffu, b1, 4 * (2 * c + n) + t);
-      for (int i = 0; i < 4; ++i) {
-        col[n][4 * t + i] = int8_t(y0 >> (8 * i)), col[n][16 + 4 * t + i] = int8_t(y1 >> (8 * i));
-      }
-    }
-  }
-  for (int r = 0; r < 2; ++r) {
-    for (int n = 0; n < 2; ++n) {
-      int sum = 0;
-      for (int k = 0; k < 32; ++k) sum += row[r][k] * col[n][k];
-      d[2 * r + n] += sum;
-    }
-  }
-#endif
-}
-
 __device__ __forceinline__ float exp2_approx(float x) {
 #if defined(__CUDACC__)
   float y;
@@ -225,66 +167,31 @@ __device__ __forceinline__ bool warp_any(bool x) {
 #endif
 }
 
-// (16 a + 1024, 16 b + 1024) / 16 - 64 = (a, b), exactly (f16 fma of integers < 2048).
-__device__ __forceinline__ uint32_t sixteenths_minus_64(uint32_t pair) {
-#if defined(__CUDACC__)
-  uint32_t out;
-  asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(out) : "r"(pair), "r"(0x2c002c00u), "r"(0xd400d400u));
-  return out;
-#else
-  const auto half = [](uint32_t w, int i) {
-    return std::bit_cast<_Float16>(uint16_t(w >> (16 * i)));
-  };
-  const auto one = [&](int i) {
-    return std::bit_cast<uint16_t>(static_cast<_Float16>(
-        float(half(pair, i)) * 0.0625f - 64.0f));
-  };
-  return uint32_t(one(0)) | uint32_t(one(1)) << 16;
-#endif
-}
-
-// (x & mask) | bits as one lop3 (with two immediates the compiler emits two).
-__device__ __forceinline__ uint32_t and_or(uint32_t x, uint32_t mask, uint32_t bits) {
-#if defined(__CUDACC__)
-  uint32_t y;
-  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(y) : "r"(x), "r"(mask), "r"(bits));
-  return y;
-#else
-  return (x & mask) | bits;
-#endif
-}
-
-// Nibbles i and i + 4 (bits 4i..4i+3 and 16+4i..) of a word as the f16 pair, i = 0..3: one lop3
-// and one subtraction or fma (odd nibbles land as 16 c + 1024), a shift for i >= 2. SUBNORMAL:
-// the lop3 alone, c * 2^-24 for even i and 16 c * 2^-24 for odd (f16 bits below 0x400 are
-// subnormals, exact and linear in the bits).
-template <bool SUBNORMAL>
+// Nibbles i and i + 4 (bits 4i..4i+3 and 16+4i..) of a word as an f16 pair of subnormals: c *
+// 2^-24 for even i, 16 c * 2^-24 for odd i (one lop3, a shift for i >= 2).
 __device__ __forceinline__ uint32_t nibble_pair(uint32_t x, int i) {
   const uint32_t y = i >= 2 ? x >> 8 : x;
-  if constexpr (SUBNORMAL) return y & (i % 2 == 0 ? 0x000f000fu : 0x00f000f0u);
-  return i % 2 == 0 ? minus_1024(and_or(y, 0x000f000fu, kHalf1024x2))
-                    : sixteenths_minus_64(and_or(y, 0x00f000f0u, kHalf1024x2));
+  return y & (i % 2 == 0 ? 0x000f000fu : 0x00f000f0u);
 }
 
-// Bytes of x (selector nibbles 0-3) as an f16 pair: 1024 + c, or SUBNORMAL c * 2^-24 (a zero
-// byte above each code instead of 0x64).
-template <bool SUBNORMAL>
+// Bytes `selector` (prmt nibbles 0-3, in the low nibble of each half) of x as an f16 pair of
+// subnormals c * 2^-24: a zero byte above each code.
 __device__ __forceinline__ uint32_t byte_pair(uint32_t x, uint32_t selector) {
-  if constexpr (SUBNORMAL) return prmt(x, 0u, selector | 0x4040u);
-  return minus_1024(prmt(x, kHalf1024x2, selector | 0x5050u));
+  return prmt(x, 0u, selector | 0x4040u);
 }
 
 // K codes of one k-step s of a lane's row piece w as the A operand's two registers of that row
-// (slots 2c, 2c + 1 and 2c + 8, 2c + 9): the dims of k_dim<BITS>(s, 0..3).
-template <int BITS, bool SUBNORMAL>
+// (slots 2c, 2c + 1 and 2c + 8, 2c + 9): the dims of k_dim<BITS>(s, 0..3). At 4 bits `lo` holds
+// even nibbles (c * 2^-24), `hi` odd ones (16 c * 2^-24).
+template <int BITS>
 __device__ __forceinline__ void k_pair(const uint32_t* w, int s, uint32_t& lo, uint32_t& hi) {
   if constexpr (BITS == 8) {
-    lo = byte_pair<SUBNORMAL>(w[s], 0x0100);  // codes 4s, 4s + 1
-    hi = byte_pair<SUBNORMAL>(w[s], 0x0302);  // codes 4s + 2, 4s + 3
+    lo = byte_pair(w[s], 0x0100);  // codes 4s, 4s + 1
+    hi = byte_pair(w[s], 0x0302);  // codes 4s + 2, 4s + 3
   } else {
     // nibbles 2h, 2h + 4 and 2h + 1, 2h + 5 of word s / 2, h = s % 2
-    lo = nibble_pair<SUBNORMAL>(w[s / 2], 2 * (s % 2));
-    hi = nibble_pair<SUBNORMAL>(w[s / 2], 2 * (s % 2) + 1);
+    lo = nibble_pair(w[s / 2], 2 * (s % 2));
+    hi = nibble_pair(w[s / 2], 2 * (s % 2) + 1);
   }
 }
 
@@ -364,29 +271,17 @@ __device__ __forceinline__ int v_dim(int t, int g, int h) {
 }
 
 // grid (kv_rows * tiles of 8 vectors, splits), kThreads threads, mmat_smem_bytes() of shared
-// memory. INT_SCORES (4 bits): the scores on the integer tensor cores, 4-bit codes split into
-// bytes (one lop3, or a shift and a lop3, per 4 codes, against two instructions per 2 codes as
-// f16) against the queries rounded to s8 per vector and group (step max |q| / 127); the sums are
-// exact and one m16n8k32 covers two f16 k-steps. SUBNORMAL: codes become f16 operands as
-// subnormals, c * 2^-24 (one prmt or lop3 per register instead of two instructions; odd nibbles
-// 16 c * 2^-24, so 4-bit scores take the queries' even-nibble slots times 16 and the output rows
-// of odd nibbles come out 16 times larger), the powers of two taken out of the float32 results:
-// the same products and sums as 1024 + c minus 1024, scaled.
-template <typename T, int BITS, int D, int GS, int STAGES, int BLOCKS, bool INT_SCORES,
-          bool SUBNORMAL>
+// memory.
+template <typename T, int BITS, int D, int GS, int STAGES, int BLOCKS>
 __global__ void __launch_bounds__(kThreads, BLOCKS)
     attend_quantized_mmat(QuantizedProblem p, float* partials, int chunk, unsigned slot) {
   static_assert(STAGES >= 2, "a pipeline of one stage copies nothing ahead");
-  static_assert(!INT_SCORES || BITS == 4, "integer scores take 4-bit keys");
-  // SUBNORMAL: f16 scores come out times 2^-K_EXP (4 bits: the queries' even slots times 16),
-  // output rows of even / odd code slots times 2^-24 / 2^-V_ODD_EXP.
-  constexpr bool kSubScores = SUBNORMAL && !INT_SCORES;
-  constexpr int K_EXP = !kSubScores ? 0 : BITS == 8 ? 24 : 20;
-  constexpr float kEvenSlotMul = kSubScores && BITS == 4 ? 16.0f : 1.0f;
-  constexpr float kScoreUnscale = float(1 << K_EXP);
-  constexpr float kOutEvenUnscale = SUBNORMAL ? float(1 << 24) : 1.0f;
-  constexpr float kOutOddUnscale = !SUBNORMAL ? 1.0f : BITS == 8 ? float(1 << 24) : float(1 << 20);
   ATTN_SHARED_FLOATS(smem);
+  // Subnormal codes: the score mmas and the output rows of odd code slots come out times
+  // 2^-kCodeExp (4 bits: odd nibbles are 16 c * 2^-24, the queries facing even ones times 16),
+  // the rows of even slots times 2^-24.
+  constexpr int kCodeExp = BITS == 8 ? 24 : 20;
+  constexpr float kEvenSlotMul = BITS == 8 ? 1.0f : 16.0f;
   constexpr int NG = D / GS;                // groups per row
   constexpr int BK = GS < 64 ? GS : 64;     // K block
   constexpr int KB = D / BK, KC = BK / 4;   // K blocks; a lane's dims of each
@@ -418,60 +313,25 @@ __global__ void __launch_bounds__(kThreads, BLOCKS)
   // Lanes 4g..4g+3 load query vector g of the tile (the B operand's column g).
   int visible_end;  // positions before it are visible to every real vector of the tile
   float q_sum[NG] = {};
-  uint32_t qb[kSteps][2];        // f16 scores: Q's B operand per k-step
-  uint32_t qi[KB][KWORDS][2];    // integer scores: per word of codes, s8 queries at its even
-  float q_step[NG];              // nibbles' dims and at its odd ones; their step per group
+  uint32_t qb[kSteps][2];
   float score_mul;
-  const int q_r = tile * kMmaVectors + g;
-  const bool q_real = q_r < vectors;
-  const int q_i = (q_real ? q_r : 0) % L;
-  const T* q_row = static_cast<const T*>(p.queries) +
-                   p.q_offset(kv_row * p.group + (q_real ? q_r : 0) / L, q_i);
-  auto q_at = [&](int d) { return q_real ? to_float(q_row[d * p.q_strides[3]]) : 0.0f; };
-  float q_max[NG] = {};  // per group, of the vector's |q|
-#pragma unroll
-  for (int w = 0; w < KB; ++w) {
-#pragma unroll
-    for (int e = 0; e < KC; ++e) {
-      q_max[w * BK / GS] = fmaxf(q_max[w * BK / GS], fabsf(q_at(w * BK + c * KC + e)));
-    }
-  }
-#pragma unroll
-  for (int G = 0; G < NG; ++G) {
-    q_max[G] = fmaxf(q_max[G], __shfl_xor_sync(0xffffffffu, q_max[G], 1));
-    q_max[G] = fmaxf(q_max[G], __shfl_xor_sync(0xffffffffu, q_max[G], 2));
-  }
-  if constexpr (INT_SCORES) {
+  {
+    const int r = tile * kMmaVectors + g;
+    const bool real = r < vectors;
+    const int row = kv_row * p.group + (real ? r : 0) / L, i = (real ? r : 0) % L;
+    const T* q_row = static_cast<const T*>(p.queries) + p.q_offset(row, i);
+    auto q_at = [&](int d) { return real ? to_float(q_row[d * p.q_strides[3]]) : 0.0f; };
+    float q_max = 0.0f;
 #pragma unroll
     for (int w = 0; w < KB; ++w) {
-      const int G = w * BK / GS;
-      q_step[G] = q_max[G] * (1.0f / 127.0f);
-      const float q_inv = q_max[G] > 0.0f ? 127.0f / q_max[G] : 0.0f;
 #pragma unroll
-      for (int j = 0; j < KWORDS; ++j) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          uint32_t bytes = 0;
-#pragma unroll
-          for (int b = 0; b < 4; ++b) {
-            const float x = q_at(w * BK + c * KC + 8 * j + 2 * b + h);
-            const int code = min(max(static_cast<int>(rintf(x * q_inv)), -127), 127);
-            // the rounded query in the bias term too: its error then meets the values s c + b,
-            // centred, not the codes' s c, offset by -b
-            q_sum[G] += float(code) * q_step[G];
-            bytes |= uint32_t(code & 0xff) << (8 * b);
-          }
-          qi[w][j][h] = bytes;
-        }
-      }
+      for (int e = 0; e < KC; ++e) q_max = fmaxf(q_max, fabsf(q_at(w * BK + c * KC + e)));
     }
-    score_mul = p.scale * kLog2e;  // scores in log2 units
-  } else {
-    float all_max = 0.0f;
-#pragma unroll
-    for (int G = 0; G < NG; ++G) all_max = fmaxf(all_max, q_max[G] * kEvenSlotMul);
-    const float q_mul = all_max < 32768.0f ? 1.0f : exp2f(-ceilf(log2f(all_max / 16384.0f)));
-    score_mul = p.scale * kLog2e / q_mul * kScoreUnscale;  // scores in log2 units
+    q_max = fmaxf(q_max, __shfl_xor_sync(0xffffffffu, q_max, 1));
+    q_max = fmaxf(q_max, __shfl_xor_sync(0xffffffffu, q_max, 2));
+    q_max *= kEvenSlotMul;
+    const float q_mul = q_max < 32768.0f ? 1.0f : exp2f(-ceilf(log2f(q_max / 16384.0f)));
+    score_mul = p.scale * kLog2e / q_mul * float(1 << kCodeExp);  // scores in log2 units
 #pragma unroll
     for (int w = 0; w < KB; ++w) {
 #pragma unroll
@@ -481,15 +341,13 @@ __global__ void __launch_bounds__(kThreads, BLOCKS)
         for (int j = 0; j < 4; ++j) {
           x[j] = round_half(q_at(w * BK + c * KC + k_dim<BITS>(s, j)) * q_mul);
           q_sum[w * BK / GS] += x[j];
-          if (j < 2) x[j] *= kEvenSlotMul;  // (exact)
+          if (j < 2) x[j] *= kEvenSlotMul;  // (exact) slots facing `lo` of k_pair
         }
         qb[w * KSB + s][0] = half2_bits(x[0], x[1]);
         qb[w * KSB + s][1] = half2_bits(x[2], x[3]);
       }
     }
-  }
-  {
-    int visible = q_real ? (p.causal ? S - L + q_i + 1 : S) : S;
+    int visible = real ? (p.causal ? S - L + i + 1 : S) : S;
 #pragma unroll
     for (int offset = 4; offset < 32; offset *= 2) {
       visible = min(visible, __shfl_sync(0xffffffffu, visible, lane ^ offset));
@@ -502,15 +360,14 @@ __global__ void __launch_bounds__(kThreads, BLOCKS)
     q_sum[G] += __shfl_xor_sync(0xffffffffu, q_sum[G], 2);
   }
   // This lane's score columns: vectors 2c and 2c + 1 (their sums live on lanes 8c, 8c + 4).
-  float qs[2][NG], qstep[2][NG];
+  float qs[2][NG];
   int last[2];
   int64_t mask_base[2];
 #pragma unroll
   for (int v = 0; v < 2; ++v) {
 #pragma unroll
-    for (int G = 0; G < NG; ++G) {
-      qs[v][G] = __shfl_sync(0xffffffffu, q_sum[G], 8 * c + 4 * v) * (1.0f / kScoreUnscale);
-      if constexpr (INT_SCORES) qstep[v][G] = __shfl_sync(0xffffffffu, q_step[G], 8 * c + 4 * v);
+    for (int G = 0; G < NG; ++G) {  // in the score mmas' scale
+      qs[v][G] = __shfl_sync(0xffffffffu, q_sum[G], 8 * c + 4 * v) / float(1 << kCodeExp);
     }
     const int r = tile * kMmaVectors + 2 * c + v;
     const bool real = r < vectors;
@@ -592,28 +449,13 @@ __global__ void __launch_bounds__(kThreads, BLOCKS)
     float sc[2][2] = {};  // [position half][vector]
 #pragma unroll
     for (int G = 0; G < NG; ++G) {
-      float acc[4] = {};  // q . c over the group
-      if constexpr (INT_SCORES) {
-        int dot[4] = {};
+      float acc[4] = {};
 #pragma unroll
-        for (int w = G * GS / BK; w < (G + 1) * GS / BK; ++w) {
-#pragma unroll
-          for (int j = 0; j < KWORDS; ++j) {  // word j's nibbles 2b (low) and 2b + 1 as bytes
-            const uint32_t a[4] = {kw[0][w][j] & 0x0f0f0f0fu, kw[1][w][j] & 0x0f0f0f0fu,
-                                   kw[0][w][j] >> 4 & 0x0f0f0f0fu, kw[1][w][j] >> 4 & 0x0f0f0f0fu};
-            mma16832_u8s8(dot, a, qi[w][j][0], qi[w][j][1]);
-          }
-        }
-#pragma unroll
-        for (int x = 0; x < 4; ++x) acc[x] = qstep[x % 2][G] * float(dot[x]);
-      } else {
-#pragma unroll
-        for (int st = G * GS / 16; st < (G + 1) * GS / 16; ++st) {
-          uint32_t a[4];
-          k_pair<BITS, SUBNORMAL>(kw[0][st / KSB], st % KSB, a[0], a[2]);
-          k_pair<BITS, SUBNORMAL>(kw[1][st / KSB], st % KSB, a[1], a[3]);
-          mma16816<__half>(acc, a, qb[st][0], qb[st][1]);
-        }
+      for (int st = G * GS / 16; st < (G + 1) * GS / 16; ++st) {
+        uint32_t a[4];
+        k_pair<BITS>(kw[0][st / KSB], st % KSB, a[0], a[2]);
+        k_pair<BITS>(kw[1][st / KSB], st % KSB, a[1], a[3]);
+        mma16816<__half>(acc, a, qb[st][0], qb[st][1]);
       }
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -703,16 +545,17 @@ __global__ void __launch_bounds__(kThreads, BLOCKS)
       uint32_t a[4];
       if constexpr (BITS == 8) {
         // bytes 0, 2 (dim 2g) and 1, 3 (dim 2g + 1) of positions 2c, 2c + 1 (+ 8)
-        a[0] = byte_pair<SUBNORMAL>(vr[t][0], 0x0200);
-        a[1] = byte_pair<SUBNORMAL>(vr[t][0], 0x0301);
-        a[2] = byte_pair<SUBNORMAL>(vr[t][1], 0x0200);
-        a[3] = byte_pair<SUBNORMAL>(vr[t][1], 0x0301);
+        a[0] = byte_pair(vr[t][0], 0x0200);
+        a[1] = byte_pair(vr[t][0], 0x0301);
+        a[2] = byte_pair(vr[t][1], 0x0200);
+        a[3] = byte_pair(vr[t][1], 0x0301);
       } else {
         // nibbles 2 (t % 2) and 2 (t % 2) + 1 of each position's half: dims 4g + 2 (t % 2), + 1
-        a[0] = nibble_pair<SUBNORMAL>(vr[t / 2][0], 2 * (t % 2));
-        a[1] = nibble_pair<SUBNORMAL>(vr[t / 2][0], 2 * (t % 2) + 1);
-        a[2] = nibble_pair<SUBNORMAL>(vr[t / 2][1], 2 * (t % 2));
-        a[3] = nibble_pair<SUBNORMAL>(vr[t / 2][1], 2 * (t % 2) + 1);
+        // (rows g + 8 of the tile: odd nibbles)
+        a[0] = nibble_pair(vr[t / 2][0], 2 * (t % 2));
+        a[1] = nibble_pair(vr[t / 2][0], 2 * (t % 2) + 1);
+        a[2] = nibble_pair(vr[t / 2][1], 2 * (t % 2));
+        a[3] = nibble_pair(vr[t / 2][1], 2 * (t % 2) + 1);
       }
       mma16816<__half>(o[t], a, pb[G][0], pb[G][1]);
     }
@@ -744,8 +587,8 @@ __global__ void __launch_bounds__(kThreads, BLOCKS)
 #pragma unroll
     for (int t = 0; t < kSteps; ++t) {
       const int G = v_dim<BITS>(t, 0, 0) / GS;
-      state[4 + v_dim<BITS>(t, g, 0)] = fmaf(o[t][v], kOutEvenUnscale, v_bias[G][v]);
-      state[4 + v_dim<BITS>(t, g, 1)] = fmaf(o[t][2 + v], kOutOddUnscale, v_bias[G][v]);
+      state[4 + v_dim<BITS>(t, g, 0)] = fmaf(o[t][v], float(1 << 24), v_bias[G][v]);
+      state[4 + v_dim<BITS>(t, g, 1)] = fmaf(o[t][2 + v], float(1 << kCodeExp), v_bias[G][v]);
     }
   }
   __syncthreads();

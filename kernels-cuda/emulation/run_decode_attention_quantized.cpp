@@ -9,9 +9,8 @@
 // mask.bin; it receives out.bin, float32 (B, Hq, L, D). The launch follows plan_quantized()
 // with the split count given. kind 0 runs the SIMT kernel (8x2) on float32 storage; kinds 2 and 4
 // the tensor-core kernel (decode_attention_quantized_mmat.cuh) sized for that many blocks per SM
-// (mmat, mmat4: their stage counts; launch bounds do not apply here), kinds 5, 6, 7 mmat4 with
-// integer scores at 4 bits (mmat4i), codes as subnormals (mmat4z), both (mmat4iz), on half
-// storage: queries, scales and biases rounded to f16, the output f16 (written back as float32).
+// (mmat, mmat4: their stage counts; launch bounds do not apply here) on half storage: queries,
+// scales and biases rounded to f16, the output f16 (written back as float32).
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
@@ -56,22 +55,18 @@ Kernel kernel_for(int lpr) {
 }
 
 // The mmat kernel sized for BLOCKS (2 or 4) blocks per SM, as plan_quantized() takes it, with the
-// shared memory it takes (bytes); kinds 5-7: mmat4 with integer scores at 4 bits, subnormal
-// codes, both.
-template <int BITS, int D, int GS, int BLOCKS, bool INT = false, bool SUB = false>
+// shared memory it takes (bytes).
+template <int BITS, int D, int GS, int BLOCKS>
 std::pair<Kernel, size_t> mmat_kernel_for() {
   constexpr int kStages = mmat_stages<BITS, D, GS, BLOCKS>();
-  return {&attend_quantized_mmat<__half, BITS, D, GS, kStages, BLOCKS, INT, SUB>,
+  return {&attend_quantized_mmat<__half, BITS, D, GS, kStages, BLOCKS>,
           mmat_smem_bytes<BITS, D, GS, kStages>()};
 }
 
 template <int BITS, int D>
-std::pair<Kernel, size_t> mmat_kernel_for(int group_size, int kind) {
+std::pair<Kernel, size_t> mmat_kernel_for(int group_size, int blocks) {
   auto pick = [&]<int GS>() {
-    if (kind == 5) return mmat_kernel_for<BITS, D, GS, 4, BITS == 4>();
-    if (kind == 6) return mmat_kernel_for<BITS, D, GS, 4, false, true>();
-    if (kind == 7) return mmat_kernel_for<BITS, D, GS, 4, BITS == 4, true>();
-    return kind == 4 ? mmat_kernel_for<BITS, D, GS, 4>() : mmat_kernel_for<BITS, D, GS, 2>();
+    return blocks == 4 ? mmat_kernel_for<BITS, D, GS, 4>() : mmat_kernel_for<BITS, D, GS, 2>();
   };
   if (group_size == 32) return pick.template operator()<32>();
   if (group_size == 64) return pick.template operator()<64>();
@@ -80,10 +75,10 @@ std::pair<Kernel, size_t> mmat_kernel_for(int group_size, int kind) {
 }
 
 template <int BITS>
-std::pair<Kernel, size_t> mmat_kernel_for(int d, int group_size, int kind) {
-  if (d == 64) return mmat_kernel_for<BITS, 64>(group_size, kind);
-  if (d == 128) return mmat_kernel_for<BITS, 128>(group_size, kind);
-  if (d == 256) return mmat_kernel_for<BITS, 256>(group_size, kind);
+std::pair<Kernel, size_t> mmat_kernel_for(int d, int group_size, int blocks) {
+  if (d == 64) return mmat_kernel_for<BITS, 64>(group_size, blocks);
+  if (d == 128) return mmat_kernel_for<BITS, 128>(group_size, blocks);
+  if (d == 256) return mmat_kernel_for<BITS, 256>(group_size, blocks);
   throw std::invalid_argument("the mmat kernel takes head_dim 64, 128 or 256");
 }
 
@@ -105,9 +100,8 @@ int main(int argc, char** argv) {
   int b, hq, hkv, L, S, D, bits, group_size, causal, mask_kind, splits, capacity, kind;
   config >> b >> hq >> hkv >> L >> S >> D >> bits >> group_size >> causal >> mask_kind >> splits >>
       capacity >> kind;
-  if (kind != 0 && kind != 2 && (kind < 4 || kind > 7)) {
-    std::fprintf(stderr, "kind must be 0 (8x2), 2 (mmat), 4-7 (mmat4, mmat4i, mmat4z, mmat4iz), got %d\n",
-                 kind);
+  if (kind != 0 && kind != 2 && kind != 4) {
+    std::fprintf(stderr, "kind must be 0 (8x2), 2 (mmat) or 4 (mmat4), got %d\n", kind);
     return 2;
   }
   const bool mma = kind != 0;
