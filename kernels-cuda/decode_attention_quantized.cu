@@ -103,8 +103,8 @@ const Kernel& kernel_for(int bits, int lpr, unsigned smem) {
 // The kernel variant: "mmat4" (the default: the tensor-core kernel with transposed scores fed
 // by a cp.async pipeline through shared memory, sized for 4 blocks per SM,
 // decode_attention_quantized_mmat.cuh, where its layout requirements hold, else the SIMT kernel;
-// H200, Qwen3-4B shapes, group 64, S = 131072: 78-81 µs at 8 bits and 53-57 µs at 4 bits against
-// mx.fast's 130-135 on the bf16 K/V, docs/quantized-kv.md), or for A/B runs
+// H200, Qwen3-4B shapes, group 64, S = 131072: 76-81 µs at 8 bits and 50-55 µs at 4 bits against
+// mx.fast's 128-139 on the bf16 K/V, docs/quantized-kv.md), or for A/B runs
 // ATTN_QUANTIZED_VARIANT=mmat (the same kernel sized for 2 blocks per SM: more registers and
 // stages) or 8x2 (the SIMT kernel everywhere). The variants that lost to these on the H200 left
 // the code with their numbers in docs/quantized-kv.md.
