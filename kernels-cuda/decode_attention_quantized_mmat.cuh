@@ -314,7 +314,7 @@ __global__ void __launch_bounds__(kThreads, BLOCKS)
   int visible_end;  // positions before it are visible to every real vector of the tile
   float q_sum[NG] = {};
   uint32_t qb[kSteps][2];
-  float score_mul;
+  float score_mul;  // of vector g (its queries' power-of-two scale q_mul is its own)
   {
     const int r = tile * kMmaVectors + g;
     const bool real = r < vectors;
@@ -359,8 +359,9 @@ __global__ void __launch_bounds__(kThreads, BLOCKS)
     q_sum[G] += __shfl_xor_sync(0xffffffffu, q_sum[G], 1);
     q_sum[G] += __shfl_xor_sync(0xffffffffu, q_sum[G], 2);
   }
-  // This lane's score columns: vectors 2c and 2c + 1 (their sums live on lanes 8c, 8c + 4).
-  float qs[2][NG];
+  // This lane's score columns: vectors 2c and 2c + 1 (their sums and score scales live on lanes
+  // 8c, 8c + 4).
+  float qs[2][NG], col_score_mul[2];
   int last[2];
   int64_t mask_base[2];
 #pragma unroll
@@ -369,6 +370,7 @@ __global__ void __launch_bounds__(kThreads, BLOCKS)
     for (int G = 0; G < NG; ++G) {  // in the score mmas' scale
       qs[v][G] = __shfl_sync(0xffffffffu, q_sum[G], 8 * c + 4 * v) / float(1 << kCodeExp);
     }
+    col_score_mul[v] = __shfl_sync(0xffffffffu, score_mul, 8 * c + 4 * v);
     const int r = tile * kMmaVectors + 2 * c + v;
     const bool real = r < vectors;
     const int row = kv_row * p.group + (real ? r : 0) / L, i = (real ? r : 0) % L;
@@ -469,7 +471,7 @@ __global__ void __launch_bounds__(kThreads, BLOCKS)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
 #pragma unroll
-      for (int v = 0; v < 2; ++v) sc[h][v] *= score_mul;
+      for (int v = 0; v < 2; ++v) sc[h][v] *= col_score_mul[v];
     }
     if (p.mask || at + kMmaStep > visible_end) {  // (uniform) positions past the end or masked
 #pragma unroll

@@ -73,17 +73,30 @@ def test_cuda_quantized_kernel_under_emulation(emulator, tmp_path, kind, case):
     run_case(emulator, tmp_path, case, kind=kind)
 
 
+@pytest.mark.parametrize(("bits", "q_scale"), [(4, 1000.0), (8, 15000.0)])
+def test_cuda_quantized_kernel_with_large_queries(emulator, tmp_path, bits, q_scale):
+    """Queries whose f16 operands would overflow (|q| up to ~4000 at 4 bits, where the slots
+    facing even nibbles carry a factor 16, and ~50000 at 8 bits) are scaled down by a power of two
+    first, each vector by its own: the heads here span 1x to q_scale, so one tile mixes scaled
+    and unscaled vectors (small keys keep the scores moderate)."""
+    case = (1, 8, 2, 1, 300, 128, bits, 64, False, False, 2)
+    head_scale = mx.array([1.0, 0.25, 0.5, 1.0] * 2).reshape(1, 8, 1, 1) * q_scale
+    head_scale = mx.where(mx.arange(8).reshape(1, 8, 1, 1) % 4 == 0, 1.0, head_scale)
+    run_case(emulator, tmp_path, case, kind="mmat4", q_scale=head_scale, k_scale=1.0 / q_scale)
+
+
 # the runner's config code of each kernel
 KINDS = {"8x2": 0, "mmat": 2, "mmat4": 4}
 
 
-def run_case(emulator, tmp_path, case, kind):
+def run_case(emulator, tmp_path, case, kind, q_scale=1.0, k_scale=1.0):
     mma = kind != "8x2"
     b, hq, hkv, length, s, d, bits, group_size, causal, masked, splits = case
     capacity = s + 7  # K/V are views of a longer cache buffer
     keys = mx.random.split(mx.random.key(s + d + bits + splits), 4)
-    q = mx.random.normal((b, hq, length, d), key=keys[0])
-    k = mx.quantize(mx.random.normal((b, hkv, capacity, d), key=keys[1]), group_size, bits)
+    q = mx.random.normal((b, hq, length, d), key=keys[0]) * q_scale
+    k = mx.random.normal((b, hkv, capacity, d), key=keys[1]) * k_scale
+    k = mx.quantize(k, group_size, bits)
     v = mx.quantize(mx.random.normal((b, hkv, capacity, d), key=keys[2]), group_size, bits)
     mask = None
     if masked:
