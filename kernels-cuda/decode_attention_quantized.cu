@@ -277,8 +277,9 @@ QuantizedPlan plan_mmat(const QuantizedProblem& p, const std::string& kind) {
   int splits = 1;
   if (p.context > 4 * step && blocks <= int(kArrivalSlots / 64)) {
     const int wanted = (p.context + 2 * step - 1) / (2 * step);
+    const int chunk_at_two = p.context / std::max(2 * sm_count() / blocks, 1);
     int per_sm = split_blocks_per_sm();
-    if (per_sm == 0) per_sm = p.context / std::max(2 * sm_count() / blocks, 1) >= 8 * step ? 2 : 1;
+    if (per_sm == 0) per_sm = chunk_at_two >= 8 * step ? 2 : 1;
     per_sm = std::min(kernel.resident, per_sm);
     splits = std::clamp(per_sm * sm_count() / blocks, 1, std::max(wanted, 1));
   }
