@@ -89,6 +89,39 @@ __device__ __forceinline__ float max_nan(float a, float b) {
 // most half the resident blocks (split_count), at most 528 groups on an H200 (8 blocks of 256
 // threads per SM x 132), so reuse is at least 124 calls apart; calls overlap only inside one CUDA
 // graph, which MLX commits every 100 nodes on sm_90 by default (MLX_MAX_OPS_PER_BUFFER).
+// kernels-cuda/dev/bench_quantized.cu builds with ATTN_QUANTIZED_TRACE to see where a call's time
+// goes: per block, %globaltimer stamps (ns) at the points that name a TraceSlot, and the SM the
+// block ran on. Nothing otherwise.
+enum TraceSlot {
+  kTraceEntry,
+  kTraceQueries,   // the queries are f16 operands (mmat)
+  kTraceWalk,      // the loop starts (mmat)
+  kTraceWalkEnd,   // + warp: each warp's walk is done (mmat)
+  kTraceFinish = kTraceWalkEnd + 4,
+  kTraceArrived,   // last_to_arrive() has answered (split calls)
+  kTraceMergeStates,  // the merge has the chunks' (max, denominator) pairs in shared memory
+  kTraceMergeFactors,  // ... and their rescale factors
+  kTraceExit,
+  kTraceSm,
+  kTraceSlots
+};
+#if defined(ATTN_QUANTIZED_TRACE) && defined(__CUDACC__)
+__device__ unsigned long long* quantized_trace;
+__device__ __forceinline__ void trace_stamp(int slot) {
+  unsigned long long* block = quantized_trace + (blockIdx.y * gridDim.x + blockIdx.x) * kTraceSlots;
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  block[slot] = t;
+  if (slot == kTraceEntry) {
+    unsigned sm;
+    asm("mov.u32 %0, %%smid;" : "=r"(sm));
+    block[kTraceSm] = sm;
+  }
+}
+#else
+__device__ __forceinline__ void trace_stamp(int) {}
+#endif
+
 constexpr unsigned kArrivalSlots = 1u << 16;
 __device__ unsigned arrivals[kArrivalSlots];
 
@@ -185,12 +218,28 @@ __device__ void merge_chunks_with(const Problem& p, float* smem, const float* pa
   float* sums = smem + VPB * splits;        // [VPB][splits]: the chunks' denominators
   float* totals = smem + 2 * VPB * splits;  // [VPB]
   // No barrier first: last_to_arrive()'s ends every thread's reads of finish()'s shared state.
-  for (int at = threadIdx.x; at < count * splits; at += blockDim.x) {
-    const float2 state = __ldcg(reinterpret_cast<const float2*>(base + int64_t{at} * stride));
-    factors[at] = state.x;
-    sums[at] = state.y;
+  // A thread's pairs are all loaded before it stores any: one round trip for up to
+  // kPairLoads * blockDim.x of them (a store between loads made it one per blockDim.x).
+  constexpr int kPairLoads = 4;
+  const int pairs = count * splits;
+  for (int first_at = threadIdx.x; first_at < pairs; first_at += kPairLoads * blockDim.x) {
+    float2 state[kPairLoads];
+#pragma unroll
+    for (int k = 0; k < kPairLoads; ++k) {
+      const int at = min(first_at + k * int(blockDim.x), pairs - 1);  // repeats the last
+      state[k] = __ldcg(reinterpret_cast<const float2*>(base + int64_t{at} * stride));
+    }
+#pragma unroll
+    for (int k = 0; k < kPairLoads; ++k) {
+      const int at = first_at + k * int(blockDim.x);
+      if (at < pairs) {
+        factors[at] = state[k].x;
+        sums[at] = state[k].y;
+      }
+    }
   }
   __syncthreads();
+  if (threadIdx.x == 0) trace_stamp(kTraceMergeStates);
   for (int v = warp; v < count; v += warps) {
     float common = kNegInf;
     for (int s = lane; s < splits; s += 32) common = max_nan(common, factors[v * splits + s]);
@@ -208,6 +257,7 @@ __device__ void merge_chunks_with(const Problem& p, float* smem, const float* pa
     if (lane == 0) totals[v] = total;
   }
   __syncthreads();
+  if (threadIdx.x == 0) trace_stamp(kTraceMergeFactors);
 
   float sum[ITEMS][4] = {};
   for (int s0 = 0;;) {
@@ -326,8 +376,10 @@ __device__ void finish(const Problem& p, float* smem, float* partials, int kv_ro
       *reinterpret_cast<float4*>(part + 4 + d) = make_float4(sum[0], sum[1], sum[2], sum[3]);
     }
   }
-  if (splits > 1 && last_to_arrive(slot, splits)) {
-    merge_chunks<T, VPB, WIDE_MERGE>(p, smem, partials, kv_row, tile, splits);
+  if (splits > 1) {
+    const bool last = last_to_arrive(slot, splits);
+    if (threadIdx.x == 0) trace_stamp(kTraceArrived);
+    if (last) merge_chunks<T, VPB, WIDE_MERGE>(p, smem, partials, kv_row, tile, splits);
   }
 }
 

@@ -294,6 +294,7 @@ __global__ void __launch_bounds__(kThreads, BLOCKS)
   static_assert(kThreads == 4 * 32 && kWarps == 4, "the schedule takes 4 warps");
   static_assert(VPIECES % 2 == 0, "ldmatrix.x4 takes two pieces of both position halves");
   const int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4, warp = threadIdx.x / 32;
+  if (threadIdx.x == 0) trace_stamp(kTraceEntry);
   const int L = p.query_len, S = p.context, vectors = p.group * L;
   const int tiles = (vectors + kMmaVectors - 1) / kMmaVectors;
   const int kv_row = blockIdx.x / tiles, tile = blockIdx.x % tiles;
@@ -310,22 +311,53 @@ __global__ void __launch_bounds__(kThreads, BLOCKS)
   const T* v_biases = static_cast<const T*>(p.v_biases) + p.kv_offset(p.v_strides[2], kv_row);
   const int64_t k_row_bytes = p.k_strides[0][2] * 4, v_row_bytes = p.v_strides[0][2] * 4;
 
-  // Lanes 4g..4g+3 load query vector g of the tile (the B operand's column g).
+  constexpr int kWarpStep = kWarps * kMmaStep;
+  using Stage = StageLayout<BITS, D, GS>;
+  char* const stages = reinterpret_cast<char*>(smem) + warp * STAGES * Stage::kBytes;
+  const char* const codes[2] = {k_codes, v_codes};
+  const int64_t row_bytes[2] = {k_row_bytes, v_row_bytes};
+  const char* const scale_rows[4] = {
+      reinterpret_cast<const char*>(k_scales), reinterpret_cast<const char*>(k_biases),
+      reinterpret_cast<const char*>(v_scales), reinterpret_cast<const char*>(v_biases)};
+
+  // Lanes 4g..4g+3 load query vector g of the tile (the B operand's column g): the loads go out
+  // first, then the copies of the first STAGES - 1 sub-steps, so that the queries' conversion
+  // runs while both are in flight (the copies' wait is the longest of a call's start).
+  const int q_r = tile * kMmaVectors + g;
+  const bool q_real = q_r < vectors;
+  const int q_i = (q_real ? q_r : 0) % L;
+  float q_raw[KB][KC];  // dims w * BK + c * KC + e
+  {
+    const int row = kv_row * p.group + (q_real ? q_r : 0) / L;
+    const T* q_row = static_cast<const T*>(p.queries) + p.q_offset(row, q_i);
+#pragma unroll
+    for (int w = 0; w < KB; ++w) {
+#pragma unroll
+      for (int e = 0; e < KC; ++e) {
+        q_raw[w][e] = q_real ? to_float(q_row[(w * BK + c * KC + e) * p.q_strides[3]]) : 0.0f;
+      }
+    }
+  }
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    const int at = begin + warp * kMmaStep + s * kWarpStep;
+    if (at < end) {
+      stage_in<BITS, D, GS>(stages + s * Stage::kBytes, codes, row_bytes, scale_rows, at, begin,
+                            end, lane);
+    }
+    copy_async_commit();  // one group per sub-step, empty or not: wait counts groups
+  }
+
   int visible_end;  // positions before it are visible to every real vector of the tile
   float q_sum[NG] = {};
   uint32_t qb[kSteps][2];
   float score_mul;  // of vector g (its queries' power-of-two scale q_mul is its own)
   {
-    const int r = tile * kMmaVectors + g;
-    const bool real = r < vectors;
-    const int row = kv_row * p.group + (real ? r : 0) / L, i = (real ? r : 0) % L;
-    const T* q_row = static_cast<const T*>(p.queries) + p.q_offset(row, i);
-    auto q_at = [&](int d) { return real ? to_float(q_row[d * p.q_strides[3]]) : 0.0f; };
     float q_max = 0.0f;
 #pragma unroll
     for (int w = 0; w < KB; ++w) {
 #pragma unroll
-      for (int e = 0; e < KC; ++e) q_max = fmaxf(q_max, fabsf(q_at(w * BK + c * KC + e)));
+      for (int e = 0; e < KC; ++e) q_max = fmaxf(q_max, fabsf(q_raw[w][e]));
     }
     q_max = fmaxf(q_max, __shfl_xor_sync(0xffffffffu, q_max, 1));
     q_max = fmaxf(q_max, __shfl_xor_sync(0xffffffffu, q_max, 2));
@@ -339,7 +371,7 @@ __global__ void __launch_bounds__(kThreads, BLOCKS)
         float x[4];
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-          x[j] = round_half(q_at(w * BK + c * KC + k_dim<BITS>(s, j)) * q_mul);
+          x[j] = round_half(q_raw[w][k_dim<BITS>(s, j)] * q_mul);
           q_sum[w * BK / GS] += x[j];
           if (j < 2) x[j] *= kEvenSlotMul;  // (exact) slots facing `lo` of k_pair
         }
@@ -347,13 +379,14 @@ __global__ void __launch_bounds__(kThreads, BLOCKS)
         qb[w * KSB + s][1] = half2_bits(x[2], x[3]);
       }
     }
-    int visible = real ? (p.causal ? S - L + i + 1 : S) : S;
+    int visible = q_real ? (p.causal ? S - L + q_i + 1 : S) : S;
 #pragma unroll
     for (int offset = 4; offset < 32; offset *= 2) {
       visible = min(visible, __shfl_sync(0xffffffffu, visible, lane ^ offset));
     }
     visible_end = min(end, visible);
   }
+  if (threadIdx.x == 0) trace_stamp(kTraceQueries);
 #pragma unroll
   for (int G = 0; G < NG; ++G) {
     q_sum[G] += __shfl_xor_sync(0xffffffffu, q_sum[G], 1);
@@ -383,29 +416,13 @@ __global__ void __launch_bounds__(kThreads, BLOCKS)
   float o[kSteps][4] = {};
   float m[2] = {kNegInf, kNegInf}, l[2] = {0.0f, 0.0f};
   float v_bias[NG][2] = {};
-  constexpr int kWarpStep = kWarps * kMmaStep;
-  using Stage = StageLayout<BITS, D, GS>;
-  char* const stages = reinterpret_cast<char*>(smem) + warp * STAGES * Stage::kBytes;
-  const char* const codes[2] = {k_codes, v_codes};
-  const int64_t row_bytes[2] = {k_row_bytes, v_row_bytes};
-  const char* const scale_rows[4] = {
-      reinterpret_cast<const char*>(k_scales), reinterpret_cast<const char*>(k_biases),
-      reinterpret_cast<const char*>(v_scales), reinterpret_cast<const char*>(v_biases)};
-#pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) {
-    const int at = begin + warp * kMmaStep + s * kWarpStep;
-    if (at < end) {
-      stage_in<BITS, D, GS>(stages + s * Stage::kBytes, codes, row_bytes, scale_rows, at, begin,
-                            end, lane);
-    }
-    copy_async_commit();  // one group per sub-step, empty or not: wait counts groups
-  }
   // Sources of the next copy: the sub-step STAGES - 1 ahead of the warp's first.
   StageCopies<BITS, D, GS> copies(codes, row_bytes, scale_rows,
                                   begin + warp * kMmaStep + (STAGES - 1) * kWarpStep, lane);
   // ldmatrix: lane 8i + k gives row k of matrix i = piece 2x + i / 2 of V row 8 (i % 2) + k.
   const int v_lane_offset =
       Stage::kV + (8 * (lane / 8 % 2) + lane % 8) * Stage::kPitch + 16 * (lane / 16);
+  if (threadIdx.x == 0) trace_stamp(kTraceWalk);
   int step = 0;
   for (int at = begin + warp * kMmaStep; at < end; at += kWarpStep, ++step) {
     const int ahead = at + (STAGES - 1) * kWarpStep;
@@ -574,6 +591,7 @@ __global__ void __launch_bounds__(kThreads, BLOCKS)
     }
   }
 
+  if (lane == 0) trace_stamp(kTraceWalkEnd + warp);
   // finish()'s states: [warp][vector][max, denominator, 2 unused, D accumulators].
   copy_async_wait<0>();  // (every group left is empty: nothing is copied past the chunk)
   __syncthreads();       // the states reuse other warps' stages
@@ -594,7 +612,9 @@ __global__ void __launch_bounds__(kThreads, BLOCKS)
     }
   }
   __syncthreads();
+  if (threadIdx.x == 0) trace_stamp(kTraceFinish);
   finish<T, kMmaVectors, false>(p, smem, partials, kv_row, tile, split, splits, slot);
+  if (threadIdx.x == 0) trace_stamp(kTraceExit);
 }
 
 }  // namespace attn_kernels::cuda::quantized
