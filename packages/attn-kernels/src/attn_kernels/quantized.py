@@ -57,21 +57,31 @@ def decode_attention_quantized(
     `kv_bits` / `kv_group_size`). Codes are dequantised as they are read; arithmetic is float32.
     Returns (B, Hq, L, D) in the queries' dtype.
     """
-    k = _triple("keys", keys)
-    v = _triple("values", values)
+    # The op checks the triples' lengths, shapes, dtypes and packing; the element types are
+    # checked here only when nanobind refuses them, to name the argument (checking every call
+    # cost ~2 µs, 40% of the call's host time).
+    if not isinstance(keys, (tuple, list)) or not isinstance(values, (tuple, list)):
+        _triple("keys", keys)
+        _triple("values", values)
     causal = isinstance(mask, str) and mask == "causal"
     explicit = None
     if mask is not None and not causal:
         mask = _check_mask(mask)  # raises for other strings, types and mask dtypes
-        if queries.ndim != 4 or k[0].ndim != 4:
+        codes = _triple("keys", keys)[0]
+        if queries.ndim != 4 or codes.ndim != 4:
             raise ValueError(
                 f"queries and keys' codes must have 4 dimensions, got {queries.shape} and "
-                f"{k[0].shape}"
+                f"{codes.shape}"
             )
         b, hq, length, _ = queries.shape
-        explicit = _broadcast_mask(mask, (b, hq, length, k[0].shape[2]))
+        explicit = _broadcast_mask(mask, (b, hq, length, codes.shape[2]))
     if scale is None:
         scale = 1.0 / math.sqrt(queries.shape[-1])
-    return _ext.decode_attention_quantized(
-        queries, k, v, float(scale), explicit, causal, group_size, bits, stream=stream
-    )
+    try:
+        return _ext.decode_attention_quantized(
+            queries, keys, values, float(scale), explicit, causal, group_size, bits, stream=stream
+        )
+    except TypeError:
+        _triple("keys", keys)
+        _triple("values", values)
+        raise
