@@ -79,16 +79,26 @@ __device__ __forceinline__ float max_nan(float a, float b) {
   return a > b || isnan(a) ? a : b;
 }
 
-// ---- Split contexts: flash-decoding's merge inside the attend kernel ----
-// Each block of a split writes its chunk's (max, denominator, unnormalised accumulator) per
-// vector; the block of a (kv_row, tile) that finishes last merges every chunk and writes the
-// output, so a split call is one launch (through MLX a second launch costs more host time than a
-// short context takes to read). Blocks count arrivals in `arrivals`: each call takes fresh
-// slots (plan()) and the last block resets its slot to zero for the slot's next user. A slot is
-// reused after kArrivalSlots / (slots per call) calls. A call splits only when its groups fill at
-// most half the resident blocks (split_count), at most 528 groups on an H200 (8 blocks of 256
-// threads per SM x 132), so reuse is at least 124 calls apart; calls overlap only inside one CUDA
-// graph, which MLX commits every 100 nodes on sm_90 by default (MLX_MAX_OPS_PER_BUFFER).
+#if defined(__CUDACC__)
+// 16 bytes from global `src` to shared `dst` (both 16-byte aligned), in flight until waited for;
+// only the first src_bytes (0-16) are read, the rest of the 16 are zeros.
+__device__ __forceinline__ void copy_async16(void* dst, const void* src, int src_bytes) {
+  const unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to), "l"(src),
+               "r"(src_bytes)
+               : "memory");
+}
+// Closes the group of copies issued since the last commit.
+__device__ __forceinline__ void copy_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+// Waits until at most N groups of this thread's copies are still in flight.
+template <int N>
+__device__ __forceinline__ void copy_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+#endif
+
 // kernels-cuda/dev/bench_quantized.cu builds with ATTN_QUANTIZED_TRACE to see where a call's time
 // goes: per block, %globaltimer stamps (ns) at the points that name a TraceSlot, and the SM the
 // block ran on. Nothing otherwise.
@@ -122,6 +132,16 @@ __device__ __forceinline__ void trace_stamp(int slot) {
 __device__ __forceinline__ void trace_stamp(int) {}
 #endif
 
+// ---- Split contexts: flash-decoding's merge inside the attend kernel ----
+// Each block of a split writes its chunk's (max, denominator, unnormalised accumulator) per
+// vector; the block of a (kv_row, tile) that finishes last merges every chunk and writes the
+// output, so a split call is one launch (through MLX a second launch costs more host time than a
+// short context takes to read). Blocks count arrivals in `arrivals`: each call takes fresh
+// slots (plan()) and the last block resets its slot to zero for the slot's next user. A slot is
+// reused after kArrivalSlots / (slots per call) calls. A call splits only when its groups fill at
+// most half the resident blocks (split_count), at most 528 groups on an H200 (8 blocks of 256
+// threads per SM x 132), so reuse is at least 124 calls apart; calls overlap only inside one CUDA
+// graph, which MLX commits every 100 nodes on sm_90 by default (MLX_MAX_OPS_PER_BUFFER).
 constexpr unsigned kArrivalSlots = 1u << 16;
 __device__ unsigned arrivals[kArrivalSlots];
 
@@ -182,10 +202,12 @@ constexpr int kMergeUnroll = 8;  // chunks' accumulator loads in flight per item
 // turns them into the common max, rescale factors and denominator; then the threads sum their
 // accumulators over the chunks. A merge of up to UNROLL chunks costs one round trip to L2.
 // (Folding each chunk in online instead, with no shared phase, was 1.2 µs slower at 32 chunks;
-// docs/cuda-kernel.md.)
+// docs/cuda-kernel.md.) With `smem_floats` of shared memory (0: none to spare), the chunks after
+// the first UNROLL go there with cp.async at the same time, as many as fit, each thread's own
+// items only (no barrier): a round trip (~1.5 µs on the H200) for each UNROLL of them saved.
 template <typename T, int VPB, int ITEMS, int UNROLL, typename Problem>
 __device__ void merge_chunks_with(const Problem& p, float* smem, const float* partials,
-                                  int kv_row, int tile, int splits) {
+                                  int kv_row, int tile, int splits, int smem_floats) {
   const int D = p.head_dim, L = p.query_len, vectors = p.group * L, stride = partial_stride(D);
   const int first = tile * VPB, count = min(VPB, vectors - first);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
@@ -217,6 +239,19 @@ __device__ void merge_chunks_with(const Problem& p, float* smem, const float* pa
   float* factors = smem;                    // [VPB][splits]: the chunks' maxima, then factors
   float* sums = smem + VPB * splits;        // [VPB][splits]: the chunks' denominators
   float* totals = smem + 2 * VPB * splits;  // [VPB]
+  // [chunk - UNROLL][item k][thread]: the staged chunks' accumulators (16-byte aligned).
+  const int staged_at = (2 * VPB * splits + VPB + 3) / 4 * 4;
+  const int chunk_floats = 4 * ITEMS * int(blockDim.x);
+  const int staged = max(0, min(splits - UNROLL, (smem_floats - staged_at) / chunk_floats));
+  float4* stage = reinterpret_cast<float4*>(smem + staged_at);
+  for (int j = 0; j < staged; ++j) {
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      copy_async16(stage + (j * ITEMS + k) * blockDim.x + threadIdx.x,
+                   column[k] + int64_t{UNROLL + j} * (stride / 4), 16);
+    }
+  }
+  copy_async_commit();
   // No barrier first: last_to_arrive()'s ends every thread's reads of finish()'s shared state.
   // A thread's pairs are all loaded before it stores any: one round trip for up to
   // kPairLoads * blockDim.x of them (a store between loads made it one per blockDim.x).
@@ -260,23 +295,34 @@ __device__ void merge_chunks_with(const Problem& p, float* smem, const float* pa
   if (threadIdx.x == 0) trace_stamp(kTraceMergeFactors);
 
   float sum[ITEMS][4] = {};
-  for (int s0 = 0;;) {
+  auto add = [&](int k, int chunk, const float4& acc) {
+    const float w = factors[vector[k] * splits + chunk];
+    sum[k][0] += acc.x * w;
+    sum[k][1] += acc.y * w;
+    sum[k][2] += acc.z * w;
+    sum[k][3] += acc.w * w;
+  };
+  auto add_batch = [&](int s0) {
 #pragma unroll
     for (int k = 0; k < ITEMS; ++k) {
-      const float* f = factors + vector[k] * splits;
 #pragma unroll
       for (int u = 0; u < UNROLL; ++u) {
         if (s0 + u >= splits) break;  // the loads repeat the last chunk: 0 * inf would be NaN
-        const float w = f[s0 + u];
-        sum[k][0] += x[k][u].x * w;
-        sum[k][1] += x[k][u].y * w;
-        sum[k][2] += x[k][u].z * w;
-        sum[k][3] += x[k][u].w * w;
+        add(k, s0 + u, x[k][u]);
       }
     }
-    s0 += UNROLL;
-    if (s0 >= splits) break;
+  };
+  add_batch(0);
+  copy_async_wait<0>();  // this thread's staged copies: no other thread reads them
+  for (int j = 0; j < staged; ++j) {
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      add(k, UNROLL + j, stage[(j * ITEMS + k) * blockDim.x + threadIdx.x]);
+    }
+  }
+  for (int s0 = UNROLL + staged; s0 < splits; s0 += UNROLL) {
     load_batch(s0);
+    add_batch(s0);
   }
 #pragma unroll
   for (int k = 0; k < ITEMS; ++k) {
@@ -300,17 +346,19 @@ __device__ void merge_chunks_with(const Problem& p, float* smem, const float* pa
 // (WIDE false: the quantized kernels, sized for 2-4 blocks per SM, take 16).
 template <typename T, int VPB, bool WIDE, typename Problem>
 __device__ void merge_chunks(const Problem& p, float* smem, const float* partials, int kv_row,
-                             int tile, int splits) {
+                             int tile, int splits, int smem_floats) {
   const int count = min(VPB, p.group * p.query_len - tile * VPB);
   if (count * ((p.head_dim + 3) / 4) <= int(blockDim.x)) {
     constexpr int kWide = kMergeItems * kMergeUnroll;
     if (WIDE && splits > kWide) {
-      merge_chunks_with<T, VPB, 1, 2 * kWide>(p, smem, partials, kv_row, tile, splits);
+      merge_chunks_with<T, VPB, 1, 2 * kWide>(p, smem, partials, kv_row, tile, splits,
+                                              smem_floats);
     } else {
-      merge_chunks_with<T, VPB, 1, kWide>(p, smem, partials, kv_row, tile, splits);
+      merge_chunks_with<T, VPB, 1, kWide>(p, smem, partials, kv_row, tile, splits, smem_floats);
     }
   } else {
-    merge_chunks_with<T, VPB, kMergeItems, kMergeUnroll>(p, smem, partials, kv_row, tile, splits);
+    merge_chunks_with<T, VPB, kMergeItems, kMergeUnroll>(p, smem, partials, kv_row, tile, splits,
+                                                         smem_floats);
   }
 }
 
@@ -320,10 +368,11 @@ __device__ void merge_chunks(const Problem& p, float* smem, const float* partial
 // common max, each warp's rescale factor (stored over its max) and the denominator; then the
 // threads combine output dimensions across warps and write the output (one chunk) or the
 // block's partial state, which the group's last block merges.
-// Shared memory: finish_smem_floats(); a split call's merge takes 2 * VPB * splits + VPB floats.
+// Shared memory: finish_smem_floats(); a split call's merge takes 2 * VPB * splits + VPB floats,
+// and stages chunks in the rest of `smem_floats` (merge_chunks_with).
 template <typename T, int VPB, bool WIDE_MERGE = VPB == kMmaVectors, typename Problem>
 __device__ void finish(const Problem& p, float* smem, float* partials, int kv_row, int tile,
-                       int split, int splits, unsigned slot) {
+                       int split, int splits, unsigned slot, int smem_floats = 0) {
   const int D = p.head_dim, L = p.query_len, vectors = p.group * L;
   const int stride = partial_stride(D), warps = blockDim.x / 32;
   float* denominators = smem + warps * VPB * stride;
@@ -379,7 +428,9 @@ __device__ void finish(const Problem& p, float* smem, float* partials, int kv_ro
   if (splits > 1) {
     const bool last = last_to_arrive(slot, splits);
     if (threadIdx.x == 0) trace_stamp(kTraceArrived);
-    if (last) merge_chunks<T, VPB, WIDE_MERGE>(p, smem, partials, kv_row, tile, splits);
+    if (last) {
+      merge_chunks<T, VPB, WIDE_MERGE>(p, smem, partials, kv_row, tile, splits, smem_floats);
+    }
   }
 }
 

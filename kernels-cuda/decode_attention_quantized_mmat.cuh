@@ -323,18 +323,36 @@ __global__ void __launch_bounds__(kThreads, BLOCKS)
   // Lanes 4g..4g+3 load query vector g of the tile (the B operand's column g): the loads go out
   // first, then the copies of the first STAGES - 1 sub-steps, so that the queries' conversion
   // runs while both are in flight (the copies' wait is the longest of a call's start).
+  // A lane's dims of block w are KC contiguous ones: 16-byte loads where the row allows them
+  // (8x fewer requests than one per value: the whole grid reads the same few KB of queries at
+  // once, and at 4 bits, S = 131072, the values' loads kept L2 busy for ~2 µs; H200).
   const int q_r = tile * kMmaVectors + g;
   const bool q_real = q_r < vectors;
   const int q_i = (q_real ? q_r : 0) % L;
-  float q_raw[KB][KC];  // dims w * BK + c * KC + e
+  static_assert(KC % 8 == 0, "a lane's dims of a block are whole 16-byte pieces");
+  uint32_t q_bits[KB][KC / 2];  // dims w * BK + c * KC + e, two per word as stored (f16/bf16)
   {
     const int row = kv_row * p.group + (q_real ? q_r : 0) / L;
     const T* q_row = static_cast<const T*>(p.queries) + p.q_offset(row, q_i);
+    const bool pieces = p.q_strides[3] == 1 && reinterpret_cast<uintptr_t>(q_row) % 16 == 0;
 #pragma unroll
     for (int w = 0; w < KB; ++w) {
+      const T* at = q_row + w * BK + c * KC;
+      if (q_real && pieces) {
 #pragma unroll
-      for (int e = 0; e < KC; ++e) {
-        q_raw[w][e] = q_real ? to_float(q_row[(w * BK + c * KC + e) * p.q_strides[3]]) : 0.0f;
+        for (int x = 0; x < KC / 8; ++x) {
+          const uint4 piece = *reinterpret_cast<const uint4*>(at + 8 * x);
+          q_bits[w][4 * x] = piece.x, q_bits[w][4 * x + 1] = piece.y;
+          q_bits[w][4 * x + 2] = piece.z, q_bits[w][4 * x + 3] = piece.w;
+        }
+      } else {
+        const uint16_t* values = reinterpret_cast<const uint16_t*>(at);
+#pragma unroll
+        for (int e = 0; e < KC; e += 2) {
+          q_bits[w][e / 2] = q_real ? values[e * p.q_strides[3]] |
+                                          uint32_t(values[(e + 1) * p.q_strides[3]]) << 16
+                                    : 0u;
+        }
       }
     }
   }
@@ -353,11 +371,15 @@ __global__ void __launch_bounds__(kThreads, BLOCKS)
   uint32_t qb[kSteps][2];
   float score_mul;  // of vector g (its queries' power-of-two scale q_mul is its own)
   {
+    float q_raw[KB][KC];
     float q_max = 0.0f;
 #pragma unroll
     for (int w = 0; w < KB; ++w) {
 #pragma unroll
-      for (int e = 0; e < KC; ++e) q_max = fmaxf(q_max, fabsf(q_raw[w][e]));
+      for (int e = 0; e < KC; ++e) {
+        q_raw[w][e] = unpack<T>(q_bits[w], e);
+        q_max = fmaxf(q_max, fabsf(q_raw[w][e]));
+      }
     }
     q_max = fmaxf(q_max, __shfl_xor_sync(0xffffffffu, q_max, 1));
     q_max = fmaxf(q_max, __shfl_xor_sync(0xffffffffu, q_max, 2));
@@ -613,7 +635,8 @@ __global__ void __launch_bounds__(kThreads, BLOCKS)
   }
   __syncthreads();
   if (threadIdx.x == 0) trace_stamp(kTraceFinish);
-  finish<T, kMmaVectors, false>(p, smem, partials, kv_row, tile, split, splits, slot);
+  finish<T, kMmaVectors, false>(p, smem, partials, kv_row, tile, split, splits, slot,
+                                mmat_smem_bytes<BITS, D, GS, STAGES>() / 4);
   if (threadIdx.x == 0) trace_stamp(kTraceExit);
 }
 

@@ -22,26 +22,6 @@
 
 namespace attn_kernels::cuda::quantized {
 
-#if defined(__CUDACC__)
-// 16 bytes from global `src` to shared `dst` (both 16-byte aligned), in flight until waited for;
-// only the first src_bytes (0-16) are read, the rest of the 16 are zeros.
-__device__ __forceinline__ void copy_async16(void* dst, const void* src, int src_bytes) {
-  const unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to), "l"(src),
-               "r"(src_bytes)
-               : "memory");
-}
-// Closes the group of copies issued since the last commit.
-__device__ __forceinline__ void copy_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-// Waits until at most N groups of this thread's copies are still in flight.
-template <int N>
-__device__ __forceinline__ void copy_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-#endif
-
 constexpr int kStagePositions = 16;  // one sub-step of the mma kernel: kMmaStep positions
 
 // Byte layout of one warp's stage for BITS, D and group size GS.

@@ -57,6 +57,11 @@ MMA_CASES = [
     (1, 4, 1, 1, 517, 128, 8, 128, False, False, 2),
     (1, 8, 1, 8, 203, 128, 4, 64, True, False, 2),
     (1, 32, 8, 2, 130, 128, 4, 128, True, False, 2),
+    # merges of more chunks than a batch of registers: the rest staged in shared memory (33
+    # chunks of one 4-vector tile), and past what shared memory holds (40 chunks of 8 vectors
+    # at 8 bits: 8 in registers, 8 staged, 24 in batches)
+    (1, 4, 1, 1, 2100, 128, 4, 64, False, False, 33),
+    (1, 8, 1, 2, 2530, 128, 8, 64, True, False, 40),
 ]
 
 
