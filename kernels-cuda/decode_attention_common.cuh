@@ -80,22 +80,34 @@ __device__ __forceinline__ float max_nan(float a, float b) {
 }
 
 #if defined(__CUDACC__)
+// cp.async (sm_80+; before it, builds for older GPUs copy in place: their plans never pick the
+// kernels that stage through it, and the merge stages only where those kernels ask it to).
 // 16 bytes from global `src` to shared `dst` (both 16-byte aligned), in flight until waited for;
 // only the first src_bytes (0-16) are read, the rest of the 16 are zeros.
 __device__ __forceinline__ void copy_async16(void* dst, const void* src, int src_bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  for (int i = 0; i < 16; ++i) {
+    static_cast<char*>(dst)[i] = i < src_bytes ? static_cast<const char*>(src)[i] : char(0);
+  }
+#else
   const unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(dst));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to), "l"(src),
                "r"(src_bytes)
                : "memory");
+#endif
 }
 // Closes the group of copies issued since the last commit.
 __device__ __forceinline__ void copy_async_commit() {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
   asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
 }
 // Waits until at most N groups of this thread's copies are still in flight.
 template <int N>
 __device__ __forceinline__ void copy_async_wait() {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
 }
 #endif
 
