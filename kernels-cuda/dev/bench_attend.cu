@@ -31,60 +31,20 @@
 #include <vector>
 
 #include "../decode_attention.cu"
+#include "bench_common.h"
 
 using attn_kernels::DecodeProblem;
 using attn_kernels::ElementType;
 namespace ak = attn_kernels::cuda;
 
-#define CHECK(x)                                                                      \
-  do {                                                                                \
-    cudaError_t e = (x);                                                              \
-    if (e != cudaSuccess) {                                                           \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e)); \
-      std::exit(1);                                                                   \
-    }                                                                                 \
-  } while (0)
-
 namespace {
 
 constexpr int kHq = 32, kHkv = 8, kD = 128, kCalls = 50, kReplays = 15;
 
-float bf16_to_float(uint16_t b) {
-  uint32_t u = uint32_t{b} << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-uint16_t float_to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
-// Copy rate (read + write bytes per second) of a 1 GiB device-to-device copy.
-double copy_bandwidth() {
-  const size_t bytes = size_t{1} << 30;
-  void *a, *b;
-  CHECK(cudaMalloc(&a, bytes));
-  CHECK(cudaMalloc(&b, bytes));
-  cudaEvent_t t0, t1;
-  cudaEventCreate(&t0);
-  cudaEventCreate(&t1);
-  std::vector<float> ms;
-  for (int i = 0; i < 7; ++i) {
-    cudaEventRecord(t0);
-    CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice));
-    cudaEventRecord(t1);
-    cudaEventSynchronize(t1);
-    float m;
-    cudaEventElapsedTime(&m, t0, t1);
-    ms.push_back(m);
-  }
-  std::sort(ms.begin(), ms.end());
-  cudaFree(a);
-  cudaFree(b);
-  return 2.0 * bytes / (ms[ms.size() / 2] * 1e-3);
-}
+using bench::bf16_to_float;
+using bench::copy_bandwidth;
+using bench::env_list;
+using bench::float_to_bf16;
 
 struct Case {
   const char* schedule;
@@ -92,17 +52,6 @@ struct Case {
   bool causal;
   int S;
 };
-
-// "512,4096" -> {512, 4096}; empty when unset.
-std::vector<int> env_list(const char* name) {
-  std::vector<int> values;
-  if (const char* text = std::getenv(name)) {
-    for (const char* at = text; *at; ++at) {
-      if (at == text || at[-1] == ',') values.push_back(std::atoi(at));
-    }
-  }
-  return values;
-}
 
 bool env_flag(const char* name) {
   const char* value = std::getenv(name);
