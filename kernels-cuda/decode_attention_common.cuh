@@ -256,14 +256,16 @@ __device__ void merge_chunks_with(const Problem& p, float* smem, const float* pa
   const int chunk_floats = 4 * ITEMS * int(blockDim.x);
   const int staged = max(0, min(splits - UNROLL, (smem_floats - staged_at) / chunk_floats));
   float4* stage = reinterpret_cast<float4*>(smem + staged_at);
-  for (int j = 0; j < staged; ++j) {
+  if (staged > 0) {
+    for (int j = 0; j < staged; ++j) {
 #pragma unroll
-    for (int k = 0; k < ITEMS; ++k) {
-      copy_async16(stage + (j * ITEMS + k) * blockDim.x + threadIdx.x,
-                   column[k] + int64_t{UNROLL + j} * (stride / 4), 16);
+      for (int k = 0; k < ITEMS; ++k) {
+        copy_async16(stage + (j * ITEMS + k) * blockDim.x + threadIdx.x,
+                     column[k] + int64_t{UNROLL + j} * (stride / 4), 16);
+      }
     }
+    copy_async_commit();
   }
-  copy_async_commit();
   // No barrier first: last_to_arrive()'s ends every thread's reads of finish()'s shared state.
   // A thread's pairs are all loaded before it stores any: one round trip for up to
   // kPairLoads * blockDim.x of them (a store between loads made it one per blockDim.x).
@@ -325,7 +327,7 @@ __device__ void merge_chunks_with(const Problem& p, float* smem, const float* pa
     }
   };
   add_batch(0);
-  copy_async_wait<0>();  // this thread's staged copies: no other thread reads them
+  if (staged > 0) copy_async_wait<0>();  // this thread's staged copies: no other thread reads them
   for (int j = 0; j < staged; ++j) {
 #pragma unroll
     for (int k = 0; k < ITEMS; ++k) {

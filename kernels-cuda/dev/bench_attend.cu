@@ -216,23 +216,10 @@ void run(const Case& c, double bandwidth, std::mt19937& rng, const Mode& mode) {
       previous = added;
     }
     CHECK(cudaGraphInstantiate(&exec, graph, 0));
-    cudaEvent_t t0, t1;
-    cudaEventCreate(&t0);
-    cudaEventCreate(&t1);
-    std::vector<float> us;
     // BENCH_REPLAYS=1: one timed replay (e.g. under compute-sanitizer, which serialises all).
     const char* replays_env = std::getenv("BENCH_REPLAYS");
     const int replays = replays_env ? std::max(1, std::atoi(replays_env)) : kReplays;
-    for (int r = 0; r < replays + 2; ++r) {
-      cudaEventRecord(t0, stream);
-      CHECK(cudaGraphLaunch(exec, stream));
-      cudaEventRecord(t1, stream);
-      CHECK(cudaEventSynchronize(t1));
-      float ms;
-      cudaEventElapsedTime(&ms, t0, t1);
-      if (r >= 2) us.push_back(ms * 1e3f / kCalls);
-    }
-    CHECK(cudaGetLastError());
+    const std::vector<double> us = bench::replay_us(exec, stream, 2, replays, kCalls);
     // Correctness of the first set against float64, after the timed replays: split calls reuse
     // their arrival counters, so a counter left non-zero would show here.
     CHECK(cudaMemset(out, 0xff, q_elems * 2));  // NaN poison: every element must be written
@@ -256,7 +243,6 @@ void run(const Case& c, double bandwidth, std::mt19937& rng, const Mode& mode) {
       }
     }
     const double rel = std::isfinite(err) ? std::sqrt(err / norm) : INFINITY;
-    std::sort(us.begin(), us.end());
     const double median = us[us.size() / 2];
     const double gbs = kv_bytes / (median * 1e-6) / 1e9;
     std::printf("%-13s L=%d %-6s S=%-7d splits=%-4d %8.2f us [%7.2f..%7.2f] %7.0f GB/s %5.1f%% floor  err %.1e  plan %.0f ns%s\n",
@@ -265,8 +251,6 @@ void run(const Case& c, double bandwidth, std::mt19937& rng, const Mode& mode) {
                 rel < 1e-2 ? "" : "  WRONG");
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
-    cudaEventDestroy(t0);
-    cudaEventDestroy(t1);
     if (partial_base) cudaFree(partial_base);
   }
   cudaStreamDestroy(stream);

@@ -1,6 +1,6 @@
 // What the stand-alone CUDA timing programs share (bench_attend.cu, bench_quantized.cu): error
-// checks, bf16 on the host, the copy bandwidth that a floor is counted against, and the BENCH_*
-// environment lists.
+// checks, bf16 on the host, the copy bandwidth that a floor is counted against, the BENCH_*
+// environment lists and the timed replays of a graph.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -69,6 +69,30 @@ inline std::vector<int> env_list(const char* name) {
     }
   }
   return values;
+}
+
+// µs per call of `replays` launches of a graph of `calls` calls, after `warmup` untimed ones,
+// sorted (each launch between two events on `stream`).
+inline std::vector<double> replay_us(cudaGraphExec_t exec, cudaStream_t stream, int warmup,
+                                     int replays, int calls) {
+  cudaEvent_t t0, t1;
+  cudaEventCreate(&t0);
+  cudaEventCreate(&t1);
+  std::vector<double> us;
+  for (int r = 0; r < warmup + replays; ++r) {
+    cudaEventRecord(t0, stream);
+    CHECK(cudaGraphLaunch(exec, stream));
+    cudaEventRecord(t1, stream);
+    CHECK(cudaEventSynchronize(t1));
+    float ms;
+    cudaEventElapsedTime(&ms, t0, t1);
+    if (r >= warmup) us.push_back(ms * 1e3 / calls);
+  }
+  CHECK(cudaGetLastError());
+  cudaEventDestroy(t0);
+  cudaEventDestroy(t1);
+  std::sort(us.begin(), us.end());
+  return us;
 }
 
 }  // namespace bench

@@ -216,25 +216,9 @@ Timing time_graph(CUfunction func, const ak::QuantizedPlan& plan,
     previous = added;
   }
   CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  cudaEvent_t t0, t1;
-  cudaEventCreate(&t0);
-  cudaEventCreate(&t1);
-  std::vector<double> us;
-  for (int r = 0; r < kReplays + 3; ++r) {
-    cudaEventRecord(t0, stream);
-    CHECK(cudaGraphLaunch(exec, stream));
-    cudaEventRecord(t1, stream);
-    CHECK(cudaEventSynchronize(t1));
-    float ms;
-    cudaEventElapsedTime(&ms, t0, t1);
-    if (r >= 3) us.push_back(ms * 1e3 / kCalls);
-  }
-  CHECK(cudaGetLastError());
+  const std::vector<double> us = bench::replay_us(exec, stream, 3, kReplays, kCalls);
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
-  cudaEventDestroy(t0);
-  cudaEventDestroy(t1);
-  std::sort(us.begin(), us.end());
   return {us[us.size() / 2], us.front(), us.back()};
 }
 

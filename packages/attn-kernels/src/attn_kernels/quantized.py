@@ -59,7 +59,7 @@ def decode_attention_quantized(
     """
     # The op checks the triples' lengths, shapes, dtypes and packing; the element types are
     # checked here only when nanobind refuses them, to name the argument (checking every call
-    # cost ~2 µs, 40% of the call's host time).
+    # cost ~3 µs of the call's 4.9 µs of graph building on a 2-vCPU Xeon).
     if not isinstance(keys, (tuple, list)) or not isinstance(values, (tuple, list)):
         _triple("keys", keys)
         _triple("values", values)
