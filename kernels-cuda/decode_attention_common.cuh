@@ -116,6 +116,8 @@ __device__ __forceinline__ void copy_async_wait() {
 // block ran on. Nothing otherwise.
 enum TraceSlot {
   kTraceEntry,
+  kTraceCopiesIssued,   // the prologue's copies are issued (mmat)
+  kTraceQueriesLoaded,  // thread 0's first query load is back (mmat)
   kTraceQueries,   // the queries are f16 operands (mmat)
   kTraceWalk,      // the loop starts (mmat)
   kTraceWalkEnd,   // + warp: each warp's walk is done (mmat)
@@ -125,12 +127,16 @@ enum TraceSlot {
   kTraceMergeFactors,  // ... and their rescale factors
   kTraceExit,
   kTraceSm,
+  kTraceSink,  // trace_stamp_after()'s value
   kTraceSlots
 };
 #if defined(ATTN_QUANTIZED_TRACE) && defined(__CUDACC__)
 __device__ unsigned long long* quantized_trace;
+__device__ __forceinline__ unsigned long long* trace_block() {
+  return quantized_trace + (blockIdx.y * gridDim.x + blockIdx.x) * kTraceSlots;
+}
 __device__ __forceinline__ void trace_stamp(int slot) {
-  unsigned long long* block = quantized_trace + (blockIdx.y * gridDim.x + blockIdx.x) * kTraceSlots;
+  unsigned long long* block = trace_block();
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   block[slot] = t;
@@ -140,8 +146,17 @@ __device__ __forceinline__ void trace_stamp(int slot) {
     block[kTraceSm] = sm;
   }
 }
+// A stamp taken once `value` (a load's result) is in a register: storing it waits for the load.
+__device__ __forceinline__ void trace_stamp_after(int slot, uint32_t value) {
+  unsigned long long* block = trace_block();
+  block[kTraceSink] = value;
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t) : : "memory");
+  block[slot] = t;
+}
 #else
 __device__ __forceinline__ void trace_stamp(int) {}
+__device__ __forceinline__ void trace_stamp_after(int, uint32_t) {}
 #endif
 
 // ---- Split contexts: flash-decoding's merge inside the attend kernel ----
@@ -214,12 +229,14 @@ constexpr int kMergeUnroll = 8;  // chunks' accumulator loads in flight per item
 // turns them into the common max, rescale factors and denominator; then the threads sum their
 // accumulators over the chunks. A merge of up to UNROLL chunks costs one round trip to L2.
 // (Folding each chunk in online instead, with no shared phase, was 1.2 µs slower at 32 chunks;
-// docs/cuda-kernel.md.) With `smem_floats` of shared memory (0: none to spare), the chunks after
+// docs/cuda-kernel.md.) With STAGE_FLOATS of shared memory (0: none to spare), the chunks after
 // the first UNROLL go there with cp.async at the same time, as many as fit, each thread's own
 // items only (no barrier): a round trip (~1.5 µs on the H200) for each UNROLL of them saved.
-template <typename T, int VPB, int ITEMS, int UNROLL, typename Problem>
+// (A template parameter, so that the kernels without it compile none of its code: compiled for
+// them too, it made the bf16 tensor-core kernel spill at its 168-register bound.)
+template <typename T, int VPB, int ITEMS, int UNROLL, int STAGE_FLOATS, typename Problem>
 __device__ void merge_chunks_with(const Problem& p, float* smem, const float* partials,
-                                  int kv_row, int tile, int splits, int smem_floats) {
+                                  int kv_row, int tile, int splits) {
   const int D = p.head_dim, L = p.query_len, vectors = p.group * L, stride = partial_stride(D);
   const int first = tile * VPB, count = min(VPB, vectors - first);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
@@ -254,9 +271,11 @@ __device__ void merge_chunks_with(const Problem& p, float* smem, const float* pa
   // [chunk - UNROLL][item k][thread]: the staged chunks' accumulators (16-byte aligned).
   const int staged_at = (2 * VPB * splits + VPB + 3) / 4 * 4;
   const int chunk_floats = 4 * ITEMS * int(blockDim.x);
-  const int staged = max(0, min(splits - UNROLL, (smem_floats - staged_at) / chunk_floats));
+  const int staged =
+      STAGE_FLOATS > 0 ? max(0, min(splits - UNROLL, (STAGE_FLOATS - staged_at) / chunk_floats))
+                       : 0;
   float4* stage = reinterpret_cast<float4*>(smem + staged_at);
-  if (staged > 0) {
+  if constexpr (STAGE_FLOATS > 0) {
     for (int j = 0; j < staged; ++j) {
 #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
@@ -268,15 +287,21 @@ __device__ void merge_chunks_with(const Problem& p, float* smem, const float* pa
   }
   // No barrier first: last_to_arrive()'s ends every thread's reads of finish()'s shared state.
   // A thread's pairs are all loaded before it stores any: one round trip for up to
-  // kPairLoads * blockDim.x of them (a store between loads made it one per blockDim.x).
-  constexpr int kPairLoads = 4;
+  // kPairLoads * blockDim.x of them (a store between loads made it one per blockDim.x): 256 at
+  // 128 threads, every bf16 split and 4 query heads' 33 chunks (at 4 the fused step kernel spilled
+  // at its 168-register bound). Loads past the last pair are skipped, not clamped to it: hundreds
+  // of threads reading one address queue on its L2 line (4-bit mmat, 33 chunks: the merging
+  // block 6.7 -> 5.0 µs; H200).
+  constexpr int kPairLoads = 2;
   const int pairs = count * splits;
   for (int first_at = threadIdx.x; first_at < pairs; first_at += kPairLoads * blockDim.x) {
     float2 state[kPairLoads];
 #pragma unroll
     for (int k = 0; k < kPairLoads; ++k) {
-      const int at = min(first_at + k * int(blockDim.x), pairs - 1);  // repeats the last
-      state[k] = __ldcg(reinterpret_cast<const float2*>(base + int64_t{at} * stride));
+      const int at = first_at + k * int(blockDim.x);
+      if (at < pairs) {
+        state[k] = __ldcg(reinterpret_cast<const float2*>(base + int64_t{at} * stride));
+      }
     }
 #pragma unroll
     for (int k = 0; k < kPairLoads; ++k) {
@@ -327,11 +352,13 @@ __device__ void merge_chunks_with(const Problem& p, float* smem, const float* pa
     }
   };
   add_batch(0);
-  if (staged > 0) copy_async_wait<0>();  // this thread's staged copies: no other thread reads them
-  for (int j = 0; j < staged; ++j) {
+  if constexpr (STAGE_FLOATS > 0) {
+    if (staged > 0) copy_async_wait<0>();  // this thread's own copies: no other thread reads them
+    for (int j = 0; j < staged; ++j) {
 #pragma unroll
-    for (int k = 0; k < ITEMS; ++k) {
-      add(k, UNROLL + j, stage[(j * ITEMS + k) * blockDim.x + threadIdx.x]);
+      for (int k = 0; k < ITEMS; ++k) {
+        add(k, UNROLL + j, stage[(j * ITEMS + k) * blockDim.x + threadIdx.x]);
+      }
     }
   }
   for (int s0 = UNROLL + staged; s0 < splits; s0 += UNROLL) {
@@ -358,21 +385,21 @@ __device__ void merge_chunks_with(const Problem& p, float* smem, const float* pa
 // chunks only: below, the loads past the last chunk repeat it (S=512/1024 +0.2 µs, S=2048/4096
 // -0.36; dev/h200-bench_attend-merge32.txt). The SIMT kernels' 128-register cap would spill
 // (WIDE false: the quantized kernels, sized for 2-4 blocks per SM, take 16).
-template <typename T, int VPB, bool WIDE, typename Problem>
+template <typename T, int VPB, bool WIDE, int STAGE_FLOATS, typename Problem>
 __device__ void merge_chunks(const Problem& p, float* smem, const float* partials, int kv_row,
-                             int tile, int splits, int smem_floats) {
+                             int tile, int splits) {
   const int count = min(VPB, p.group * p.query_len - tile * VPB);
   if (count * ((p.head_dim + 3) / 4) <= int(blockDim.x)) {
     constexpr int kWide = kMergeItems * kMergeUnroll;
     if (WIDE && splits > kWide) {
-      merge_chunks_with<T, VPB, 1, 2 * kWide>(p, smem, partials, kv_row, tile, splits,
-                                              smem_floats);
+      merge_chunks_with<T, VPB, 1, 2 * kWide, STAGE_FLOATS>(p, smem, partials, kv_row, tile,
+                                                            splits);
     } else {
-      merge_chunks_with<T, VPB, 1, kWide>(p, smem, partials, kv_row, tile, splits, smem_floats);
+      merge_chunks_with<T, VPB, 1, kWide, STAGE_FLOATS>(p, smem, partials, kv_row, tile, splits);
     }
   } else {
-    merge_chunks_with<T, VPB, kMergeItems, kMergeUnroll>(p, smem, partials, kv_row, tile, splits,
-                                                         smem_floats);
+    merge_chunks_with<T, VPB, kMergeItems, kMergeUnroll, STAGE_FLOATS>(p, smem, partials, kv_row,
+                                                                       tile, splits);
   }
 }
 
@@ -383,10 +410,11 @@ __device__ void merge_chunks(const Problem& p, float* smem, const float* partial
 // threads combine output dimensions across warps and write the output (one chunk) or the
 // block's partial state, which the group's last block merges.
 // Shared memory: finish_smem_floats(); a split call's merge takes 2 * VPB * splits + VPB floats,
-// and stages chunks in the rest of `smem_floats` (merge_chunks_with).
-template <typename T, int VPB, bool WIDE_MERGE = VPB == kMmaVectors, typename Problem>
+// and stages chunks in the rest of STAGE_FLOATS, the kernel's shared floats (merge_chunks_with).
+template <typename T, int VPB, bool WIDE_MERGE = VPB == kMmaVectors, int STAGE_FLOATS = 0,
+          typename Problem>
 __device__ void finish(const Problem& p, float* smem, float* partials, int kv_row, int tile,
-                       int split, int splits, unsigned slot, int smem_floats = 0) {
+                       int split, int splits, unsigned slot) {
   const int D = p.head_dim, L = p.query_len, vectors = p.group * L;
   const int stride = partial_stride(D), warps = blockDim.x / 32;
   float* denominators = smem + warps * VPB * stride;
@@ -443,7 +471,7 @@ __device__ void finish(const Problem& p, float* smem, float* partials, int kv_ro
     const bool last = last_to_arrive(slot, splits);
     if (threadIdx.x == 0) trace_stamp(kTraceArrived);
     if (last) {
-      merge_chunks<T, VPB, WIDE_MERGE>(p, smem, partials, kv_row, tile, splits, smem_floats);
+      merge_chunks<T, VPB, WIDE_MERGE, STAGE_FLOATS>(p, smem, partials, kv_row, tile, splits);
     }
   }
 }

@@ -365,6 +365,10 @@ __global__ void __launch_bounds__(kThreads, BLOCKS)
     }
     copy_async_commit();  // one group per sub-step, empty or not: wait counts groups
   }
+  if (threadIdx.x == 0) {
+    trace_stamp(kTraceCopiesIssued);
+    trace_stamp_after(kTraceQueriesLoaded, q_bits[0][0]);
+  }
 
   int visible_end;  // positions before it are visible to every real vector of the tile
   float q_sum[NG] = {};
@@ -635,8 +639,8 @@ __global__ void __launch_bounds__(kThreads, BLOCKS)
   }
   __syncthreads();
   if (threadIdx.x == 0) trace_stamp(kTraceFinish);
-  finish<T, kMmaVectors, false>(p, smem, partials, kv_row, tile, split, splits, slot,
-                                mmat_smem_bytes<BITS, D, GS, STAGES>() / 4);
+  finish<T, kMmaVectors, false, mmat_smem_bytes<BITS, D, GS, STAGES>() / 4>(
+      p, smem, partials, kv_row, tile, split, splits, slot);
   if (threadIdx.x == 0) trace_stamp(kTraceExit);
 }
 

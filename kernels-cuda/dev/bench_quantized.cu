@@ -239,11 +239,13 @@ void print_trace(const std::vector<unsigned long long>& t, const ak::QuantizedPl
     last_exit = std::max(last_exit, at(b, kTraceExit));
   }
   auto us = [&](unsigned long long x) { return (x - origin) * 1e-3; };
-  std::vector<double> entry, queries, copies, walk, warp_spread, walk_end, arrival, exit;
+  std::vector<double> entry, issued, loaded, queries, to_walk, walk, warp_spread, walk_end, exit;
   for (int b = 0; b < blocks; ++b) {
     entry.push_back(us(at(b, kTraceEntry)));
-    queries.push_back(span(b, kTraceEntry, kTraceQueries));
-    copies.push_back(span(b, kTraceQueries, kTraceWalk));
+    issued.push_back(span(b, kTraceEntry, kTraceCopiesIssued));
+    loaded.push_back(span(b, kTraceCopiesIssued, kTraceQueriesLoaded));
+    queries.push_back(span(b, kTraceQueriesLoaded, kTraceQueries));
+    to_walk.push_back(span(b, kTraceQueries, kTraceWalk));
     unsigned long long first = ~0ull, latest = 0;
     for (int w = 0; w < 4; ++w) {
       walk.push_back(span(b, kTraceWalk, kTraceWalkEnd + w));
@@ -287,8 +289,10 @@ void print_trace(const std::vector<unsigned long long>& t, const ak::QuantizedPl
   std::printf("  trace of one chained call (%d blocks, grid %u x %u), µs; span %.2f\n", blocks,
               plan.grid[0], plan.grid[1], us(last_exit));
   row("entry (from the first)", entry);
-  row("queries (entry to f16 operands)", queries);
-  row("first copies issued", copies);
+  row("prologue: entry to copies issued", issued);
+  row("  to the first query load back", loaded);
+  row("  to the queries as f16 operands", queries);
+  row("  to the walk (sums, columns)", to_walk);
   row("walk, per warp", walk);
   row("walk ends, last warp - first", warp_spread);
   row("walk end of the block", walk_end);
