@@ -288,10 +288,10 @@ __device__ void merge_chunks_with(const Problem& p, float* smem, const float* pa
   // No barrier first: last_to_arrive()'s ends every thread's reads of finish()'s shared state.
   // A thread's pairs are all loaded before it stores any: one round trip for up to
   // kPairLoads * blockDim.x of them (a store between loads made it one per blockDim.x): 256 at
-  // 128 threads, every bf16 split and 4 query heads' 33 chunks (at 4 the fused step kernel spilled
-  // at its 168-register bound). Loads past the last pair are skipped, not clamped to it: hundreds
-  // of threads reading one address queue on its L2 line (4-bit mmat, 33 chunks: the merging
-  // block 6.7 -> 5.0 µs; H200).
+  // 128 threads, Qwen3-4B's splits (8 vectors' 32 chunks, 4 vectors' 33); more take another
+  // (at 4 the fused step kernel spilled at its 168-register bound). Loads past the last pair are
+  // skipped, not clamped to it: hundreds of threads reading one address queue on its L2 line
+  // (4-bit mmat, 33 chunks: the merging block 6.7 -> 5.0 µs; H200).
   constexpr int kPairLoads = 2;
   const int pairs = count * splits;
   for (int first_at = threadIdx.x; first_at < pairs; first_at += kPairLoads * blockDim.x) {
