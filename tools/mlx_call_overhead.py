@@ -4,9 +4,9 @@ bench-operators times a sample as: build `calls` lazy calls in Python, mx.eval t
 divided by `calls`. On the GPU that time holds more than the kernels: the Python building (done
 before the GPU starts), MLX's encoding of each op, and a CUDA graph committed every
 MLX_MAX_MB_PER_BUFFER of inputs (1000 MB on sm_90) or MLX_MAX_OPS_PER_BUFFER ops (100), each
-launched after the one before has drained. This script times the same calls as bench-operators
-(Qwen3-4B shapes, bf16, L = 1, group 64; attn_kernels.decode_attention_quantized and mx.fast on
-the bf16 K/V) and splits each sample into its Python building and its mx.eval, at 50 and 200
+launched after the one before has drained. This script makes the same inputs and calls as
+bench-operators (llm_eval.operators; Qwen3-4B shapes, bf16, L = 1, group 64: custom-quantized,
+attn_kernels.decode_attention_quantized, and mlx, mx.fast on the bf16 K/V) and splits each sample into its Python building and its mx.eval, at 50 and 200
 calls a sample. Run it once per MLX setting, e.g. once as is and once with
 MLX_MAX_MB_PER_BUFFER=1000000 (one graph a sample), and compare.
 
@@ -23,27 +23,25 @@ import statistics
 import time
 
 import mlx.core as mx
-from attn_kernels import decode_attention_quantized
+from llm_eval.operators import (
+    implementation,
+    implementation_orders,
+    make_shape,
+    quantized_implementation,
+)
 
-Q_HEADS, KV_HEADS, HEAD_DIM, GROUP_SIZE = 32, 8, 128, 64
+HEADS, GQA_RATIO, HEAD_DIM, GROUP_SIZE = 32, 4, 128, 64
 
 
 def make_calls(context: int, bits: int) -> dict:
-    mx.random.seed(0)
-    shape = (1, KV_HEADS, context, HEAD_DIM)
-    q = mx.random.normal((1, Q_HEADS, 1, HEAD_DIM)).astype(mx.bfloat16)
-    k = mx.random.normal(shape).astype(mx.bfloat16)
-    v = mx.random.normal(shape).astype(mx.bfloat16)
-    kq = mx.quantize(k, group_size=GROUP_SIZE, bits=bits)
-    vq = mx.quantize(v, group_size=GROUP_SIZE, bits=bits)
-    mx.eval(q, k, v, kq, vq)
+    """bench-operators' inputs and calls: custom-quantized and mlx, no mask."""
+    q, k, v, _ = make_shape(context, 1, HEADS, GQA_RATIO, HEAD_DIM, "none", mx.bfloat16, seed=0)
+    kq, vq = (mx.quantize(x, group_size=GROUP_SIZE, bits=bits) for x in (k, v))
+    mx.eval(kq, vq)
     scale = HEAD_DIM**-0.5
-    return {
-        "quantized": lambda: decode_attention_quantized(
-            q, kq, vq, scale=scale, group_size=GROUP_SIZE, bits=bits
-        ),
-        "mx.fast": lambda: mx.fast.scaled_dot_product_attention(q, k, v, scale=scale),
-    }
+    ours = quantized_implementation("custom-quantized", scale, None, kq, vq, GROUP_SIZE, bits)
+    fast = implementation("mlx", scale, None)
+    return {"quantized": lambda: ours(q, k, v), "mx.fast": lambda: fast(q, k, v)}
 
 
 def sample(call, calls: int) -> tuple[float, float]:
@@ -74,7 +72,7 @@ def main() -> None:
             for fn in fns.values():  # warm-up: the first eval of a batch builds its graphs
                 sample(fn, calls)
             samples = {name: [] for name in fns}
-            orders = list(itertools.permutations(fns))
+            orders = implementation_orders(list(fns))
             for i in range(args.iterations):
                 for name in orders[i % len(orders)]:
                     samples[name].append(sample(fns[name], calls))
