@@ -133,7 +133,9 @@ __device__ __forceinline__ void preprocess_row(const StepProblem& p, int b, int 
                                                int lane, T* q_dst, bool active = true) {
   static_assert(kLanes == 32 || kLanes == 16);
   constexpr int kSlots = 32 / kLanes, kPairs = (kMaxD / 2 + 31) / 32;  // per slot
-  const int D = p.head_dim, half = D / 2, position = p.offset + i;
+  // Each batch row at its own place and RoPE position (the same for all without per-row ranges).
+  const int D = p.head_dim, half = D / 2, position = p.write_position(b) + i;
+  const int rotation = p.rope_position(b) + i;  // the position RoPE rotates by
   const bool is_q = head < p.q_heads;
   const int h = is_q ? head : head - p.q_heads;
   const int64_t* s = is_q ? p.q_strides : p.k_strides;
@@ -173,7 +175,7 @@ __device__ __forceinline__ void preprocess_row(const StepProblem& p, int b, int 
 #pragma unroll
     for (int t = 0; t < kPairs; ++t) {
       const int j = lane + kLanes * u + 32 * t;
-      rot[u][t] = active && j < half ? rope_cos_sin(position, p.inv_freq[j]) : float2{};
+      rot[u][t] = active && j < half ? rope_cos_sin(rotation, p.inv_freq[j]) : float2{};
     }
   }
   float sum = part[0];
@@ -181,7 +183,8 @@ __device__ __forceinline__ void preprocess_row(const StepProblem& p, int b, int 
   for (int u = 1; u < kSlots; ++u) sum += part[u];
 #pragma unroll
   for (int m = kLanes / 2; m > 0; m /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, m);
-  if (!active) return;
+  // A k head whose row's position is outside the caches (a bad per-row offset) writes nothing.
+  if (!active || (!is_q && (position < 0 || position >= p.capacity))) return;
   const float r = p.qk_norm ? rsqrtf(sum / D + p.eps) : 1.0f;
   if constexpr (kLanes == 32) {
     if (p.bits && !is_q) {  // a quantized cache: the rows in the dtype, then quantized

@@ -106,7 +106,10 @@ __global__ void __launch_bounds__(kMaxThreads, kMaxThreads > 256 ? 1 : ATTN_BLOC
   const int tiles = (vectors + VPB - 1) / VPB;
   const int kv_row = blockIdx.x / tiles, tile = blockIdx.x % tiles;
   const int split = blockIdx.y, splits = gridDim.y;
-  const int begin = split * chunk, end = min(S, begin + chunk);
+  // The chunk's positions inside the batch row's range (every position without per-row ranges).
+  const CacheRange range = p.range(kv_row / p.kv_heads);
+  const int begin = max(split * chunk, range.start);
+  const int end = min(min(S, split * chunk + chunk), range.end);
 
   const T* Q = static_cast<const T*>(p.queries);
   const T* K = static_cast<const T*>(p.keys) + p.kv_offset(p.k_strides, kv_row);
@@ -119,7 +122,7 @@ __global__ void __launch_bounds__(kMaxThreads, kMaxThreads > 256 ? 1 : ATTN_BLOC
   for (int v = 0; v < VPB; ++v) {
     const int r = tile * VPB + v;
     const int row = kv_row * p.group + r / L, i = r % L;
-    last[v] = r < vectors ? (p.causal ? S - L + i : S - 1) : -1;
+    last[v] = r < vectors ? visible_keys(range, L, i, p.causal).last : -1;
     mask_base[v] = p.mask_offset(row, i);
     if (r < vectors) {
       load_fragment<T>(q[v], Q + p.q_offset(row, i), sublane, D, p.q_strides[3]);

@@ -60,15 +60,18 @@ __device__ __forceinline__ void store(__nv_bfloat16* p, float x) {
   *p = __float2bfloat16_rn(x);
 }
 
-// The score after the mask: an additive mask adds, a boolean one removes the key whatever its
-// score (NaN included), as the readable path's mx.where does.
-__device__ __forceinline__ float apply_mask(const DecodeProblem& p, int64_t at, float score) {
-  switch (p.mask_dtype) {
-    case ElementType::float32: return score + static_cast<const float*>(p.mask)[at];
-    case ElementType::float16: return score + __half2float(static_cast<const __half*>(p.mask)[at]);
-    case ElementType::bfloat16:
-      return score + __bfloat162float(static_cast<const __nv_bfloat16*>(p.mask)[at]);
-    case ElementType::boolean: return static_cast<const bool*>(p.mask)[at] ? score : kNegInf;
+// The score after the mask: an additive mask adds (times `unit`: a kernel that keeps its scores
+// in log2 units passes log2(e)), a boolean one removes the key whatever its score (NaN included),
+// as the readable path's mx.where does. Problem: DecodeProblem or QuantizedProblem.
+template <typename Problem>
+__device__ __forceinline__ float apply_mask(const Problem& p, int64_t at, float score,
+                                            float unit = 1.0f) {
+  switch (p.mask_kind) {
+    case kMaskFloat32: return score + unit * static_cast<const float*>(p.mask)[at];
+    case kMaskFloat16: return score + unit * __half2float(static_cast<const __half*>(p.mask)[at]);
+    case kMaskBFloat16:
+      return score + unit * __bfloat162float(static_cast<const __nv_bfloat16*>(p.mask)[at]);
+    case kMaskBool: return static_cast<const bool*>(p.mask)[at] ? score : kNegInf;
   }
   return score;
 }

@@ -101,7 +101,8 @@ __device__ __forceinline__ void prepare_step_rows(const DecodeProblem& p, const 
   const int L = p.query_len, first = tile * kMmaVectors;
   const int count = min(kMmaVectors, p.group * L - first);
   const int b = kv_row / p.kv_heads, h = kv_row % p.kv_heads;
-  const int from = max(begin, s.offset), news = max(min(end, s.offset + L) - from, 0);
+  const int written = s.write_position(b);  // the row's new positions [written, written + L)
+  const int from = max(begin, written), news = max(min(end, written + L) - from, 0);
   // Rounds over all teams alike, one call site: both halves of a warp join every round's
   // shuffles (the same shfl instructions).
   for (int at = 0; at < count + news; at += teams) {
@@ -114,7 +115,7 @@ __device__ __forceinline__ void prepare_step_rows(const DecodeProblem& p, const 
       head = (kv_row * p.group + r / L) % p.q_heads;
       q_dst = staged + item * D;
     } else {  // a new position of the chunk; past count + news, none (the row unused)
-      i = min(from + (item - count) - s.offset, L - 1);
+      i = min(from + (item - count) - written, L - 1);
       head = s.q_heads + h;
     }
     step::preprocess_row<T, kRowLanes, D>(s, b, i, head, lane, q_dst, item < count + news);
@@ -136,7 +137,10 @@ __device__ __forceinline__ void attend_mma_body(const DecodeProblem& p, float* p
   const int tiles = (vectors + kMmaVectors - 1) / kMmaVectors;
   const int kv_row = blockIdx.x / tiles, tile = blockIdx.x % tiles;
   const int split = blockIdx.y, splits = gridDim.y;
-  const int begin = split * chunk, end = min(S, begin + chunk);
+  // The chunk's positions inside the batch row's range (every position without per-row ranges).
+  const CacheRange range = p.range(kv_row / p.kv_heads);
+  const int chunk_begin = split * chunk, chunk_end = min(S, chunk_begin + chunk);
+  const int begin = max(chunk_begin, range.start), end = min(chunk_end, range.end);
   const T* K = static_cast<const T*>(p.keys) + p.kv_offset(p.k_strides, kv_row);
   const T* V = static_cast<const T*>(p.values) + p.kv_offset(p.v_strides, kv_row);
 
@@ -144,7 +148,7 @@ __device__ __forceinline__ void attend_mma_body(const DecodeProblem& p, float* p
   const int r = tile * kMmaVectors + g;
   const bool real = r < vectors;
   const int row = kv_row * p.group + (real ? r : 0) / L, i = (real ? r : 0) % L;
-  const int last = real ? (p.causal ? S - L + i : S - 1) : -1;
+  const int last = real ? visible_keys(range, L, i, p.causal).last : -1;
   const int64_t mask_base = p.mask_offset(row, i);
   uint32_t q[kQK] = {};
   // Lane c holds dims 32w + 8c .. 32w + 8c + 7 (w < D/32) of its query and K rows, and lane g dims
@@ -177,7 +181,7 @@ __device__ __forceinline__ void attend_mma_body(const DecodeProblem& p, float* p
 #endif
   if constexpr (kFold) {  // after the prefetch, which then overlaps the step's rows
     T* staged = reinterpret_cast<T*>(smem + mma_smem_floats(D));
-    prepare_step_rows<T, D>(p, *step, staged, kv_row, tile, begin, end);
+    prepare_step_rows<T, D>(p, *step, staged, kv_row, tile, chunk_begin, chunk_end);
     if (real) load_words<4>(q, staged + g * D + c * 8);
   }
   // o[t]: O^T tile t, rows = dims dim(t) (c0, c1) and + 1 (c2, c3), columns = vectors

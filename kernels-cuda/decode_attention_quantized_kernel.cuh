@@ -22,17 +22,6 @@ __host__ __device__ constexpr int states_smem_bytes(int vpb, int D) {
   return finish_smem_floats(kWarps, vpb, D) * int(sizeof(float));
 }
 
-__device__ __forceinline__ float mask_value(const QuantizedProblem& p, int64_t at) {
-  switch (p.mask_dtype) {
-    case ElementType::float32: return static_cast<const float*>(p.mask)[at];
-    case ElementType::float16: return __half2float(static_cast<const __half*>(p.mask)[at]);
-    case ElementType::bfloat16:
-      return __bfloat162float(static_cast<const __nv_bfloat16*>(p.mask)[at]);
-    case ElementType::boolean: return static_cast<const bool*>(p.mask)[at] ? 0.0f : kNegInf;
-  }
-  return 0.0f;
-}
-
 // Code c (< 2^23) as a float, exactly: the bits of 2^23 + c, minus 2^23.
 __device__ __forceinline__ float code_float(uint32_t bits_of_2p23_plus_c) {
   return __uint_as_float(bits_of_2p23_plus_c) - 8388608.0f;
@@ -109,7 +98,10 @@ __global__ void __launch_bounds__(kThreads, 4)
   const int tiles = (vectors + kVectors - 1) / kVectors;
   const int kv_row = blockIdx.x / tiles, tile = blockIdx.x % tiles;
   const int split = blockIdx.y, splits = gridDim.y;
-  const int begin = split * chunk, end = min(S, begin + chunk);
+  // The chunk's positions inside the batch row's range (every position without per-row ranges).
+  const CacheRange range = p.range(kv_row / p.kv_heads);
+  const int begin = max(split * chunk, range.start);
+  const int end = min(min(S, split * chunk + chunk), range.end);
   const int d0 = sub * kValues, first_word = sub * kWords;
   const bool active = d0 < D;
   const int group = d0 / p.group_size;
@@ -135,7 +127,7 @@ __global__ void __launch_bounds__(kThreads, 4)
   for (int v = 0; v < kVectors; ++v) {
     const int r = tile * kVectors + v;
     const int row = kv_row * p.group + r / L, i = r % L;
-    last[v] = r < vectors ? (p.causal ? S - L + i : S - 1) : -1;
+    last[v] = r < vectors ? visible_keys(range, L, i, p.causal).last : -1;
     mask_base[v] = r < vectors ? p.mask_offset(row, i) : 0;
     const T* qrow = static_cast<const T*>(p.queries) + (r < vectors ? p.q_offset(row, i) : 0);
     q_sum[v] = 0.0f;
@@ -206,7 +198,7 @@ __global__ void __launch_bounds__(kThreads, 4)
         if (!in[t] || j[t] > last[v]) {
           s = kNegInf;
         } else if (p.mask) {
-          s += mask_value(p, mask_base[v] + int64_t{j[t]} * p.m_strides[3]);
+          s = apply_mask(p, mask_base[v] + int64_t{j[t]} * p.m_strides[3], s);
         }
         score[t][v] = s;
       }

@@ -299,7 +299,12 @@ __global__ void __launch_bounds__(kThreads, BLOCKS)
   const int tiles = (vectors + kMmaVectors - 1) / kMmaVectors;
   const int kv_row = blockIdx.x / tiles, tile = blockIdx.x % tiles;
   const int split = blockIdx.y, splits = gridDim.y;
-  const int begin = split * chunk, end = min(S, begin + chunk);
+  // The chunk's positions inside the batch row's range (every position without per-row ranges),
+  // from a whole sub-step: the copies take 16 positions' scales in 16-byte pieces (aligned there,
+  // mmat_applies), and the positions before the range's start score -inf.
+  const CacheRange range = p.range(kv_row / p.kv_heads);
+  const int begin = max(split * chunk, range.start / kMmaStep * kMmaStep);
+  const int end = min(min(S, split * chunk + chunk), range.end);
 
   const char* k_codes =
       reinterpret_cast<const char*>(p.k_codes + p.kv_offset(p.k_strides[0], kv_row));
@@ -405,7 +410,7 @@ __global__ void __launch_bounds__(kThreads, BLOCKS)
         qb[w * KSB + s][1] = half2_bits(x[2], x[3]);
       }
     }
-    int visible = q_real ? (p.causal ? S - L + q_i + 1 : S) : S;
+    int visible = q_real ? visible_keys(range, L, q_i, p.causal).last + 1 : S;
 #pragma unroll
     for (int offset = 4; offset < 32; offset *= 2) {
       visible = min(visible, __shfl_sync(0xffffffffu, visible, lane ^ offset));
@@ -433,7 +438,7 @@ __global__ void __launch_bounds__(kThreads, BLOCKS)
     const int r = tile * kMmaVectors + 2 * c + v;
     const bool real = r < vectors;
     const int row = kv_row * p.group + (real ? r : 0) / L, i = (real ? r : 0) % L;
-    last[v] = real ? (p.causal ? S - L + i : S - 1) : -1;
+    last[v] = real ? visible_keys(range, L, i, p.causal).last : -1;
     mask_base[v] = p.mask_offset(row, i);
   }
 
@@ -516,16 +521,17 @@ __global__ void __launch_bounds__(kThreads, BLOCKS)
 #pragma unroll
       for (int v = 0; v < 2; ++v) sc[h][v] *= col_score_mul[v];
     }
-    if (p.mask || at + kMmaStep > visible_end) {  // (uniform) positions past the end or masked
+    // (uniform) positions before the range's start or past the end, or masked
+    if (p.mask || at < range.start || at + kMmaStep > visible_end) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int j = at + 8 * h + g;
 #pragma unroll
         for (int v = 0; v < 2; ++v) {
-          if (j >= end || j > last[v]) {
+          if (j < range.start || j >= end || j > last[v]) {
             sc[h][v] = kNegInf;
           } else if (p.mask) {
-            sc[h][v] += kLog2e * mask_value(p, mask_base[v] + int64_t{j} * p.m_strides[3]);
+            sc[h][v] = apply_mask(p, mask_base[v] + int64_t{j} * p.m_strides[3], sc[h][v], kLog2e);
           }
         }
       }

@@ -23,6 +23,11 @@ size_t align256(size_t bytes) {
   return (bytes + 255) / 256 * 256;
 }
 
+// An array's device memory (gpu_ptr, never data(): kernels-cuda/README.md).
+void* device_pointer(const mx::array& a) {
+  return const_cast<void*>(static_cast<const void*>(mx::gpu_ptr<char>(a)));
+}
+
 // The fold's process default, for calls that leave it unset: on, unless ATTN_STEP_FOLD=0 (read
 // once). On the H200 (8340ee2, one process, rounds rotated) it launched 364 kernels per step
 // instead of 400 and decoded as fast as the two kernels (docs/fused-step.md).
@@ -118,24 +123,15 @@ void AttentionStep::eval_gpu(
   auto& encoder = mx::cu::get_command_encoder(stream());
   const auto donated = donate_caches(inputs, outputs, owned_caches_);
   allocate_caches(outputs, donated);
-  StepProblem step = make_step_problem(inputs, outputs, offset_, qk_norm_, eps_, rope_base_);
+  StepProblem step = make_step_problem(inputs, outputs, offset_, qk_norm_, kQNormInput, eps_,
+                                       rope_base_, 0, 0, row_ranges_, device_pointer);
   set_inverse_frequencies(step);
-  step.q = mx::gpu_ptr<void>(inputs[0]);
-  step.k = mx::gpu_ptr<void>(inputs[1]);
-  step.v = mx::gpu_ptr<void>(inputs[2]);
-  if (qk_norm_) {
-    step.q_weight = mx::gpu_ptr<void>(inputs[kQNormInput]);
-    step.k_weight = mx::gpu_ptr<void>(inputs[kKNormInput]);
-  }
-  step.k_cache = mx::gpu_ptr<void>(outputs[1]);
-  step.v_cache = mx::gpu_ptr<void>(outputs[2]);
 
   const int L = step.length;
   const Scratch at = scratch_layout(step, out);
   // Planned with the scratch's alignment (256 bytes; plan() checks 16), then pointed at it.
-  DecodeProblem attention = make_step_attention(
-      step, reinterpret_cast<const void*>(uintptr_t{256}), step.k_cache, step.v_cache, nullptr,
-      scale_);
+  DecodeProblem attention =
+      make_step_attention(step, reinterpret_cast<const void*>(uintptr_t{256}), nullptr, scale_);
   const cuda::Plan plan = cuda::plan(attention, cuda::parse_schedule(schedule_));
   out.set_data(mx::allocator::malloc(at.partials_at + plan.partial_floats * sizeof(float)));
   char* base = mx::gpu_ptr<char>(out);
@@ -188,22 +184,10 @@ void AttentionStepQuantized::eval_gpu(
   auto& encoder = mx::cu::get_command_encoder(stream());
   const auto donated = donate_caches(inputs, outputs, owned_caches_, kQuantizedCacheInput);
   allocate_caches(outputs, donated);
-  StepProblem step = make_step_problem(
-      inputs, outputs, offset_, qk_norm_, eps_, rope_base_, bits_, group_size_);
+  StepProblem step =
+      make_step_problem(inputs, outputs, offset_, qk_norm_, kQuantizedQNormInput, eps_,
+                        rope_base_, bits_, group_size_, row_ranges_, device_pointer);
   set_inverse_frequencies(step);
-  step.q = mx::gpu_ptr<void>(inputs[0]);
-  step.k = mx::gpu_ptr<void>(inputs[1]);
-  step.v = mx::gpu_ptr<void>(inputs[2]);
-  if (qk_norm_) {
-    step.q_weight = mx::gpu_ptr<void>(inputs[kQuantizedQNormInput]);
-    step.k_weight = mx::gpu_ptr<void>(inputs[kQuantizedKNormInput]);
-  }
-  step.k_cache = mx::gpu_ptr<void>(outputs[1]);
-  step.k_scales = mx::gpu_ptr<void>(outputs[2]);
-  step.k_biases = mx::gpu_ptr<void>(outputs[3]);
-  step.v_cache = mx::gpu_ptr<void>(outputs[4]);
-  step.v_scales = mx::gpu_ptr<void>(outputs[5]);
-  step.v_biases = mx::gpu_ptr<void>(outputs[6]);
 
   const int L = step.length;
   const Scratch at = scratch_layout(step, out);

@@ -13,7 +13,7 @@ void DecodeAttention::eval_gpu(
   // Device pointers as MLX's own kernels take them: data() would move every input that lives in
   // device memory into unified memory (a copy on its first use; kernels-cuda/README.md).
   const auto device_pointer = [](const mx::array& a) { return mx::gpu_ptr<void>(a); };
-  DecodeProblem problem = make_problem(inputs, scale_, causal_, device_pointer);
+  DecodeProblem problem = this->problem(inputs, device_pointer);
   const cuda::Plan plan = cuda::plan(problem, cuda::parse_schedule(schedule_));
   // allocator::malloc is the only allocation an extension can reach (cu::malloc_async, which MLX's
   // own ops use, is not exported); it returns CUDA managed memory (kernels-cuda/README.md).

@@ -10,9 +10,8 @@ void DecodeAttentionQuantized::eval_gpu(
     const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
   auto& out = outputs[0];
   // gpu_ptr, not data(): data() would move a device buffer into unified memory (a copy).
-  QuantizedProblem problem = make_quantized_problem(
-      inputs, scale_, causal_, group_size_, bits_,
-      [](const mx::array& a) { return static_cast<const void*>(mx::gpu_ptr<char>(a)); });
+  QuantizedProblem problem = this->problem(
+      inputs, [](const mx::array& a) { return static_cast<const void*>(mx::gpu_ptr<char>(a)); });
   const cuda::QuantizedPlan plan = cuda::plan_quantized(problem);
   // The chunks' partial states live behind the output (256-byte aligned), as in eval_gpu_cuda.cpp.
   const size_t partials_at = (out.nbytes() + 255) / 256 * 256;

@@ -2,8 +2,8 @@
 // per (token, head) of the Hq + Hkv heads normalises the q or k row (RMSNorm with mx.fast's
 // roundings; only with qk_norm, otherwise the weight buffers are not read), rotates it (RoPE,
 // non-traditional: dimension j pairs with j + D/2) and stores it: q to the attention's scratch
-// (B, Hq, L, D), k into the cache at position offset + i; a k head's group also copies v into
-// the cache. The attention is decode_attention.metal's kernel. Plus a
+// (B, Hq, L, D), k into the cache at the row's write position + i (StepGeometry); a k head's
+// group also copies v into the cache. The attention is decode_attention.metal's kernel. Plus a
 // strided copy (an undonated cache; the heads-first output reordered when L > 1).
 //
 // Storage types as in decode_attention.metal (bfloat16 as ushort bits). Helper names carry a
@@ -16,6 +16,7 @@
 #include "attention_step_params.h"
 
 using namespace metal;
+using namespace attn_kernels;
 
 constant constexpr int kStepPairsPerLane = 4;  // D <= 256: 128 pairs over 32 lanes
 
@@ -61,12 +62,17 @@ template <typename T>
     device T* k_cache [[buffer(6)]],
     device T* v_cache [[buffer(7)]],
     constant AttentionStepParams& p [[buffer(8)]],
+    const device int* row_starts [[buffer(9)]],
+    const device int* row_offsets [[buffer(10)]],
     uint group_id [[threadgroup_position_in_grid]],
     uint lane [[thread_index_in_simdgroup]]) {
   const int heads = p.q_heads + p.kv_heads;
   const int token = int(group_id) / heads, head = int(group_id) % heads;
   const int b = token / p.length, i = token % p.length;
-  const int D = p.head_dim, half_d = D / 2, position = p.offset + i;
+  // Each batch row at its own place and RoPE position (the same for all without per-row ranges).
+  const int D = p.head_dim, half_d = D / 2;
+  const int position = step_write_position(p.row_ranges, p.offset, row_offsets, b) + i;
+  const int rotation = step_rope_position(p.row_ranges, p.offset, row_starts, row_offsets, b) + i;
   const bool is_q = head < p.q_heads;
   const int h = is_q ? head : head - p.q_heads;
   constant attn_i64* s = is_q ? p.q_strides : p.k_strides;
@@ -82,6 +88,9 @@ template <typename T>
     sum += lo[t] * lo[t] + hi[t] * hi[t];
   }
   const float r = p.qk_norm ? rsqrt(simd_sum(sum) / D + p.eps) : 1.0f;
+  if (!is_q && (position < 0 || position >= p.capacity)) {
+    return;  // a bad per-row offset writes nothing (the attention clamps it too)
+  }
 
   device T* dst;
   attn_i64 ds;
@@ -105,7 +114,7 @@ template <typename T>
       // The angle as MLX's RoPE forms it: float32 frequency 2^(-j/(D/2) · log2 base) times the
       // position in float32.
       const float frequency = exp2(-(float(j) / float(half_d)) * p.log2_base);
-      const float theta = float(position) * frequency;
+      const float theta = float(rotation) * frequency;
       const float cs = precise::cos(theta), sn = precise::sin(theta);
       dst[j * ds] = step_from_float(a * cs - c * sn, T(0));
       dst[(j + half_d) * ds] = step_from_float(a * sn + c * cs, T(0));
@@ -149,6 +158,8 @@ template <typename T>
       device type* k_cache [[buffer(6)]],                                                \
       device type* v_cache [[buffer(7)]],                                                \
       constant AttentionStepParams& p [[buffer(8)]],                                     \
+      const device int* row_starts [[buffer(9)]],                                        \
+      const device int* row_offsets [[buffer(10)]],                                      \
       uint group_id [[threadgroup_position_in_grid]],                                    \
       uint lane [[thread_index_in_simdgroup]]);                                          \
   template [[host_name("attention_step_copy_" #name)]] [[kernel]] void attention_step_copy<type>( \

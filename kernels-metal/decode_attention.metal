@@ -1,7 +1,8 @@
 // DecodeAttention for Apple GPUs: the chapter's kernel, written from its description.
 //
 // One threadgroup per query vector (query row b*Hq + h, query position i); G SIMD groups of 32
-// lanes. Each lane keeps a strided slice of the scaled query (dims lane, lane+32, ...) in
+// lanes. The vector sees its batch row's cache range (attention_geometry.h: row_range,
+// visible_keys). Each lane keeps a strided slice of the scaled query (dims lane, lane+32, ...) in
 // registers; SIMD group g visits positions g, g+G, ...; per position: lane-partial products,
 // simd_sum, optional mask, causal bound, then the online update with each factor computed once
 // (fast::exp). Group partials (max, denominator, accumulator) go to threadgroup memory; the first
@@ -22,6 +23,7 @@
 #include "decode_attention_params.h"
 
 using namespace metal;
+using namespace attn_kernels;
 
 constant constexpr int kMaxPerLane = 8;  // D <= 256 over 32 lanes
 
@@ -77,6 +79,8 @@ template <typename T, int G>
     const device uchar* mask [[buffer(3)]],
     device T* out [[buffer(4)]],
     constant DecodeAttentionParams& p [[buffer(5)]],
+    const device int* row_starts [[buffer(6)]],
+    const device int* row_ends [[buffer(7)]],
     threadgroup float* shared THREADGROUP_BUFFER(0),
     uint vector_id [[threadgroup_position_in_grid]],
     uint tid [[thread_index_in_threadgroup]],
@@ -100,9 +104,12 @@ template <typename T, int G>
     acc[e] = 0.0f;
   }
   float running_max = -INFINITY, denominator = 0.0f;
-  const int last = p.causal ? S - L + i : S - 1;
+  // The positions this vector sees: its batch row's range (all S without per-row ranges), causal
+  // up to the row's end - L + i.
+  const CacheRange range = row_range(row_starts, row_ends, p.row_ranges, p.ends_add, batch, S);
+  const KeyRange keys_seen = visible_keys(range, L, i, p.causal);
 
-  for (int j = int(simd_id); j <= last; j += G) {
+  for (int j = keys_seen.first + int(simd_id); j <= keys_seen.last; j += G) {
     const device T* kj = k + j * p.k_strides[2];
     float partial = 0.0f;
     for (int e = 0; e < kMaxPerLane; ++e) {
@@ -188,7 +195,9 @@ template <typename T, int G>
       const device uchar* mask [[buffer(3)]],                                     \
       device type* out [[buffer(4)]],                                             \
       constant DecodeAttentionParams& p [[buffer(5)]],                            \
-      threadgroup float* shared THREADGROUP_BUFFER(0),                               \
+      const device int* row_starts [[buffer(6)]],                                 \
+      const device int* row_ends [[buffer(7)]],                                   \
+      threadgroup float* shared THREADGROUP_BUFFER(0),                            \
       uint vector_id [[threadgroup_position_in_grid]],                            \
       uint tid [[thread_index_in_threadgroup]],                                   \
       uint simd_id [[simdgroup_index_in_threadgroup]],                            \

@@ -20,6 +20,7 @@
 #include "decode_attention_quantized_params.h"
 
 using namespace metal;
+using namespace attn_kernels;
 
 namespace quantized {
 
@@ -50,6 +51,12 @@ inline void store(device ushort* p, float x) {
   }
   u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
   *p = ushort(u >> 16);
+}
+
+// max() drops a NaN argument; softmax must not: a NaN score makes its row NaN, as in the readable
+// path (decode_attention.metal's max_nan).
+inline float max_nan(float a, float b) {
+  return (a > b || a != a) ? a : b;
 }
 
 inline float mask_value(const device uchar* mask, int kind, attn_i64 at) {
@@ -89,6 +96,8 @@ template <typename T, int G, int BITS>
     const device uchar* mask [[buffer(7)]],
     device T* out [[buffer(8)]],
     constant QuantizedAttentionParams& p [[buffer(9)]],
+    const device int* row_starts [[buffer(10)]],
+    const device int* row_ends [[buffer(11)]],
     threadgroup float* shared THREADGROUP_BUFFER(0),
     uint block [[threadgroup_position_in_grid]],
     uint tid [[thread_index_in_threadgroup]],
@@ -112,12 +121,15 @@ template <typename T, int G, int BITS>
   float q[kVectors][kMaxPerLane];
   float acc[kVectors][kMaxPerLane];
   float running_max[kVectors], denominator[kVectors];
+  // The batch row's cache range (all S without per-row ranges): every vector of the tile starts
+  // at its first position.
+  const CacheRange range = row_range(row_starts, row_ends, p.row_ranges, p.ends_add, batch, S);
   int last[kVectors];  // last visible position; -1 for an unused slot
   attn_i64 mask_base[kVectors];
   for (int v = 0; v < kVectors; ++v) {
     const int r = tile * kVectors + v;
     const int head = kv_head * p.group + r / L, i = r % L;
-    last[v] = r < vectors ? (p.causal ? S - L + i : S - 1) : -1;
+    last[v] = r < vectors ? visible_keys(range, L, i, p.causal).last : -1;
     mask_base[v] = batch * p.m_strides[0] + head * p.m_strides[1] + i * p.m_strides[2];
     const device T* qv = queries + batch * p.q_strides[0] + head * p.q_strides[1] + i * p.q_strides[2];
     for (int e = 0; e < kMaxPerLane; ++e) {
@@ -133,7 +145,7 @@ template <typename T, int G, int BITS>
     end = last[v] > end ? last[v] : end;
   }
 
-  for (int j = int(simd_id); j <= end; j += G) {
+  for (int j = range.start + int(simd_id); j <= end; j += G) {
     float key[kMaxPerLane];
     for (int e = 0; e < kMaxPerLane; ++e) {
       const int d = int(lane) + 32 * e;
@@ -149,7 +161,10 @@ template <typename T, int G, int BITS>
       float score = simd_sum(partial);
       if (j > last[v]) {
         score = -INFINITY;
-      } else if (p.mask_kind != 0) {
+      } else if (p.mask_kind == kMaskBool) {
+        // false removes the key whatever its score (NaN included), as the contract says
+        score = ((const device bool*)mask)[mask_base[v] + j * p.m_strides[3]] ? score : -INFINITY;
+      } else if (p.mask_kind != kMaskNone) {
         score += mask_value(mask, p.mask_kind, mask_base[v] + j * p.m_strides[3]);
       }
       if (score == -INFINITY) {  // a removed key contributes nothing (uniform across the group)
@@ -157,7 +172,7 @@ template <typename T, int G, int BITS>
         factor[v] = 1.0f;
         continue;
       }
-      const float new_max = max(running_max[v], score);
+      const float new_max = max_nan(running_max[v], score);
       factor[v] = fast::exp(running_max[v] - new_max);
       weight[v] = fast::exp(score - new_max);
       denominator[v] = denominator[v] * factor[v] + weight[v];
@@ -200,7 +215,7 @@ template <typename T, int G, int BITS>
     const int v = item / D, d = item % D;
     float common = -INFINITY;
     for (int g = 0; g < G; ++g) {
-      common = max(common, shared[(g * kVectors + v) * stride]);
+      common = max_nan(common, shared[(g * kVectors + v) * stride]);
     }
     float total = 0.0f, sum = 0.0f;
     for (int g = 0; g < G; ++g) {
@@ -211,7 +226,8 @@ template <typename T, int G, int BITS>
     }
     const int r = tile * kVectors + v;
     const int row = kv_row * p.group + r / L, i = r % L;
-    store(out + (attn_i64(row) * L + i) * D + d, total > 0.0f ? sum / total : 0.0f);
+    // Zeros only when no key was kept; a NaN total (a NaN score) stays NaN.
+    store(out + (attn_i64(row) * L + i) * D + d, total == 0.0f ? 0.0f : sum / total);
   }
 }
 
@@ -228,6 +244,8 @@ template <typename T, int G, int BITS>
       const device uchar* mask [[buffer(7)]],                                               \
       device type* out [[buffer(8)]],                                                       \
       constant QuantizedAttentionParams& p [[buffer(9)]],                                   \
+      const device int* row_starts [[buffer(10)]],                                          \
+      const device int* row_ends [[buffer(11)]],                                            \
       threadgroup float* shared THREADGROUP_BUFFER(0),                                      \
       uint block [[threadgroup_position_in_grid]],                                          \
       uint tid [[thread_index_in_threadgroup]],                                             \

@@ -54,26 +54,15 @@ void AttentionStep::eval_gpu(
       outputs[1 + c].set_data(mx::allocator::malloc(outputs[1 + c].nbytes()));
     }
   }
-  const StepProblem s = make_step_problem(inputs, outputs, offset_, qk_norm_, eps_, rope_base_);
-  AttentionStepParams p{};
-  p.batch = s.batch;
-  p.length = s.length;
-  p.q_heads = s.q_heads;
-  p.kv_heads = s.kv_heads;
-  p.head_dim = s.head_dim;
-  p.offset = s.offset;
-  p.qk_norm = s.qk_norm ? 1 : 0;
-  p.eps = s.eps;
-  p.log2_base = s.log2_base;
-  for (int i = 0; i < 3; ++i) {
-    p.q_strides[i] = s.q_strides[i];
-    p.k_strides[i] = s.k_strides[i];
-    p.v_strides[i] = s.v_strides[i];
-  }
-  for (int i = 0; i < 4; ++i) {
-    p.kc_strides[i] = s.kc_strides[i];
-    p.vc_strides[i] = s.vc_strides[i];
-  }
+  // Geometry and strides only: the buffers are bound to the encoder below.
+  const StepProblem s = make_step_problem(inputs, outputs, offset_, qk_norm_, kQNormInput, eps_,
+                                          rope_base_, 0, 0, row_ranges_,
+                                          [](const mx::array&) -> void* { return nullptr; });
+  const AttentionStepParams p = s;
+  // The per-row starts and offsets (after the norm weights), or q as a never-read stand-in.
+  int next = kQNormInput + (qk_norm_ ? 2 : 0);
+  const mx::array& starts = row_ranges_ & kRowStarts ? inputs[next++] : inputs[0];
+  const mx::array& offsets = row_ranges_ & kRowEnds ? inputs[next++] : inputs[0];
 
   // out's allocation: out | rotated queries (B, Hq, L, D) | heads-first output when L > 1.
   const size_t q_bytes = size_t(s.batch) * s.q_heads * s.length * s.head_dim * out.itemsize();
@@ -117,6 +106,8 @@ void AttentionStep::eval_gpu(
   encoder.set_output_array(outputs[1], 6);
   encoder.set_output_array(outputs[2], 7);
   encoder.set_bytes(p, 8);
+  encoder.set_input_array(starts, 9);
+  encoder.set_input_array(offsets, 10);
   encoder.dispatch_threadgroups(
       MTL::Size(size_t(s.batch) * s.length * (s.q_heads + s.kv_heads), 1, 1), MTL::Size(32, 1, 1));
 
@@ -130,6 +121,8 @@ void AttentionStep::eval_gpu(
   encoder.set_input_array(outputs[1], 3);  // the mask slot, never read (mask_kind 0)
   encoder.set_output_array(out, 4, s.length > 1 ? heads_at : 0);
   encoder.set_bytes(a, 5);
+  encoder.set_input_array(starts, 6);  // the rows' ends: their offsets (ends_add = L)
+  encoder.set_input_array(offsets, 7);
   encoder.set_threadgroup_memory_length((groups * (s.head_dim + 2) + groups + 1) * sizeof(float), 0);
   encoder.dispatch_threadgroups(
       MTL::Size(size_t(a.rows) * a.query_len, 1, 1), MTL::Size(groups * 32, 1, 1));

@@ -42,33 +42,13 @@ void DecodeAttention::eval_gpu(
     const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
   auto& out = outputs[0];
   out.set_data(mx::allocator::malloc(out.nbytes()));
-  // Only shapes, strides and flags: the buffers are bound to the encoder below.
-  const DecodeProblem problem = problem_shape(inputs, scale_, causal_);
-
+  // Geometry and strides only: the buffers are bound to the encoder below.
+  const DecodeProblem problem = this->problem(inputs, [](const mx::array&) { return nullptr; });
   DecodeAttentionParams params{};
-  params.rows = problem.rows;
-  params.group = problem.group;
-  params.query_len = problem.query_len;
-  params.context = problem.context;
-  params.head_dim = problem.head_dim;
-  params.q_heads = problem.q_heads;
-  params.kv_heads = problem.kv_heads;
-  params.scale = problem.scale;
-  params.causal = problem.causal ? 1 : 0;
-  params.mask_kind = 0;
-  if (inputs.size() > 3) {
-    switch (problem.mask_dtype) {
-      case ElementType::float32: params.mask_kind = 1; break;
-      case ElementType::float16: params.mask_kind = 2; break;
-      case ElementType::bfloat16: params.mask_kind = 3; break;
-      case ElementType::boolean: params.mask_kind = 4; break;
-    }
-  }
+  static_cast<AttentionGeometry&>(params) = problem;
   for (int i = 0; i < 4; ++i) {
-    params.q_strides[i] = problem.q_strides[i];
     params.k_strides[i] = problem.k_strides[i];
     params.v_strides[i] = problem.v_strides[i];
-    params.m_strides[i] = problem.m_strides[i];
   }
 
   const int groups = groups_for(schedule_, problem.head_dim);
@@ -83,10 +63,13 @@ void DecodeAttention::eval_gpu(
   encoder.set_input_array(inputs[0], 0);
   encoder.set_input_array(inputs[1], 1);
   encoder.set_input_array(inputs[2], 2);
-  // Without a mask, buffer 3 is bound to the queries and never read (mask_kind 0).
-  encoder.set_input_array(inputs.size() > 3 ? inputs[3] : inputs[0], 3);
+  // Without a mask or per-row ranges, their buffers are bound to the queries and never read.
+  int next = 3;
+  encoder.set_input_array(has_mask_ ? inputs[next++] : inputs[0], 3);
   encoder.set_output_array(out, 4);
   encoder.set_bytes(params, 5);
+  encoder.set_input_array(row_ranges_ & kRowStarts ? inputs[next++] : inputs[0], 6);
+  encoder.set_input_array(row_ranges_ & kRowEnds ? inputs[next++] : inputs[0], 7);
   encoder.set_threadgroup_memory_length(
       (groups * (problem.head_dim + 2) + groups + 1) * sizeof(float), 0);
   const size_t vectors = static_cast<size_t>(problem.rows) * problem.query_len;

@@ -35,34 +35,13 @@ void DecodeAttentionQuantized::eval_gpu(
     const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
   auto& out = outputs[0];
   out.set_data(mx::allocator::malloc(out.nbytes()));
-  const QuantizedProblem problem = make_quantized_problem(
-      inputs, scale_, causal_, group_size_, bits_,
-      [](const mx::array& a) { return static_cast<const void*>(a.data<void>()); });
-
+  // Geometry and strides only: the buffers are bound to the encoder below.
+  const QuantizedProblem problem = this->problem(inputs, [](const mx::array&) { return nullptr; });
   QuantizedAttentionParams params{};
-  params.rows = problem.rows;
-  params.group = problem.group;
-  params.query_len = problem.query_len;
-  params.context = problem.context;
-  params.head_dim = problem.head_dim;
-  params.q_heads = problem.q_heads;
-  params.kv_heads = problem.kv_heads;
-  params.scale = problem.scale;
-  params.causal = problem.causal ? 1 : 0;
+  static_cast<AttentionGeometry&>(params) = problem;
   params.group_size = problem.group_size;
   params.bits = problem.bits;
-  params.mask_kind = 0;
-  if (problem.mask) {
-    switch (problem.mask_dtype) {
-      case ElementType::float32: params.mask_kind = 1; break;
-      case ElementType::float16: params.mask_kind = 2; break;
-      case ElementType::bfloat16: params.mask_kind = 3; break;
-      case ElementType::boolean: params.mask_kind = 4; break;
-    }
-  }
   for (int a = 0; a < 4; ++a) {
-    params.q_strides[a] = problem.q_strides[a];
-    params.m_strides[a] = problem.m_strides[a];
     for (int t = 0; t < 3; ++t) {
       params.k_strides[t * 4 + a] = problem.k_strides[t][a];
       params.v_strides[t * 4 + a] = problem.v_strides[t][a];
@@ -83,10 +62,13 @@ void DecodeAttentionQuantized::eval_gpu(
   for (int i = 0; i < 7; ++i) {
     encoder.set_input_array(inputs[i], i);
   }
-  // Without a mask, buffer 7 is bound to the queries and never read (mask_kind 0).
-  encoder.set_input_array(inputs.size() > 7 ? inputs[7] : inputs[0], 7);
+  // Without a mask or per-row ranges, their buffers are bound to the queries and never read.
+  int next = 7;
+  encoder.set_input_array(has_mask_ ? inputs[next++] : inputs[0], 7);
   encoder.set_output_array(out, 8);
   encoder.set_bytes(params, 9);
+  encoder.set_input_array(row_ranges_ & kRowStarts ? inputs[next++] : inputs[0], 10);
+  encoder.set_input_array(row_ranges_ & kRowEnds ? inputs[next++] : inputs[0], 11);
   encoder.set_threadgroup_memory_length(
       groups * kVectors * (problem.head_dim + 2) * sizeof(float), 0);
   const int vectors = problem.group * problem.query_len;

@@ -120,23 +120,12 @@ void run(const Case& c, double bandwidth, std::mt19937& rng, const Mode& mode) {
   }
 
   DecodeProblem p{};
+  static_cast<AttentionGeometry&>(p) = make_geometry(
+      1, kHq, kHkv, c.L, c.S, kD, 1.0f / std::sqrt(float(kD)), c.causal, nullptr);
   p.queries = q;
   p.out = out;
   p.dtype = ElementType::bfloat16;
-  p.mask_dtype = ElementType::float32;
-  p.rows = kHq;
-  p.kv_rows = kHkv;
-  p.group = kHq / kHkv;
-  p.query_len = c.L;
-  p.context = c.S;
-  p.head_dim = kD;
-  p.q_heads = kHq;
-  p.kv_heads = kHkv;
-  p.scale = 1.0f / std::sqrt(float(kD));
-  p.causal = c.causal;
-  const int64_t qs[4] = {int64_t{kHq} * c.L * kD, int64_t{c.L} * kD, kD, 1};
   const int64_t ks[4] = {int64_t{kHkv} * c.S * kD, int64_t{c.S} * kD, kD, 1};
-  std::copy(qs, qs + 4, p.q_strides);
   std::copy(ks, ks + 4, p.k_strides);
   std::copy(ks, ks + 4, p.v_strides);
   const int head_step = kHq / std::clamp(mode.checked_heads, 1, kHq);

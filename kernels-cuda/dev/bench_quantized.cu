@@ -154,6 +154,8 @@ void release(const DeviceTriple& d) {
 QuantizedProblem problem_for(const void* q, void* out, const DeviceTriple& k,
                              const DeviceTriple& v, int bits, int S) {
   QuantizedProblem p{};
+  static_cast<AttentionGeometry&>(p) =
+      make_geometry(1, kHq, kHkv, 1, S, kD, 1.0f / std::sqrt(float(kD)), false, nullptr);
   p.queries = q;
   p.out = out;
   p.k_codes = k.codes;
@@ -163,20 +165,8 @@ QuantizedProblem problem_for(const void* q, void* out, const DeviceTriple& k,
   p.v_scales = v.scales;
   p.v_biases = v.biases;
   p.dtype = ElementType::bfloat16;
-  p.mask_dtype = ElementType::float32;
-  p.rows = kHq;
-  p.kv_rows = kHkv;
-  p.group = kHq / kHkv;
-  p.query_len = 1;
-  p.context = S;
-  p.head_dim = kD;
-  p.q_heads = kHq;
-  p.kv_heads = kHkv;
   p.bits = bits;
   p.group_size = kGroupSize;
-  p.scale = 1.0f / std::sqrt(float(kD));
-  const int64_t qs[4] = {int64_t{kHq} * kD, kD, kD, 1};
-  std::copy(qs, qs + 4, p.q_strides);
   const int64_t words = kD * bits / 32, groups = kD / kGroupSize;
   for (auto* strides : {&p.k_strides, &p.v_strides}) {
     const int64_t codes[4] = {kHkv * S * words, S * words, words, 1};

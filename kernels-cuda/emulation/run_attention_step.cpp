@@ -9,7 +9,8 @@
 // DIR holds config.txt ("B Hq Hkv L offset D dtype splits capacity qk_norm", dtype 0 = f16,
 // 1 = bf16) and float32 inputs, each exactly representable in the dtype: q.bin (B, L, Hq·D), k.bin
 // and v.bin (B, L, Hkv·D), qw.bin and kw.bin (D; read only with qk_norm), kc.bin and vc.bin
-// (B, Hkv, capacity, D). It writes
+// (B, Hkv, capacity, D); with per-row ranges, starts.bin and offsets.bin (int32 (B,): the rows'
+// first positions and write positions; offset is then the largest write position). It writes
 // float32 out_chain.bin and out_fold.bin (B, Hq, L, D: the attention's heads-first output) and
 // kc_chain.bin, vc_chain.bin, kc_fold.bin, vc_fold.bin. The launches follow plan_mma() with the
 // split count given (chunks of whole 64-position block steps, no empty chunk).
@@ -62,26 +63,43 @@ void write(const std::string& path, const std::vector<T>& x) {
       .write(reinterpret_cast<const char*>(f.data()), f.size() * sizeof(float));
 }
 
-// The step's inputs from DIR (float32 files, each value exact in T) and the StepProblem that
-// reads them (contiguous projections; caches and outputs left for the caller).
+// int32 values of DIR/name, or none when the file is absent.
+std::vector<int32_t> read_ints(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return {};
+  std::vector<char> raw{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+  std::vector<int32_t> out(raw.size() / sizeof(int32_t));
+  std::memcpy(out.data(), raw.data(), out.size() * sizeof(int32_t));
+  return out;
+}
+
+// The step's inputs from DIR (float32 files, each value exact in T; per-row ranges where
+// starts.bin and offsets.bin, int32 (B,), are there) and the StepProblem that reads them
+// (contiguous projections; caches and outputs left for the caller).
 template <typename T>
 struct StepInputs {
   std::vector<T> q, k, v, qw, kw;
+  std::vector<int32_t> starts, offsets;
   StepInputs(const std::string& dir, bool qk_norm)
       : q(to_t<T>(read(dir + "/q.bin"))),
         k(to_t<T>(read(dir + "/k.bin"))),
         v(to_t<T>(read(dir + "/v.bin"))),
         qw(qk_norm ? to_t<T>(read(dir + "/qw.bin")) : std::vector<T>{}),
-        kw(qk_norm ? to_t<T>(read(dir + "/kw.bin")) : std::vector<T>{}) {}
+        kw(qk_norm ? to_t<T>(read(dir + "/kw.bin")) : std::vector<T>{}),
+        starts(read_ints(dir + "/starts.bin")),
+        offsets(read_ints(dir + "/offsets.bin")) {}
 
-  StepProblem problem(int b, int hq, int hkv, int L, int offset, int D, bool qk_norm) const {
+  StepProblem problem(int b, int hq, int hkv, int L, int offset, int D, bool qk_norm,
+                      int capacity) const {
     StepProblem s{};
     s.q = q.data(), s.k = k.data(), s.v = v.data();
     s.q_weight = qk_norm ? qw.data() : nullptr, s.k_weight = qk_norm ? kw.data() : nullptr;
     s.qk_norm = qk_norm;
     s.dtype = std::is_same_v<T, __half> ? ElementType::float16 : ElementType::bfloat16;
     s.batch = b, s.length = L, s.q_heads = hq, s.kv_heads = hkv, s.head_dim = D;
-    s.offset = offset;
+    s.offset = offset, s.capacity = capacity;
+    s.row_ranges = (starts.empty() ? 0 : kRowStarts) | (offsets.empty() ? 0 : kRowEnds);
+    s.row_starts = starts.data(), s.row_offsets = offsets.data();
     s.eps = 1e-6f, s.log2_base = std::log2(1e6f);
     for (int j = 0; j < D / 2; ++j) s.inv_freq[j] = rope_inverse_frequency(j, D / 2, s.log2_base);
     const int64_t q_strides[3] = {int64_t(L) * hq * D, int64_t(hq) * D, 1};
@@ -99,22 +117,12 @@ int run(const std::string& dir, int b, int hq, int hkv, int L, int offset, int s
         int capacity, bool qk_norm) {
   const StepInputs<T> in(dir, qk_norm);
   const auto kc0 = to_t<T>(read(dir + "/kc.bin")), vc0 = to_t<T>(read(dir + "/vc.bin"));
-  StepProblem s = in.problem(b, hq, hkv, L, offset, D, qk_norm);
+  StepProblem s = in.problem(b, hq, hkv, L, offset, D, qk_norm, capacity);
   const int64_t cache[4] = {int64_t(hkv) * capacity * D, int64_t(capacity) * D, D, 1};
   for (int a = 0; a < 4; ++a) s.kc_strides[a] = s.vc_strides[a] = cache[a];
 
-  // make_step_attention()'s problem.
-  DecodeProblem p{};
-  p.dtype = s.dtype, p.mask_dtype = ElementType::float32;
-  p.q_heads = hq, p.kv_heads = hkv, p.rows = b * hq, p.kv_rows = b * hkv;
-  p.query_len = L, p.head_dim = D, p.context = offset + L, p.group = hq / hkv;
-  p.scale = 1.0f / std::sqrt(float(D));
-  p.causal = true;
-  const int64_t heads_first[4] = {int64_t(hq) * L * D, int64_t(L) * D, D, 1};
-  for (int a = 0; a < 4; ++a) {
-    p.q_strides[a] = heads_first[a];
-    p.k_strides[a] = p.v_strides[a] = cache[a];
-  }
+  // The attention over the updated caches, as every backend builds it.
+  DecodeProblem p = make_step_attention(s, nullptr, nullptr, 1.0f / std::sqrt(float(D)));
 
   // plan_mma()'s launch with the split count given.
   const int S = p.context, step = kMmaWarps * kMmaStep;
@@ -164,7 +172,7 @@ template <typename T>
 int run_quantized(const std::string& dir, int b, int hq, int hkv, int L, int offset, int D,
                   int capacity, bool qk_norm, int bits, int group_size) {
   const StepInputs<T> in(dir, qk_norm);
-  StepProblem s = in.problem(b, hq, hkv, L, offset, D, qk_norm);
+  StepProblem s = in.problem(b, hq, hkv, L, offset, D, qk_norm, capacity);
   const int warps = 4;
   auto strides = [&](int64_t last) {
     return std::array<int64_t, 4>{

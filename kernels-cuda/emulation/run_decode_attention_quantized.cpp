@@ -6,11 +6,13 @@
 // where mask_kind is 0 (none) or 1 (float32, (B, Hq, L, S) contiguous), q.bin (float32, (B, Hq,
 // L, D) contiguous), kc.bin, ks.bin, kb.bin, vc.bin, vs.bin, vb.bin (mx.quantize's arrays, float32
 // scales and biases, each (B, Hkv, capacity, ·) contiguous, capacity in config line 2) and
-// mask.bin; it receives out.bin, float32 (B, Hq, L, D). The launch follows plan_quantized()
-// with the split count given. kind 0 runs the SIMT kernel (8x2) on float32 storage; kinds 2 and 4
-// the tensor-core kernel (decode_attention_quantized_mmat.cuh) sized for that many blocks per SM
-// (mmat, mmat4: their stage counts; launch bounds do not apply here) on half storage: queries,
-// scales and biases rounded to f16, the output f16 (written back as float32).
+// mask.bin, and after kind an optional RowRanges value (1 starts, 2 ends, 3 both: starts.bin,
+// ends.bin int32 (B,)); it receives out.bin, float32 (B, Hq, L, D). The launch follows
+// plan_quantized() with the split count given. kind 0 runs the SIMT kernel (8x2) on float32
+// storage; kinds 2 and 4 the tensor-core kernel (decode_attention_quantized_mmat.cuh) sized for
+// that many blocks per SM (mmat, mmat4: their stage counts; launch bounds do not apply here) on
+// half storage: queries, scales and biases rounded to f16, the output f16 (written back as
+// float32).
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
@@ -100,6 +102,8 @@ int main(int argc, char** argv) {
   int b, hq, hkv, L, S, D, bits, group_size, causal, mask_kind, splits, capacity, kind;
   config >> b >> hq >> hkv >> L >> S >> D >> bits >> group_size >> causal >> mask_kind >> splits >>
       capacity >> kind;
+  int row_ranges = 0;  // optional: RowRanges bits (starts.bin, ends.bin: int32 (B,))
+  config >> row_ranges;
   if (kind != 0 && kind != 2 && kind != 4) {
     std::fprintf(stderr, "kind must be 0 (8x2), 2 (mmat) or 4 (mmat4), got %d\n", kind);
     return 2;
@@ -114,14 +118,28 @@ int main(int argc, char** argv) {
   const auto vs16 = to_half(vs), vb16 = to_half(vb);
   std::vector<__half> out16(q.size(), __float2half_rn(NAN));
 
+  const auto starts = row_ranges & kRowStarts ? read<int32_t>(dir + "/starts.bin")
+                                              : std::vector<int32_t>{};
+  const auto ends =
+      row_ranges & kRowEnds ? read<int32_t>(dir + "/ends.bin") : std::vector<int32_t>{};
+
   QuantizedProblem p{};
+  static_cast<AttentionGeometry&>(p) =
+      make_geometry(b, hq, hkv, L, S, D, 1.0f / std::sqrt(float(D)), causal != 0, nullptr);
+  if (mask_kind) {
+    p.mask_kind = kMaskFloat32;
+    const int64_t m_strides[4] = {int64_t(hq) * L * S, int64_t(L) * S, S, 1};
+    for (int a = 0; a < 4; ++a) p.m_strides[a] = m_strides[a];
+  }
+  p.row_ranges = row_ranges;
+  p.row_starts = starts.data();
+  p.row_ends = ends.data();
   p.queries = q.data();
   p.k_codes = kc.data(), p.k_scales = ks.data(), p.k_biases = kb.data();
   p.v_codes = vc.data(), p.v_scales = vs.data(), p.v_biases = vb.data();
   p.mask = mask_kind ? mask.data() : nullptr;
   p.out = out.data();
   p.dtype = ElementType::float32;
-  p.mask_dtype = ElementType::float32;
   if (mma) {
     p.queries = q16.data();
     p.k_scales = ks16.data(), p.k_biases = kb16.data();
@@ -129,17 +147,8 @@ int main(int argc, char** argv) {
     p.out = out16.data();
     p.dtype = ElementType::float16;
   }
-  p.q_heads = hq, p.kv_heads = hkv, p.rows = b * hq, p.kv_rows = b * hkv;
-  p.query_len = L, p.context = S, p.head_dim = D, p.group = hq / hkv;
-  p.bits = bits, p.group_size = group_size, p.scale = 1.0f / std::sqrt(float(D));
-  p.causal = causal != 0;
-  const int64_t q_strides[4] = {int64_t(hq) * L * D, int64_t(L) * D, D, 1};
-  const int64_t m_strides[4] = {int64_t(hq) * L * S, int64_t(L) * S, S, 1};
+  p.bits = bits, p.group_size = group_size;
   const int words = D * bits / 32, groups = D / group_size;
-  for (int a = 0; a < 4; ++a) {
-    p.q_strides[a] = q_strides[a];
-    p.m_strides[a] = m_strides[a];
-  }
   for (auto* strides : {&p.k_strides, &p.v_strides}) {
     const int64_t code[4] = {int64_t(hkv) * capacity * words, int64_t(capacity) * words, words, 1};
     const int64_t group[4] = {int64_t(hkv) * capacity * groups, int64_t(capacity) * groups, groups, 1};

@@ -3,10 +3,14 @@
 //
 //   run_attention_step DIR
 //
-// DIR holds params.bin (AttentionStepParams), config.txt ("dtype groups scale"), q.bin, k.bin,
-// v.bin, q_norm.bin and k_norm.bin (only with params.qk_norm), k_cache.bin, v_cache.bin (raw
-// storage: float32, float16 or bfloat16 bits; caches as the params' strides describe, contiguous
-// here) and receives out.bin (B, L, Hq·D) and the updated k_cache.bin, v_cache.bin.
+// DIR holds config.txt ("dtype groups scale B L Hq Hkv D offset capacity qk_norm eps base"), q.bin,
+// k.bin, v.bin (B, L, heads·D), q_norm.bin and k_norm.bin (only with qk_norm), k_cache.bin,
+// v_cache.bin (B, Hkv, capacity, D) (raw storage: float32, float16 or bfloat16 bits, contiguous),
+// and with per-row ranges starts.bin and offsets.bin (int32 (B,): the rows' first positions and
+// write positions; offset is then the largest write position). It receives out.bin (B, L, Hq·D)
+// and the updated k_cache.bin, v_cache.bin. The attention's parameters come from the builder
+// every backend uses (make_step_geometry).
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -37,8 +41,19 @@ const T* as(const std::vector<char>& bytes) {
   return reinterpret_cast<const T*>(bytes.data());
 }
 
+// int32 values of a file, or one unread stand-in when it is absent.
+std::vector<int> read_ints(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return std::vector<int>(1);
+  std::vector<char> raw{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+  std::vector<int> out(raw.size() / sizeof(int));
+  std::memcpy(out.data(), raw.data(), out.size() * sizeof(int));
+  return out;
+}
+
 template <typename T, int G>
 void run(const std::string& dir, const AttentionStepParams& p, float scale) {
+  const auto starts = read_ints(dir + "/starts.bin"), offsets = read_ints(dir + "/offsets.bin");
   const auto q = read_file(dir + "/q.bin"), k = read_file(dir + "/k.bin"), v = read_file(dir + "/v.bin");
   std::vector<char> qw, kw;  // without qk_norm: null pointers, which the kernel must not read
   if (p.qk_norm) {
@@ -57,7 +72,8 @@ void run(const std::string& dir, const AttentionStepParams& p, float scale) {
                    attention_step_preprocess<T>(as<T>(q), as<T>(k), as<T>(v),
                                                 p.qk_norm ? as<T>(qw) : nullptr,
                                                 p.qk_norm ? as<T>(kw) : nullptr,
-                                                q_out.data(), kc, vc, p, group, thread);
+                                                q_out.data(), kc, vc, p, starts.data(),
+                                                offsets.data(), group, thread);
                  });
 
   const DecodeAttentionParams a = step_attention_params(p, scale);
@@ -65,8 +81,9 @@ void run(const std::string& dir, const AttentionStepParams& p, float scale) {
   const uchar unused_mask = 0;
   std::vector<float> shared(G * (p.head_dim + 2) + G + 1);
   simt::dispatch(a.rows * a.query_len, G * simt::kSimdWidth, [&](int group, int thread) {
-    decode_attention<T, G>(q_out.data(), kc, vc, &unused_mask, attended, a, shared.data(), group,
-                           thread, thread / simt::kSimdWidth, thread % simt::kSimdWidth);
+    decode_attention<T, G>(q_out.data(), kc, vc, &unused_mask, attended, a, starts.data(),
+                           offsets.data(), shared.data(), group, thread,
+                           thread / simt::kSimdWidth, thread % simt::kSimdWidth);
   });
 
   if (p.length > 1) {
@@ -98,18 +115,28 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string dir = argv[1];
-  const auto raw = read_file(dir + "/params.bin");
-  if (raw.size() != sizeof(AttentionStepParams)) {
-    std::fprintf(stderr, "params.bin: %zu bytes, expected %zu\n", raw.size(), sizeof(AttentionStepParams));
-    return 2;
-  }
-  AttentionStepParams p;
-  std::memcpy(&p, raw.data(), sizeof(p));
   std::ifstream config(dir + "/config.txt");
   std::string dtype;
-  int groups = 0;
-  float scale = 0.0f;
-  config >> dtype >> groups >> scale;
+  int groups, b, L, hq, hkv, D, offset, capacity, qk_norm;
+  float scale, eps, base;
+  if (!(config >> dtype >> groups >> scale >> b >> L >> hq >> hkv >> D >> offset >> capacity >>
+        qk_norm >> eps >> base)) {
+    std::fprintf(stderr, "bad %s/config.txt\n", dir.c_str());
+    return 2;
+  }
+  AttentionStepParams p{};
+  p.batch = b, p.length = L, p.q_heads = hq, p.kv_heads = hkv, p.head_dim = D;
+  p.offset = offset, p.capacity = capacity, p.qk_norm = qk_norm;
+  p.eps = eps, p.log2_base = std::log2(base);
+  p.row_ranges = (std::ifstream(dir + "/starts.bin") ? kRowStarts : 0) |
+                 (std::ifstream(dir + "/offsets.bin") ? kRowEnds : 0);
+  const attn_i64 q[3] = {attn_i64(L) * hq * D, attn_i64(hq) * D, 1};
+  const attn_i64 kv[3] = {attn_i64(L) * hkv * D, attn_i64(hkv) * D, 1};
+  const attn_i64 cache[4] = {attn_i64(hkv) * capacity * D, attn_i64(capacity) * D, D, 1};
+  for (int a = 0; a < 4; ++a) {
+    if (a < 3) p.q_strides[a] = q[a], p.k_strides[a] = p.v_strides[a] = kv[a];
+    p.kc_strides[a] = p.vc_strides[a] = cache[a];
+  }
   if (dtype == "float32") run_groups<float>(dir, p, groups, scale);
   else if (dtype == "float16") run_groups<half>(dir, p, groups, scale);
   else if (dtype == "bfloat16") run_groups<ushort>(dir, p, groups, scale);

@@ -6,7 +6,6 @@
 #include <array>
 #include <atomic>
 #include <cmath>
-#include <sstream>
 #include <stdexcept>
 
 namespace attn_kernels {
@@ -15,24 +14,6 @@ namespace {
 
 std::atomic<uint64_t> cache_copies{0};
 std::atomic<uint64_t> folded_steps{0};
-
-std::string shape_str(const mx::Shape& shape) {
-  std::ostringstream os;
-  os << "(";
-  for (size_t i = 0; i < shape.size(); ++i) {
-    os << (i ? ", " : "") << shape[i];
-  }
-  os << (shape.size() == 1 ? ",)" : ")");
-  return os.str();
-}
-
-std::string shape_str(const mx::array& a) {
-  return shape_str(a.shape());
-}
-
-[[noreturn]] void fail(const std::string& message, const char* op = "attention_step") {
-  throw std::invalid_argument("[" + std::string(op) + "] " + message);
-}
 
 // How many arrays share `a`'s descriptor: the first half of is_donatable(), which MLX keeps
 // private. Read through a pointer to the private member, which an explicit instantiation may
@@ -50,12 +31,6 @@ long array_holders(const mx::array& a) {
   return (a.*array_desc_member(ArrayDescTag{})).use_count();
 }
 
-ElementType element_type(mx::Dtype t) {
-  if (t == mx::float32) return ElementType::float32;
-  if (t == mx::float16) return ElementType::float16;
-  return ElementType::bfloat16;
-}
-
 // q's dtype, and both norm weights or neither: the steps' first checks.
 void check_q_and_norms(
     const char* op,
@@ -64,15 +39,12 @@ void check_q_and_norms(
     const std::optional<mx::array>& k_norm_weight) {
   const mx::Dtype dtype = q.dtype();
   if (dtype != mx::float32 && dtype != mx::float16 && dtype != mx::bfloat16) {
-    std::ostringstream os;
-    os << "q must be float32, float16 or bfloat16, got " << dtype;
-    fail(os.str(), op);
+    fail(op, "q must be float32, float16 or bfloat16, got " + dtype_str(dtype));
   }
   if (q_norm_weight.has_value() != k_norm_weight.has_value()) {
-    fail(std::string(q_norm_weight ? "k_norm_weight" : "q_norm_weight") + " is None while " +
-             (q_norm_weight ? "q_norm_weight" : "k_norm_weight") +
-             " is not: pass both norm weights or neither",
-         op);
+    fail(op, std::string(q_norm_weight ? "k_norm_weight" : "q_norm_weight") + " is None while " +
+                 (q_norm_weight ? "q_norm_weight" : "k_norm_weight") +
+                 " is not: pass both norm weights or neither");
   }
 }
 
@@ -91,7 +63,7 @@ int check_step(
     int offset,
     float eps,
     float rope_base) {
-  auto fail = [op](const std::string& message) { attn_kernels::fail(message, op); };
+  auto fail = [op](const std::string& message) { attn_kernels::fail(op, message); };
   const bool qk_norm = q_norm_weight.has_value();
   for (auto [name, a] : {std::pair{"q", &q}, {"k", &k}, {"v", &v}}) {
     if (a->ndim() != 3) {
@@ -160,6 +132,35 @@ int check_step(
   return head_dim;
 }
 
+// The per-row starts and offsets of a step, checked and appended to `inputs`: offsets (the rows'
+// write positions) in [0, offset], `offset` being the largest (offset + length fits the caches,
+// check_step); starts in [0, offset] and, where both are known, no later than the row's offset.
+// Returns their RowRanges bits.
+int add_step_ranges(const char* op, std::vector<mx::array>& inputs,
+                    const std::optional<mx::array>& starts, const std::optional<mx::array>& offsets,
+                    int batch, int offset, mx::StreamOrDevice s) {
+  int flags = 0;
+  if (starts) {
+    inputs.push_back(checked_row_bounds(op, "starts", *starts, batch, 0, offset, s));
+    flags |= kRowStarts;
+  }
+  if (offsets) {
+    inputs.push_back(checked_row_bounds(op, "offsets", *offsets, batch, 0, offset, s));
+    flags |= kRowEnds;
+  }
+  if (starts && offsets && host_readable(*starts) && host_readable(*offsets)) {
+    for (int b = 0; b < batch; ++b) {
+      const int32_t first = starts->data<int32_t>()[b * starts->strides()[0]];
+      const int32_t at = offsets->data<int32_t>()[b * offsets->strides()[0]];
+      if (first > at) {
+        fail(op, "starts[" + std::to_string(b) + "] = " + std::to_string(first) +
+                     " is past offsets[" + std::to_string(b) + "] = " + std::to_string(at));
+      }
+    }
+  }
+  return flags;
+}
+
 }  // namespace
 
 std::vector<mx::array> attention_step(
@@ -177,13 +178,13 @@ std::vector<mx::array> attention_step(
     const std::string& schedule,
     bool owned_caches,
     std::optional<bool> fold,
+    const std::optional<mx::array>& starts,
+    const std::optional<mx::array>& offsets,
     mx::StreamOrDevice s) {
-  if (std::find(schedules().begin(), schedules().end(), schedule) == schedules().end()) {
-    std::string names;
-    for (const auto& n : schedules()) names += (names.empty() ? "" : ", ") + n;
-    fail("unknown schedule '" + schedule + "': use one of " + names);
-  }
-  check_q_and_norms("attention_step", q, q_norm_weight, k_norm_weight);
+  constexpr const char* op = "attention_step";
+  auto fail = [](const std::string& message) { attn_kernels::fail(op, message); };
+  check_schedule(op, schedule);
+  check_q_and_norms(op, q, q_norm_weight, k_norm_weight);
   const mx::Dtype dtype = q.dtype();
   const bool qk_norm = q_norm_weight.has_value();
   std::vector<std::pair<const char*, const mx::array*>> all = {
@@ -194,9 +195,8 @@ std::vector<mx::array> attention_step(
   }
   for (auto [name, a] : all) {
     if (a->dtype() != dtype) {
-      std::ostringstream os;
-      os << name << " must have q's dtype " << dtype << ", got " << a->dtype();
-      fail(os.str());
+      fail(std::string(name) + " must have q's dtype " + dtype_str(dtype) + ", got " +
+           dtype_str(a->dtype()));
     }
   }
   for (auto [name, a] : {std::pair{"k_cache", &k_cache}, {"v_cache", &v_cache}}) {
@@ -209,7 +209,7 @@ std::vector<mx::array> attention_step(
     fail("k_cache and v_cache must have the same shape, got " + shape_str(k_cache) + " and " +
          shape_str(v_cache));
   }
-  check_step("attention_step", q, k, v, q_norm_weight, k_norm_weight, k_cache.shape(),
+  check_step(op, q, k, v, q_norm_weight, k_norm_weight, k_cache.shape(),
              k_cache.shape(3), offset, eps, rope_base);
   std::vector<mx::array> inputs = {q, k, v, k_cache, v_cache};
   if (qk_norm) {
@@ -217,12 +217,14 @@ std::vector<mx::array> attention_step(
     inputs.push_back(*k_norm_weight);
   }
   auto stream = mx::to_stream(s);
+  const int row_ranges =
+      add_step_ranges(op, inputs, starts, offsets, q.shape(0), offset, stream);
   return mx::array::make_arrays(
       {q.shape(), k_cache.shape(), v_cache.shape()},
       {dtype, dtype, dtype},
       std::make_shared<AttentionStep>(
           stream, offset, qk_norm, qk_norm ? eps : 0.0f, rope_base, scale, schedule,
-          owned_caches, fold),
+          owned_caches, fold, row_ranges),
       std::move(inputs));
 }
 
@@ -230,7 +232,7 @@ bool AttentionStep::is_equivalent(const mx::Primitive& other) const {
   auto& o = static_cast<const AttentionStep&>(other);
   return offset_ == o.offset_ && qk_norm_ == o.qk_norm_ && eps_ == o.eps_ &&
          rope_base_ == o.rope_base_ && scale_ == o.scale_ && schedule_ == o.schedule_ &&
-         owned_caches_ == o.owned_caches_ && fold_ == o.fold_;
+         owned_caches_ == o.owned_caches_ && fold_ == o.fold_ && row_ranges_ == o.row_ranges_;
 }
 
 std::vector<mx::array> attention_step_quantized(
@@ -248,9 +250,11 @@ std::vector<mx::array> attention_step_quantized(
     int group_size,
     int bits,
     bool owned_caches,
+    const std::optional<mx::array>& starts,
+    const std::optional<mx::array>& offsets,
     mx::StreamOrDevice s) {
   constexpr const char* op = "attention_step_quantized";
-  auto fail = [](const std::string& message) { attn_kernels::fail(message, op); };
+  auto fail = [](const std::string& message) { attn_kernels::fail(op, message); };
   if (bits != 4 && bits != 8) {
     fail("bits must be 4 or 8, got " + std::to_string(bits));
   }
@@ -284,9 +288,8 @@ std::vector<mx::array> attention_step_quantized(
       }
     }
     if ((*triple)[0].dtype() != mx::uint32) {
-      std::ostringstream os;
-      os << name << "'s codes must be uint32 (mx.quantize's packing), got " << (*triple)[0].dtype();
-      fail(os.str());
+      fail(std::string(name) + "'s codes must be uint32 (mx.quantize's packing), got " +
+           dtype_str((*triple)[0].dtype()));
     }
   }
   same_dtype.push_back({"k_cache's scales", &k_cache[1]});
@@ -295,9 +298,8 @@ std::vector<mx::array> attention_step_quantized(
   same_dtype.push_back({"v_cache's biases", &v_cache[2]});
   for (auto [name, a] : same_dtype) {
     if (a->dtype() != dtype) {
-      std::ostringstream os;
-      os << name << " must have q's dtype " << dtype << ", got " << a->dtype();
-      fail(os.str());
+      fail(std::string(name) + " must have q's dtype " + dtype_str(dtype) + ", got " +
+           dtype_str(a->dtype()));
     }
   }
   const mx::Shape& codes = k_cache[0].shape();
@@ -332,11 +334,14 @@ std::vector<mx::array> attention_step_quantized(
     inputs.push_back(*q_norm_weight);
     inputs.push_back(*k_norm_weight);
   }
+  const auto stream = mx::to_stream(s);
+  const int row_ranges =
+      add_step_ranges(op, inputs, starts, offsets, q.shape(0), offset, stream);
   return mx::array::make_arrays(
       std::move(shapes), std::move(dtypes),
       std::make_shared<AttentionStepQuantized>(
-          mx::to_stream(s), offset, qk_norm, qk_norm ? eps : 0.0f, rope_base, scale, group_size,
-          bits, owned_caches),
+          stream, offset, qk_norm, qk_norm ? eps : 0.0f, rope_base, scale, group_size, bits,
+          owned_caches, row_ranges),
       std::move(inputs));
 }
 
@@ -344,7 +349,7 @@ bool AttentionStepQuantized::is_equivalent(const mx::Primitive& other) const {
   auto& o = static_cast<const AttentionStepQuantized&>(other);
   return offset_ == o.offset_ && qk_norm_ == o.qk_norm_ && eps_ == o.eps_ &&
          rope_base_ == o.rope_base_ && scale_ == o.scale_ && group_size_ == o.group_size_ &&
-         bits_ == o.bits_ && owned_caches_ == o.owned_caches_;
+         bits_ == o.bits_ && owned_caches_ == o.owned_caches_ && row_ranges_ == o.row_ranges_;
 }
 
 std::vector<bool> donate_caches(
@@ -422,116 +427,6 @@ void set_inverse_frequencies(StepProblem& p) {
     table_base = p.log2_base;
   }
   std::copy(table.begin(), table.begin() + p.head_dim / 2, p.inv_freq);
-}
-
-StepProblem make_step_problem(
-    const std::vector<mx::array>& inputs,
-    const std::vector<mx::array>& outputs,
-    int offset,
-    bool qk_norm,
-    float eps,
-    float rope_base,
-    int bits,
-    int group_size) {
-  const auto& q = inputs[0];
-  const auto& k_cache = outputs[1];
-  // The quantized step's outputs: out, key codes, scales, biases, value codes, scales, biases.
-  const auto& v_cache = outputs[bits ? 4 : 2];
-  StepProblem p{};
-  p.dtype = element_type(q.dtype());
-  p.head_dim = bits ? k_cache.shape(3) * 32 / bits : k_cache.shape(3);
-  p.bits = bits;
-  p.group_size = group_size;
-  p.qk_norm = qk_norm;
-  p.batch = q.shape(0);
-  p.length = q.shape(1);
-  p.q_heads = q.shape(2) / p.head_dim;
-  p.kv_heads = k_cache.shape(1);
-  p.offset = offset;
-  p.eps = eps;
-  p.log2_base = std::log2(rope_base);
-  for (int i = 0; i < 3; ++i) {
-    p.q_strides[i] = inputs[0].strides()[i];
-    p.k_strides[i] = inputs[1].strides()[i];
-    p.v_strides[i] = inputs[2].strides()[i];
-  }
-  for (int i = 0; i < 4; ++i) {
-    p.kc_strides[i] = k_cache.strides()[i];
-    p.vc_strides[i] = v_cache.strides()[i];
-    p.sb_strides[i] = bits ? outputs[2].strides()[i] : 0;  // every scale and bias array alike
-  }
-  return p;
-}
-
-DecodeProblem make_step_attention(
-    const StepProblem& step, const void* queries, const void* keys, const void* values,
-    void* out, float scale) {
-  DecodeProblem p{};
-  p.queries = queries;
-  p.keys = keys;
-  p.values = values;
-  p.mask = nullptr;
-  p.out = out;
-  p.dtype = step.dtype;
-  p.mask_dtype = ElementType::float32;
-  p.q_heads = step.q_heads;
-  p.kv_heads = step.kv_heads;
-  p.rows = step.batch * step.q_heads;
-  p.kv_rows = step.batch * step.kv_heads;
-  p.query_len = step.length;
-  p.head_dim = step.head_dim;
-  p.context = step.offset + step.length;
-  p.group = step.q_heads / step.kv_heads;
-  p.scale = scale;
-  p.causal = true;
-  const int64_t L = step.length, D = step.head_dim;
-  const int64_t q_strides[4] = {step.q_heads * L * D, L * D, D, 1};
-  for (int i = 0; i < 4; ++i) {
-    p.q_strides[i] = q_strides[i];
-    p.k_strides[i] = step.kc_strides[i];
-    p.v_strides[i] = step.vc_strides[i];
-  }
-  return p;
-}
-
-QuantizedProblem make_step_quantized_attention(
-    const StepProblem& step, const void* queries, void* out, float scale) {
-  QuantizedProblem p{};
-  p.queries = queries;
-  p.k_codes = static_cast<const uint32_t*>(step.k_cache);
-  p.k_scales = step.k_scales;
-  p.k_biases = step.k_biases;
-  p.v_codes = static_cast<const uint32_t*>(step.v_cache);
-  p.v_scales = step.v_scales;
-  p.v_biases = step.v_biases;
-  p.mask = nullptr;
-  p.out = out;
-  p.dtype = step.dtype;
-  p.mask_dtype = ElementType::float32;
-  p.q_heads = step.q_heads;
-  p.kv_heads = step.kv_heads;
-  p.rows = step.batch * step.q_heads;
-  p.kv_rows = step.batch * step.kv_heads;
-  p.query_len = step.length;
-  p.head_dim = step.head_dim;
-  p.context = step.offset + step.length;
-  p.group = step.q_heads / step.kv_heads;
-  p.bits = step.bits;
-  p.group_size = step.group_size;
-  p.scale = scale;
-  p.causal = true;
-  const int64_t L = step.length, D = step.head_dim;
-  const int64_t q_strides[4] = {step.q_heads * L * D, L * D, D, 1};
-  for (int i = 0; i < 4; ++i) {
-    p.q_strides[i] = q_strides[i];
-    p.m_strides[i] = 0;
-    p.k_strides[0][i] = step.kc_strides[i];
-    p.v_strides[0][i] = step.vc_strides[i];
-    for (int t = 1; t < 3; ++t) {
-      p.k_strides[t][i] = p.v_strides[t][i] = step.sb_strides[i];
-    }
-  }
-  return p;
 }
 
 }  // namespace attn_kernels

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -13,6 +14,7 @@
 #include "mlx/primitives.h"
 
 #include "decode_attention.h"
+#include "op_checks.h"
 #include "quantized_problem.h"
 #include "step_problem.h"
 
@@ -32,6 +34,10 @@ namespace attn_kernels {
 // caches are donated, the step runs as one kernel (attend_mma_step) instead of the preprocessing
 // kernel and the attend kernel; unset: the process default (on; ATTN_STEP_FOLD=0 turns it off,
 // read once). A CUDA schedule choice: the CPU and Metal ignore it.
+// starts, offsets: per batch row (int32 (B,)): the row's first valid cache position (mlx-lm's
+// left padding) and its own write position (rows of different lengths; `offset` is then the
+// largest of them). Row b's tokens go to offsets[b] + i (else offset + i), are rotated by RoPE at
+// that position minus starts[b], and attend to [starts[b], offsets[b] + L).
 std::vector<mx::array> attention_step(
     const mx::array& q,
     const mx::array& k,
@@ -47,9 +53,12 @@ std::vector<mx::array> attention_step(
     const std::string& schedule = "auto",
     bool owned_caches = false,
     std::optional<bool> fold = std::nullopt,
+    const std::optional<mx::array>& starts = std::nullopt,
+    const std::optional<mx::array>& offsets = std::nullopt,
     mx::StreamOrDevice s = {});
 
-// The primitive's inputs: q, k, v, the caches, then the norm weights when it normalises.
+// The primitive's inputs: q, k, v, the caches, then the norm weights when it normalises, then the
+// per-row starts and offsets its row_ranges names (RowRanges bits: kRowEnds for offsets).
 constexpr int kKCacheInput = 3, kVCacheInput = 4, kQNormInput = 5, kKNormInput = 6;
 
 class AttentionStep : public mx::Primitive {
@@ -63,7 +72,8 @@ class AttentionStep : public mx::Primitive {
       float scale,
       std::string schedule,
       bool owned_caches,
-      std::optional<bool> fold)
+      std::optional<bool> fold,
+      int row_ranges)
       : mx::Primitive(stream),
         offset_(offset),
         qk_norm_(qk_norm),
@@ -72,7 +82,8 @@ class AttentionStep : public mx::Primitive {
         scale_(scale),
         schedule_(std::move(schedule)),
         owned_caches_(owned_caches),
-        fold_(fold) {}
+        fold_(fold),
+        row_ranges_(row_ranges) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
@@ -90,6 +101,7 @@ class AttentionStep : public mx::Primitive {
   std::string schedule_;
   bool owned_caches_;
   std::optional<bool> fold_;  // unset: the process default (CUDA only)
+  int row_ranges_;            // RowRanges bits: per-row starts, per-row offsets
 };
 
 // The step over a quantized cache (mlx-lm's QuantizedKVCache layout): k_cache and v_cache are
@@ -98,8 +110,9 @@ class AttentionStep : public mx::Primitive {
 // rotated, rounded to the dtype) and v are quantized as mx.quantize does on the backend that runs
 // the step and written at [offset, offset + L); the attention reads the codes as
 // decode_attention_quantized does. head_dim (the norm weights' size, else the codes' last size
-// times 32 / bits) must be a multiple of 64 and of group_size. Returns {out, the key triple',
-// the value triple'}, donated or copied as attention_step's caches. Runs on the CPU and CUDA.
+// times 32 / bits) must be a multiple of 64 and of group_size. starts and offsets as in
+// attention_step. Returns {out, the key triple', the value triple'}, donated or copied as
+// attention_step's caches. Runs on the CPU and CUDA.
 std::vector<mx::array> attention_step_quantized(
     const mx::array& q,
     const mx::array& k,
@@ -115,10 +128,13 @@ std::vector<mx::array> attention_step_quantized(
     int group_size,
     int bits,
     bool owned_caches = false,
+    const std::optional<mx::array>& starts = std::nullopt,
+    const std::optional<mx::array>& offsets = std::nullopt,
     mx::StreamOrDevice s = {});
 
 // AttentionStepQuantized's inputs: q, k, v, the key triple, the value triple, then the norm
-// weights when it normalises; its outputs: out, then the six cache arrays in that order.
+// weights when it normalises, then the per-row starts and offsets; its outputs: out, then the six
+// cache arrays in that order.
 constexpr int kQuantizedCacheInput = 3, kQuantizedQNormInput = 9, kQuantizedKNormInput = 10;
 
 class AttentionStepQuantized : public mx::Primitive {
@@ -132,7 +148,8 @@ class AttentionStepQuantized : public mx::Primitive {
       float scale,
       int group_size,
       int bits,
-      bool owned_caches)
+      bool owned_caches,
+      int row_ranges)
       : mx::Primitive(stream),
         offset_(offset),
         qk_norm_(qk_norm),
@@ -141,7 +158,8 @@ class AttentionStepQuantized : public mx::Primitive {
         scale_(scale),
         group_size_(group_size),
         bits_(bits),
-        owned_caches_(owned_caches) {}
+        owned_caches_(owned_caches),
+        row_ranges_(row_ranges) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
@@ -160,6 +178,7 @@ class AttentionStepQuantized : public mx::Primitive {
   float eps_, rope_base_, scale_;
   int group_size_, bits_;
   bool owned_caches_;
+  int row_ranges_;
 };
 
 // Gives each output cache (outputs[1], outputs[2]) its input's buffer when MLX may donate it
@@ -182,32 +201,89 @@ uint64_t attention_step_cache_copies();
 uint64_t attention_step_folds();
 void count_folded_step();
 
-// The StepProblem of evaluated inputs and allocated outputs, pointers left for the backend
-// (CPU: data(), CUDA: gpu_ptr) to fill (the norm weights' only where qk_norm). With bits (the
-// quantized step) the outputs are out and the two triples, and their strides are set too.
+// The StepProblem of evaluated inputs and allocated outputs (the caches: outputs[1...]), every
+// pointer as `pointer(array)` gives it (CPU: data(), CUDA: gpu_ptr; Metal: nullptr), q_out left
+// for the backend. With bits (the quantized step) the outputs are out and the two triples.
+// norms_at: the input index of the q norm weight (none without qk_norm); the per-row starts and
+// offsets that row_ranges names follow the norm weights.
+template <typename Pointer>
 StepProblem make_step_problem(
     const std::vector<mx::array>& inputs,
     const std::vector<mx::array>& outputs,
     int offset,
     bool qk_norm,
+    int norms_at,
     float eps,
     float rope_base,
-    int bits = 0,
-    int group_size = 0);
+    int bits,
+    int group_size,
+    int row_ranges,
+    Pointer pointer);
 
 // StepProblem::inv_freq for its head_dim and RoPE base, for the backends that read it (CUDA).
 void set_inverse_frequencies(StepProblem& p);
 
-// The attention over the updated cache: queries (B, Hq, L, D) contiguous at `queries`, keys and
-// values the output caches' first offset + L positions, causal; writes (B, Hq, L, D) to `out`.
-DecodeProblem make_step_attention(
-    const StepProblem& step, const void* queries, const void* keys, const void* values,
-    void* out, float scale);
-
-// The quantized step's attention over the updated triples (its outputs' first offset + L
-// positions), queries as in make_step_attention; pointers to fill as there: the caches' from
-// the StepProblem, the queries and output given.
-QuantizedProblem make_step_quantized_attention(
-    const StepProblem& step, const void* queries, void* out, float scale);
+template <typename Pointer>
+StepProblem make_step_problem(
+    const std::vector<mx::array>& inputs,
+    const std::vector<mx::array>& outputs,
+    int offset,
+    bool qk_norm,
+    int norms_at,
+    float eps,
+    float rope_base,
+    int bits,
+    int group_size,
+    int row_ranges,
+    Pointer pointer) {
+  const auto& q = inputs[0];
+  const auto& k_cache = outputs[1];
+  // The quantized step's outputs: out, key codes, scales, biases, value codes, scales, biases.
+  const auto& v_cache = outputs[bits ? 4 : 2];
+  StepProblem p{};
+  p.dtype = element_type(q.dtype());
+  p.head_dim = bits ? k_cache.shape(3) * 32 / bits : k_cache.shape(3);
+  p.bits = bits;
+  p.group_size = group_size;
+  p.qk_norm = qk_norm ? 1 : 0;
+  p.batch = q.shape(0);
+  p.length = q.shape(1);
+  p.q_heads = q.shape(2) / p.head_dim;
+  p.kv_heads = k_cache.shape(1);
+  p.offset = offset;
+  p.capacity = k_cache.shape(2);
+  p.row_ranges = row_ranges;
+  p.eps = eps;
+  p.log2_base = std::log2(rope_base);
+  for (int i = 0; i < 3; ++i) {
+    p.q_strides[i] = inputs[0].strides()[i];
+    p.k_strides[i] = inputs[1].strides()[i];
+    p.v_strides[i] = inputs[2].strides()[i];
+  }
+  for (int i = 0; i < 4; ++i) {
+    p.kc_strides[i] = k_cache.strides()[i];
+    p.vc_strides[i] = v_cache.strides()[i];
+    p.sb_strides[i] = bits ? outputs[2].strides()[i] : 0;  // every scale and bias array alike
+  }
+  p.q = pointer(inputs[0]);
+  p.k = pointer(inputs[1]);
+  p.v = pointer(inputs[2]);
+  p.q_weight = qk_norm ? pointer(inputs[norms_at]) : nullptr;
+  p.k_weight = qk_norm ? pointer(inputs[norms_at + 1]) : nullptr;
+  p.k_cache = pointer(outputs[1]);
+  p.v_cache = pointer(v_cache);
+  if (bits) {
+    p.k_scales = pointer(outputs[2]);
+    p.k_biases = pointer(outputs[3]);
+    p.v_scales = pointer(outputs[5]);
+    p.v_biases = pointer(outputs[6]);
+  }
+  int next = norms_at + (qk_norm ? 2 : 0);
+  p.row_starts = nullptr;
+  p.row_offsets = nullptr;
+  if (row_ranges & kRowStarts) p.row_starts = static_cast<const int32_t*>(pointer(inputs[next++]));
+  if (row_ranges & kRowEnds) p.row_offsets = static_cast<const int32_t*>(pointer(inputs[next++]));
+  return p;
+}
 
 }  // namespace attn_kernels

@@ -13,6 +13,11 @@ namespace attn_kernels {
 
 namespace {
 
+// An evaluated array's memory on the CPU (the caches are written through it).
+void* host_pointer(const mx::array& a) {
+  return const_cast<void*>(a.data<void>());
+}
+
 // The step's elementwise part on the CPU, in MLX's order of roundings: RMSNorm rounds x·r to
 // the dtype and multiplies by the weight in the dtype (as mx.fast.rms_norm), RoPE rotates that
 // in float32 and rounds once. Without a weight (no q/k norm) the row is rotated as given.
@@ -80,14 +85,6 @@ void quantize_row_cpu(const T* x, const StepProblem& p, int b, int h, int positi
 template <typename T>
 void preprocess_cpu(const StepProblem& p) {
   const int D = p.head_dim, half = D / 2, L = p.length;
-  std::vector<float> cos_t(size_t(L) * half), sin_t(size_t(L) * half);
-  for (int i = 0; i < L; ++i) {
-    for (int j = 0; j < half; ++j) {
-      const float theta = rope_angle(p.offset + i, j, half, p.log2_base);
-      cos_t[size_t(i) * half + j] = std::cos(theta);
-      sin_t[size_t(i) * half + j] = std::sin(theta);
-    }
-  }
   auto q = static_cast<const T*>(p.q);
   auto k = static_cast<const T*>(p.k);
   auto v = static_cast<const T*>(p.v);
@@ -97,15 +94,25 @@ void preprocess_cpu(const StepProblem& p) {
   auto q_out = static_cast<T*>(p.q_out);
   auto k_cache = static_cast<T*>(p.k_cache);
   auto v_cache = static_cast<T*>(p.v_cache);
+  std::vector<float> cos_t(half), sin_t(half);
   for (int b = 0; b < p.batch; ++b) {
     for (int i = 0; i < L; ++i) {
-      const float* c = cos_t.data() + size_t(i) * half;
-      const float* s = sin_t.data() + size_t(i) * half;
-      const int pos = p.offset + i;
+      // Each row at its own place and position (the same for every row without per-row ranges).
+      const int pos = p.write_position(b) + i, rope_pos = p.rope_position(b) + i;
+      for (int j = 0; j < half; ++j) {
+        const float theta = rope_angle(rope_pos, j, half, p.log2_base);
+        cos_t[j] = std::cos(theta);
+        sin_t[j] = std::sin(theta);
+      }
+      const float* c = cos_t.data();
+      const float* s = sin_t.data();
       for (int h = 0; h < p.q_heads; ++h) {
         const T* x = q + b * p.q_strides[0] + i * p.q_strides[1] + int64_t{h} * D * p.q_strides[2];
         T* dst = q_out + ((int64_t{b} * p.q_heads + h) * L + i) * D;
         norm_rope_row(x, p.q_strides[2], qw, p.eps, c, s, D, dst, 1);
+      }
+      if (pos < 0 || pos >= p.capacity) {
+        continue;  // a row's bad offset (clamped by the attention too) writes nothing
       }
       for (int h = 0; h < p.kv_heads; ++h) {
         const T* x = k + b * p.k_strides[0] + i * p.k_strides[1] + int64_t{h} * D * p.k_strides[2];
@@ -187,8 +194,7 @@ void run_step_cpu(
     if (p.bits) {
       decode_attention_quantized_cpu(make_step_quantized_attention(p, queries.data(), dst, scale));
     } else {
-      decode_attention_cpu(make_step_attention(p, queries.data(), p.k_cache, p.v_cache, dst, scale),
-                           path);
+      decode_attention_cpu(make_step_attention(p, queries.data(), dst, scale), path);
     }
   };
   if (step.length == 1) {
@@ -236,16 +242,9 @@ void AttentionStep::eval_cpu(
   for (auto& o : outputs) {
     encoder.set_output_array(o);
   }
-  StepProblem step = make_step_problem(inputs, outputs, offset_, qk_norm_, eps_, rope_base_);
-  step.q = inputs[0].data<void>();
-  step.k = inputs[1].data<void>();
-  step.v = inputs[2].data<void>();
-  if (qk_norm_) {
-    step.q_weight = inputs[kQNormInput].data<void>();
-    step.k_weight = inputs[kKNormInput].data<void>();
-  }
-  step.k_cache = outputs[1].data<void>();
-  step.v_cache = outputs[2].data<void>();
+  const StepProblem step = make_step_problem(
+      inputs, outputs, offset_, qk_norm_, kQNormInput, eps_, rope_base_, 0, 0, row_ranges_,
+      host_pointer);
   // The CPU path is resolved here: a bad ATTN_KERNELS_CPU_PATH raises to the caller.
   encoder.dispatch([step,
                     scale = scale_,
@@ -288,21 +287,9 @@ void AttentionStepQuantized::eval_cpu(
   for (auto& o : outputs) {
     encoder.set_output_array(o);
   }
-  StepProblem step = make_step_problem(
-      inputs, outputs, offset_, qk_norm_, eps_, rope_base_, bits_, group_size_);
-  step.q = inputs[0].data<void>();
-  step.k = inputs[1].data<void>();
-  step.v = inputs[2].data<void>();
-  if (qk_norm_) {
-    step.q_weight = inputs[kQuantizedQNormInput].data<void>();
-    step.k_weight = inputs[kQuantizedKNormInput].data<void>();
-  }
-  step.k_cache = outputs[1].data<void>();
-  step.k_scales = outputs[2].data<void>();
-  step.k_biases = outputs[3].data<void>();
-  step.v_cache = outputs[4].data<void>();
-  step.v_scales = outputs[5].data<void>();
-  step.v_biases = outputs[6].data<void>();
+  const StepProblem step = make_step_problem(inputs, outputs, offset_, qk_norm_,
+                                             kQuantizedQNormInput, eps_, rope_base_, bits_,
+                                             group_size_, row_ranges_, host_pointer);
   // (The quantized kernel picks its instruction set itself: the path argument goes unused.)
   encoder.dispatch(
       [step, scale = scale_, o = out.data<void>(), copies = std::move(copies)]() {

@@ -48,6 +48,8 @@ NB_MODULE(_ext, m) {
       "causal"_a = false,
       "schedule"_a = "auto",
       nb::kw_only(),
+      "starts"_a = nb::none(),
+      "ends"_a = nb::none(),
       "stream"_a = nb::none(),
       R"(Grouped-query attention over flattened heads, one pass of online softmax.
 
@@ -56,11 +58,13 @@ Args:
     keys, values: (B, Hkv, S, D), Hq % Hkv == 0; strided views are read in place.
     scale: multiplier of the dot products.
     mask: optional (B, Hq, L, S), additive float or boolean (True keeps a key).
-    causal: query i sees keys <= S - L + i (no mask tensor is built).
+    causal: query i sees keys <= end - L + i (no mask tensor is built).
     schedule: GPU kernel schedule (auto, split-mma, split, split-gqa, chapter-8/16/32); the CPU ignores it.
+    starts, ends: optional int32 (B,): batch row b sees cache positions [starts[b], ends[b])
+        (defaults 0 and S) instead of a mask.
 
 Returns:
-    (B, Hq, L, D) in the queries' dtype. A row whose mask removes every key is all zeros.)");
+    (B, Hq, L, D) in the queries' dtype. A row that sees no key is all zeros.)");
   m.def(
       "decode_attention_quantized",
       &attn_kernels::decode_attention_quantized,
@@ -73,6 +77,8 @@ Returns:
       "group_size"_a = 64,
       "bits"_a = 8,
       nb::kw_only(),
+      "starts"_a = nb::none(),
+      "ends"_a = nb::none(),
       "stream"_a = nb::none(),
       R"(decode_attention over a quantized cache: keys and values are mx.quantize triples.
 
@@ -80,7 +86,7 @@ Args:
     queries: (B, Hq, L, D).
     keys, values: [codes, scales, biases]: codes uint32 (B, Hkv, S, D * bits / 32), scales and
         biases (B, Hkv, S, D / group_size) in the queries' dtype; strided views are read in place.
-    scale, mask, causal: as in decode_attention.
+    scale, mask, causal, starts, ends: as in decode_attention.
     group_size: 32, 64 or 128, dividing D. bits: 4 or 8.
 
 Returns:
@@ -103,6 +109,8 @@ Returns:
       "owned_caches"_a = false,
       "fold"_a = nb::none(),
       nb::kw_only(),
+      "starts"_a = nb::none(),
+      "offsets"_a = nb::none(),
       "stream"_a = nb::none(),
       "One decode step of attention after the projections (see attn_kernels.attention_step).");
   m.def(
@@ -123,6 +131,8 @@ Returns:
       "bits"_a,
       "owned_caches"_a = false,
       nb::kw_only(),
+      "starts"_a = nb::none(),
+      "offsets"_a = nb::none(),
       "stream"_a = nb::none(),
       "One decode step over a quantized cache (see attn_kernels.attention_step_quantized).");
   m.def(

@@ -324,11 +324,11 @@ ATTN_ALWAYS_INLINE Vec vec_exp(Vec x) {
 
 // Element `at` of the explicit mask as an additive float.
 ATTN_ALWAYS_INLINE float mask_value(const DecodeProblem& p, int64_t at) {
-  switch (p.mask_dtype) {
-    case ElementType::float32: return static_cast<const float*>(p.mask)[at];
-    case ElementType::float16: return to_float(static_cast<const Float16*>(p.mask)[at]);
-    case ElementType::bfloat16: return to_float(static_cast<const BFloat16*>(p.mask)[at]);
-    case ElementType::boolean: return to_float(static_cast<const bool*>(p.mask)[at]);
+  switch (p.mask_kind) {
+    case kMaskFloat32: return static_cast<const float*>(p.mask)[at];
+    case kMaskFloat16: return to_float(static_cast<const Float16*>(p.mask)[at]);
+    case kMaskBFloat16: return to_float(static_cast<const BFloat16*>(p.mask)[at]);
+    case kMaskBool: return to_float(static_cast<const bool*>(p.mask)[at]);
   }
   return 0.0f;
 }
@@ -341,7 +341,7 @@ size_t scratch_floats(const DecodeProblem& p) {
 template <typename T>
 ATTN_ALWAYS_INLINE void attend_chunk(const DecodeProblem& p, int kv_row, int begin, int end,
                                      float* state, float* scratch) {
-  const int D = p.head_dim, Dp = padded_dim(D, W), L = p.query_len, S = p.context;
+  const int D = p.head_dim, Dp = padded_dim(D, W), L = p.query_len;
   const int vectors = p.group * L, state_size = Dp + kStateHeader;
   const float neg_inf = -__builtin_inff();
   float* queries = scratch;                    // vectors x Dp, accumulator_index order
@@ -360,6 +360,10 @@ ATTN_ALWAYS_INLINE void attend_chunk(const DecodeProblem& p, int kv_row, int beg
     fill(st + kStateHeader, st + state_size, 0.0f);
   }
 
+  // Only the positions of the batch row's range (the whole context without per-row ranges).
+  const CacheRange range = p.range(kv_row / p.kv_heads);
+  begin = begin > range.start ? begin : range.start;
+  end = end < range.end ? end : range.end;
   const T* keys = static_cast<const T*>(p.keys) + p.kv_offset(p.k_strides, kv_row);
   const T* values = static_cast<const T*>(p.values) + p.kv_offset(p.v_strides, kv_row);
   const int64_t k_row = p.k_strides[2], v_row = p.v_strides[2];
@@ -388,8 +392,8 @@ ATTN_ALWAYS_INLINE void attend_chunk(const DecodeProblem& p, int kv_row, int beg
     for (int r = 0, row = kv_row * p.group, i = 0; r < vectors;
          ++r, i = i + 1 == L ? 0 : i + 1, row += i == 0) {
       float* s = scores + r * kBlock;
-      const int seen = S - L + i + 1 - j0;  // causal: keys j0 .. S - L + i
-      const int visible = !p.causal ? n : seen < 0 ? 0 : seen > n ? n : seen;
+      const int seen = visible_keys(range, L, i, p.causal).last + 1 - j0;  // from the range's start
+      const int visible = seen < 0 ? 0 : seen > n ? n : seen;
       for (int j = visible; j < kBlock; ++j) {
         s[j] = neg_inf;
       }
@@ -398,7 +402,7 @@ ATTN_ALWAYS_INLINE void attend_chunk(const DecodeProblem& p, int kv_row, int beg
         for (int j = 0; j < visible; ++j) {
           const int64_t at = base + (j0 + j) * p.m_strides[3];
           // False removes the key whatever its score (a NaN key included), as the contract says.
-          if (p.mask_dtype == ElementType::boolean) {
+          if (p.mask_kind == kMaskBool) {
             if (!static_cast<const bool*>(p.mask)[at]) s[j] = neg_inf;
           } else {
             s[j] += mask_value(p, at);

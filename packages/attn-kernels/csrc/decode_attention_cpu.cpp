@@ -1,6 +1,6 @@
-// The CPU kernel's dispatcher: picks the instruction-set path, splits the work (key/value row x
-// context chunk) over the thread pool, and merges the chunks' online-softmax states into the
-// output rows. The kernel body is cpu_kernel_body.h.
+// The CPU kernel's dispatcher: picks the instruction-set path and runs its kernel body
+// (cpu_kernel_body.h) through the split both CPU kernels share (cpu_split.h); the thread pool and
+// its settings.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -22,6 +22,7 @@
 
 #include "cpu_kernel.h"
 #include "cpu_scalar.h"
+#include "cpu_split.h"
 #include "thread_pool.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -134,39 +135,6 @@ constexpr int kDefaultUnitsPerThread = 8;
 std::atomic<int> units_per_thread{kDefaultUnitsPerThread};
 std::atomic<int> call_threads{0};
 
-// Merges the chunk states of one query vector and writes its normalised output row: zeros when
-// no chunk saw a key (every key masked), NaN when any score was NaN (as the readable path).
-template <typename T>
-void finish(const float* states, int chunks, int chunk_stride, const DecodeProblem& p, int width,
-            float* merged, T* out) {
-  const int D = p.head_dim;
-  float max = -std::numeric_limits<float>::infinity();
-  for (int c = 0; c < chunks; ++c) {
-    max = nan_max(states[c * chunk_stride], max);
-  }
-  if (std::isnan(max)) {
-    for (int d = 0; d < D; ++d) store(out + d, max);
-    return;
-  }
-  const int Dp = padded_dim(D, width);
-  std::fill(merged, merged + Dp, 0.0f);
-  float denominator = 0.0f;
-  if (max != -std::numeric_limits<float>::infinity()) {
-    for (int c = 0; c < chunks; ++c) {
-      const float* st = states + c * chunk_stride;
-      const float f = exp_nonpositive(st[0] - max);
-      denominator += st[1] * f;
-      for (int d = 0; d < Dp; ++d) {
-        merged[d] += st[kStateHeader + d] * f;
-      }
-    }
-  }
-  const float inv = denominator > 0.0f ? 1.0f / denominator : 0.0f;
-  for (int d = 0; d < D; ++d) {
-    store(out + d, merged[accumulator_index(d, p.dtype, width)] * inv);
-  }
-}
-
 // The threads a problem runs on: the pool's (or ATTN_KERNELS_CALL_THREADS of them), or the caller
 // alone below kMinParallelWork.
 int pool_threads(const DecodeProblem& p) {
@@ -217,57 +185,11 @@ void cpu_split_from_env() {
 
 template <typename T>
 void run(const DecodeProblem& p, const Kernel& kernel) {
-  const int D = p.head_dim, S = p.context;
-  const int vectors = p.group * p.query_len;
-  const int state_size = padded_dim(D, kernel.width) + kStateHeader;
-  const int threads = pool_threads(p);
-
-  const int chunks = cpu_context_chunks(p.kv_rows, S, threads);
-  const int chunk_len = (S + chunks - 1) / chunks;
-  const int units = p.kv_rows * chunks;
-  // states[kv_row][chunk][vector]: one (max, denominator, accumulator) each, every float written
-  // by its unit before it is read (no zeroing); reused across calls by the calling thread.
-  thread_local std::vector<float> states;
-  states.resize(std::max(states.size(), static_cast<size_t>(units) * vectors * state_size));
-  // Chunks of each key/value row still running: the unit that finishes a row's last chunk merges
-  // the row, so merging runs in parallel and needs no second hand-off.
-  struct alignas(64) Counter {  // a cache line each: every unit's completion writes one
-    std::atomic<int> n;
-  };
-  std::vector<Counter> running(p.kv_rows);
-  for (auto& r : running) r.n.store(chunks, std::memory_order_relaxed);
-  const size_t scratch_size = kernel.scratch_floats(p);
-  float* const all_states = states.data();  // the caller's: workers have thread_locals of their own
-
-  auto finish_row = [&](int h) {
-    thread_local std::vector<float> merged;
-    merged.resize(std::max(merged.size(), static_cast<size_t>(state_size)));
-    for (int r = 0; r < vectors; ++r) {
-      const int row = h * p.group + r / p.query_len, i = r % p.query_len;
-      T* out = static_cast<T*>(p.out) + (static_cast<int64_t>(row) * p.query_len + i) * D;
-      const float* first =
-          all_states + (static_cast<size_t>(h) * chunks * vectors + r) * state_size;
-      finish(first, chunks, vectors * state_size, p, kernel.width, merged.data(), out);
-    }
-  };
-  auto attend_unit = [&](int unit) {
-    thread_local std::vector<float> scratch;
-    scratch.resize(std::max(scratch.size(), scratch_size));
-    const int kv_row = unit / chunks, c = unit % chunks;
-    const int begin = c * chunk_len, end = std::min(S, begin + chunk_len);
-    float* st = all_states + static_cast<size_t>(unit) * vectors * state_size;
-    kernel.attend(p, kv_row, begin, end, st, scratch.data());
-    if (running[kv_row].n.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-      finish_row(kv_row);
-    }
-  };
-  if (threads == 1) {
-    for (int u = 0; u < units; ++u) {
-      attend_unit(u);
-    }
-  } else {
-    cpu_pool().parallel_for(units, threads, attend_unit);
-  }
+  const SplitLayout layout{padded_dim(p.head_dim, kernel.width), kernel.scratch_floats(p),
+                           p.dtype == ElementType::bfloat16, kernel.width};
+  run_split<T>(p, p.out, layout, [&](int kv_row, int begin, int end, float* state, float* scratch) {
+    kernel.attend(p, kv_row, begin, end, state, scratch);
+  });
 }
 
 // Sums 64-bit words in independent lanes: a pure streaming read the compiler vectorises.

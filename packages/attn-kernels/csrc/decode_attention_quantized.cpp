@@ -1,6 +1,5 @@
 #include "decode_attention_quantized.h"
 
-#include <sstream>
 #include <stdexcept>
 #include <string>
 
@@ -12,28 +11,10 @@ namespace attn_kernels {
 
 namespace {
 
+constexpr const char* kOp = "decode_attention_quantized";
+
 [[noreturn]] void fail(const std::string& message) {
-  throw std::invalid_argument("[decode_attention_quantized] " + message);
-}
-
-std::string shape_str(const mx::Shape& shape) {
-  std::ostringstream os;
-  os << "(";
-  for (size_t i = 0; i < shape.size(); ++i) {
-    os << (i ? ", " : "") << shape[i];
-  }
-  os << (shape.size() == 1 ? ",)" : ")");
-  return os.str();
-}
-
-bool is_float(mx::Dtype t) {
-  return t == mx::float32 || t == mx::float16 || t == mx::bfloat16;
-}
-
-std::string dtype_str(mx::Dtype t) {
-  std::ostringstream os;
-  os << t;
-  return os.str();
+  attn_kernels::fail(kOp, message);
 }
 
 // One (codes, scales, biases) triple against the shapes the queries and settings imply.
@@ -91,6 +72,8 @@ mx::array decode_attention_quantized(
     bool causal,
     int group_size,
     int bits,
+    const std::optional<mx::array>& starts,
+    const std::optional<mx::array>& ends,
     mx::StreamOrDevice s) {
   if (bits != 4 && bits != 8) {
     fail("bits must be 4 or 8, got " + std::to_string(bits));
@@ -143,27 +126,22 @@ mx::array decode_attention_quantized(
   }
   std::vector<mx::array> inputs = {queries, keys[0], keys[1], keys[2], values[0], values[1], values[2]};
   if (mask) {
-    const mx::Shape expected = {batch, q_heads, query_len, context};
-    if (mask->shape() != expected) {
-      fail("mask must have shape (B, Hq, L, S) = " + shape_str(expected) + ", got " +
-           shape_str(mask->shape()));
-    }
-    if (!is_float(mask->dtype()) && mask->dtype() != mx::bool_) {
-      fail("mask must be additive (float32/float16/bfloat16) or boolean, got " +
-           dtype_str(mask->dtype()));
-    }
+    check_mask(kOp, *mask, {batch, q_heads, query_len, context});
     inputs.push_back(*mask);
   }
+  const auto stream = mx::to_stream(s);
+  const int row_ranges = add_row_ranges(kOp, inputs, starts, ends, batch, context, stream);
   return mx::array(
       queries.shape(), queries.dtype(),
-      std::make_shared<DecodeAttentionQuantized>(mx::to_stream(s), scale, causal, group_size, bits),
+      std::make_shared<DecodeAttentionQuantized>(stream, scale, causal, group_size, bits,
+                                                 mask.has_value(), row_ranges),
       std::move(inputs));
 }
 
 bool DecodeAttentionQuantized::is_equivalent(const mx::Primitive& other) const {
   auto& o = static_cast<const DecodeAttentionQuantized&>(other);
   return scale_ == o.scale_ && causal_ == o.causal_ && group_size_ == o.group_size_ &&
-         bits_ == o.bits_;
+         bits_ == o.bits_ && has_mask_ == o.has_mask_ && row_ranges_ == o.row_ranges_;
 }
 
 void DecodeAttentionQuantized::eval_cpu(
@@ -175,11 +153,10 @@ void DecodeAttentionQuantized::eval_cpu(
     encoder.set_input_array(in);
   }
   encoder.set_output_array(out);
-  QuantizedProblem problem = make_quantized_problem(
-      inputs, scale_, causal_, group_size_, bits_,
-      [](const mx::array& a) { return static_cast<const void*>(a.data<void>()); });
-  problem.out = out.data<void>();
-  encoder.dispatch([problem]() { decode_attention_quantized_cpu(problem); });
+  QuantizedProblem p =
+      problem(inputs, [](const mx::array& a) { return static_cast<const void*>(a.data<void>()); });
+  p.out = out.data<void>();
+  encoder.dispatch([p]() { decode_attention_quantized_cpu(p); });
 }
 
 }  // namespace attn_kernels

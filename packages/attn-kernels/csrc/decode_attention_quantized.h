@@ -8,6 +8,7 @@
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
 
+#include "op_checks.h"
 #include "quantized_problem.h"
 
 namespace attn_kernels {
@@ -17,7 +18,7 @@ namespace mx = mlx::core;
 // queries (B, Hq, L, D) float32/float16/bfloat16. keys/values: (codes, scales, biases) with codes
 // uint32 (B, Hkv, S, D * bits / 32) and scales, biases (B, Hkv, S, D / group_size) in the
 // queries' dtype, read through their strides. bits 4 or 8, group_size 32, 64 or 128 dividing D.
-// mask and causal as in decode_attention. Returns (B, Hq, L, D).
+// mask, causal, starts and ends as in decode_attention. Returns (B, Hq, L, D).
 mx::array decode_attention_quantized(
     const mx::array& queries,
     const std::vector<mx::array>& keys,
@@ -27,12 +28,23 @@ mx::array decode_attention_quantized(
     bool causal,
     int group_size,
     int bits,
+    const std::optional<mx::array>& starts = std::nullopt,
+    const std::optional<mx::array>& ends = std::nullopt,
     mx::StreamOrDevice s = {});
 
 class DecodeAttentionQuantized : public mx::Primitive {
  public:
-  DecodeAttentionQuantized(mx::Stream stream, float scale, bool causal, int group_size, int bits)
-      : mx::Primitive(stream), scale_(scale), causal_(causal), group_size_(group_size), bits_(bits) {}
+  // Inputs: queries, key codes, scales, biases, value codes, scales, biases, then the mask where
+  // has_mask, then the per-row starts and ends that row_ranges (RowRanges bits) names.
+  DecodeAttentionQuantized(mx::Stream stream, float scale, bool causal, int group_size, int bits,
+                           bool has_mask, int row_ranges)
+      : mx::Primitive(stream),
+        scale_(scale),
+        causal_(causal),
+        group_size_(group_size),
+        bits_(bits),
+        has_mask_(has_mask),
+        row_ranges_(row_ranges) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
@@ -43,54 +55,47 @@ class DecodeAttentionQuantized : public mx::Primitive {
     return {inputs[0].shape()};
   }
 
+  // The problem of evaluated inputs, pointers as `pointer(array)` gives them (as
+  // DecodeAttention::problem); `out` is the backend's to set.
+  template <typename Pointer>
+  QuantizedProblem problem(const std::vector<mx::array>& inputs, Pointer pointer) const;
+
  private:
   float scale_;
   bool causal_;
   int group_size_;
   int bits_;
+  bool has_mask_;
+  int row_ranges_;
 };
 
-// Inputs: queries, key codes, scales, biases, value codes, scales, biases[, mask]. `out` may be
-// set later (the CUDA backend plans before it allocates the output). `pointer` turns an input
-// into its data pointer (data() on the CPU, gpu_ptr() on CUDA).
 template <typename Pointer>
-QuantizedProblem make_quantized_problem(
-    const std::vector<mx::array>& inputs, float scale, bool causal, int group_size, int bits,
-    Pointer pointer) {
-  const auto& q = inputs[0];
+QuantizedProblem DecodeAttentionQuantized::problem(const std::vector<mx::array>& inputs,
+                                                   Pointer pointer) const {
+  const auto& codes = inputs[1];
+  const std::optional<mx::array> mask =
+      has_mask_ ? std::optional<mx::array>(inputs[7]) : std::nullopt;
   QuantizedProblem p{};
-  p.queries = pointer(q);
+  static_cast<AttentionGeometry&>(p) =
+      geometry_of(inputs[0], codes.shape(1), codes.shape(2), scale_, causal_, mask);
+  p.row_ranges = row_ranges_;
+  p.queries = pointer(inputs[0]);
   p.k_codes = static_cast<const uint32_t*>(pointer(inputs[1]));
   p.k_scales = pointer(inputs[2]);
   p.k_biases = pointer(inputs[3]);
   p.v_codes = static_cast<const uint32_t*>(pointer(inputs[4]));
   p.v_scales = pointer(inputs[5]);
   p.v_biases = pointer(inputs[6]);
-  const bool has_mask = inputs.size() > 7;
-  p.mask = has_mask ? pointer(inputs[7]) : nullptr;
-  auto element = [](mx::Dtype t) {
-    return t == mx::float32   ? ElementType::float32
-           : t == mx::float16 ? ElementType::float16
-           : t == mx::bfloat16 ? ElementType::bfloat16
-                               : ElementType::boolean;
-  };
-  p.dtype = element(q.dtype());
-  p.mask_dtype = has_mask ? element(inputs[7].dtype()) : ElementType::float32;
-  p.q_heads = q.shape(1);
-  p.kv_heads = inputs[1].shape(1);
-  p.rows = q.shape(0) * p.q_heads;
-  p.kv_rows = q.shape(0) * p.kv_heads;
-  p.query_len = q.shape(2);
-  p.head_dim = q.shape(3);
-  p.context = inputs[1].shape(2);
-  p.group = p.q_heads / p.kv_heads;
-  p.bits = bits;
-  p.group_size = group_size;
-  p.scale = scale;
-  p.causal = causal;
+  p.mask = has_mask_ ? pointer(inputs[7]) : nullptr;
+  int next = has_mask_ ? 8 : 7;
+  p.row_starts = nullptr;
+  p.row_ends = nullptr;
+  if (row_ranges_ & kRowStarts) p.row_starts = static_cast<const int32_t*>(pointer(inputs[next++]));
+  if (row_ranges_ & kRowEnds) p.row_ends = static_cast<const int32_t*>(pointer(inputs[next++]));
+  p.dtype = element_type(inputs[0].dtype());
+  p.bits = bits_;
+  p.group_size = group_size_;
   for (int a = 0; a < 4; ++a) {
-    p.q_strides[a] = q.strides()[a];
-    p.m_strides[a] = has_mask ? inputs[7].strides()[a] : 0;
     for (int t = 0; t < 3; ++t) {
       p.k_strides[t][a] = inputs[1 + t].strides()[a];
       p.v_strides[t][a] = inputs[4 + t].strides()[a];

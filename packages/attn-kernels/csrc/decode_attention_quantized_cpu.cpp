@@ -16,7 +16,7 @@
 #include "cpu_scalar.h"
 #include "decode_attention.h"
 #include "decode_attention_quantized.h"
-#include "thread_pool.h"
+#include "cpu_split.h"
 
 // One clone per x86-64 level, picked at load time (as decode_attention_cpu.cpp does).
 #if defined(__x86_64__) && defined(__linux__) && (defined(__GNUC__) || defined(__clang__))
@@ -39,6 +39,7 @@ using cpu::BFloat16;
 using cpu::exp_nonpositive;
 using cpu::exp_nonpositive_lanes;
 using cpu::Float16;
+using cpu::nan_max;
 using cpu::store;
 using cpu::to_float;
 
@@ -157,14 +158,16 @@ ALWAYS_INLINE Lanes transpose_sum(const Lanes (&partial)[kBlock]) {
   return fold(c[0], c[1], 2);
 }
 
+// The largest lane; NaN if any lane is NaN (std::max would drop it: a NaN query must give a NaN
+// row, as in the float kernel).
 ALWAYS_INLINE float lanes_max(Lanes x) {
   float m = x[0];
-  for (int l = 1; l < kLanes; ++l) m = std::max(m, x[l]);
+  for (int l = 1; l < kLanes; ++l) m = nan_max(m, x[l]);
   return m;
 }
 
-// Online-softmax state per query vector: max, denominator, D accumulators.
-constexpr int kHeader = 2;
+// Online-softmax state per query vector: max, denominator, D accumulators (cpu_split.h's).
+constexpr int kHeader = cpu::kStateHeader;
 
 struct Scratch {
   std::vector<float> floats;
@@ -187,7 +190,7 @@ struct Scratch {
 template <typename T, int Bits>
 ALWAYS_INLINE void attend_chunk(const QuantizedProblem& p, int kv_row, int begin, int end,
                                 float* state, Scratch& scratch) {
-  const int D = p.head_dim, L = p.query_len, S = p.context, vectors = p.group * L;
+  const int D = p.head_dim, L = p.query_len, vectors = p.group * L;
   const int state_size = D + kHeader;
   const int group_shift = std::countr_zero(static_cast<unsigned>(p.group_size));
   const float neg_inf = -std::numeric_limits<float>::infinity();
@@ -214,6 +217,10 @@ ALWAYS_INLINE void attend_chunk(const QuantizedProblem& p, int kv_row, int begin
   };
   const QuantizedRows<T> keys = rows(p.k_codes, p.k_scales, p.k_biases, p.k_strides);
   const QuantizedRows<T> values = rows(p.v_codes, p.v_scales, p.v_biases, p.v_strides);
+  // Only the positions of the batch row's range (the whole context without per-row ranges).
+  const CacheRange range = p.range(kv_row / p.kv_heads);
+  begin = std::max(begin, range.start);
+  end = std::min(end, range.end);
 
   for (int j0 = begin; j0 < end; j0 += kBlock) {
     const int n = std::min(kBlock, end - j0);
@@ -233,17 +240,21 @@ ALWAYS_INLINE void attend_chunk(const QuantizedProblem& p, int kv_row, int begin
     for (int r = 0; r < vectors; ++r) {
       const int row = kv_row * p.group + r / L, i = r % L;
       float* s = scores + r * kBlock;
-      const int visible = p.causal ? std::clamp(S - L + i + 1 - j0, 0, n) : n;
+      const int visible = std::clamp(visible_keys(range, L, i, p.causal).last + 1 - j0, 0, n);
       for (int j = visible; j < kBlock; ++j) s[j] = neg_inf;
       if (p.mask) {
         const int64_t base = p.mask_offset(row, i);
         for (int j = 0; j < visible; ++j) {
           const int64_t at = base + int64_t{j0 + j} * p.m_strides[3];
-          switch (p.mask_dtype) {
-            case ElementType::float32: s[j] += static_cast<const float*>(p.mask)[at]; break;
-            case ElementType::float16: s[j] += to_float(static_cast<const Float16*>(p.mask)[at]); break;
-            case ElementType::bfloat16: s[j] += to_float(static_cast<const BFloat16*>(p.mask)[at]); break;
-            case ElementType::boolean: s[j] += to_float(static_cast<const bool*>(p.mask)[at]); break;
+          switch (p.mask_kind) {
+            case kMaskFloat32: s[j] += static_cast<const float*>(p.mask)[at]; break;
+            case kMaskFloat16: s[j] += to_float(static_cast<const Float16*>(p.mask)[at]); break;
+            case kMaskBFloat16: s[j] += to_float(static_cast<const BFloat16*>(p.mask)[at]); break;
+            case kMaskBool:
+              // False removes the key whatever its score (a NaN key included), as the contract
+              // says.
+              if (!static_cast<const bool*>(p.mask)[at]) s[j] = neg_inf;
+              break;
           }
         }
       }
@@ -254,7 +265,7 @@ ALWAYS_INLINE void attend_chunk(const QuantizedProblem& p, int kv_row, int begin
         std::fill(s, s + kBlock, 0.0f);
         continue;
       }
-      const float new_max = std::max(st[0], block_max);
+      const float new_max = nan_max(block_max, st[0]);
       rescale[r] = exp_nonpositive(st[0] - new_max);
       // One vector exp for the block (libm's scalar exp was about half of a block's time).
       const Lanes weights = exp_nonpositive_lanes(load_lanes(s) - new_max);
@@ -306,64 +317,16 @@ QUANTIZED_CHUNK(attend_bf16_8, BFloat16, 8)
 QUANTIZED_CHUNK(attend_bf16_4, BFloat16, 4)
 #undef QUANTIZED_CHUNK
 
-// Combines one query vector's chunk states and writes its normalised output row (zeros when
-// every key was masked).
-template <typename T>
-void finish(const float* states, int chunks, int chunk_stride, int D, T* out) {
-  const float neg_inf = -std::numeric_limits<float>::infinity();
-  float max = neg_inf;
-  for (int c = 0; c < chunks; ++c) max = std::max(max, states[c * chunk_stride]);
-  float denominator = 0.0f;
-  float acc[kMaxHeadDim] = {};
-  if (max != neg_inf) {
-    for (int c = 0; c < chunks; ++c) {
-      const float* st = states + c * chunk_stride;
-      const float f = std::exp(st[0] - max);
-      denominator += st[1] * f;
-      for (int d = 0; d < D; ++d) acc[d] += st[kHeader + d] * f;
-    }
-  }
-  const float inv = denominator > 0.0f ? 1.0f / denominator : 0.0f;
-  for (int d = 0; d < D; ++d) store(out + d, acc[d] * inv);
-}
-
+// The float kernel's split (cpu_split.h): the same threads, chunks and merge.
 template <typename T>
 void run(const QuantizedProblem& p, Chunk attend) {
-  const int D = p.head_dim, S = p.context, vectors = p.group * p.query_len;
-  const int state_size = D + kHeader;
-  const int64_t work = int64_t{p.kv_rows} * S * vectors * D;
-  // The bf16 kernel's split (decode_attention_cpu.cpp).
-  const int threads = cpu_threads_for(work);
-  const int chunks = cpu_context_chunks(p.kv_rows, S, threads);
-  const int chunk_len = (S + chunks - 1) / chunks;
-  const int units = p.kv_rows * chunks;
-  // states[kv_row][chunk][vector]
-  std::vector<float> states(size_t(units) * vectors * state_size);
-  auto attend_unit = [&](int unit) {
-    thread_local Scratch scratch;
-    scratch.reserve(vectors, D);
-    const int kv_row = unit / chunks, c = unit % chunks;
-    const int begin = c * chunk_len, end = std::min(S, begin + chunk_len);
-    float* st = states.data() + size_t(unit) * vectors * state_size;
-    if (begin < end) {
-      attend(p, kv_row, begin, end, st, scratch);
-    } else {
-      for (int r = 0; r < vectors; ++r) st[r * state_size] = -std::numeric_limits<float>::infinity();
-    }
-  };
-  if (threads == 1) {
-    for (int u = 0; u < units; ++u) attend_unit(u);
-  } else {
-    cpu_pool().parallel_for(units, threads, attend_unit);
-  }
-  for (int kv_row = 0; kv_row < p.kv_rows; ++kv_row) {
-    for (int r = 0; r < vectors; ++r) {
-      const int row = kv_row * p.group + r / p.query_len, i = r % p.query_len;
-      T* out = static_cast<T*>(p.out) + (int64_t{row} * p.query_len + i) * D;
-      const float* first = states.data() + (size_t(kv_row) * chunks * vectors + r) * state_size;
-      finish(first, chunks, vectors * state_size, D, out);
-    }
-  }
+  const cpu::SplitLayout layout{p.head_dim, 0, false, kLanes};
+  cpu::run_split<T>(p, p.out, layout,
+                    [&](int kv_row, int begin, int end, float* state, float*) {
+                      thread_local Scratch scratch;
+                      scratch.reserve(p.group * p.query_len, p.head_dim);
+                      attend(p, kv_row, begin, end, state, scratch);
+                    });
 }
 
 }  // namespace

@@ -1,22 +1,22 @@
 // What every backend's attention-step preprocessing needs, free of MLX headers so that .cu files
-// can include it (the attention itself is a DecodeProblem, decode_problem.h).
+// can include it (the attention after it: make_step_attention, make_step_quantized_attention).
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 
 #include "decode_problem.h"
+#include "quantized_problem.h"
 
 namespace attn_kernels {
 
-// One decode step's new tokens: q (B, L, Hq·D), k and v (B, L, Hkv·D) as the projections lay
-// them out (element strides of batch, position and feature; slices of a fused q/k/v projection
-// are fine). Each q and k head is RMS-normalised (weights q_weight/k_weight of D; only where
-// qk_norm, as Qwen3 does: Llama and Qwen2 have no q/k norm, and the weights are null), rotated by
-// RoPE at position offset + i (non-traditional: dimension j pairs with j + D/2) and stored:
-// q into q_out (B, Hq, L, D) contiguous, k and v into the caches (B, Hkv, capacity, D, element
-// strides kc_strides/vc_strides) at position offset + i.
-struct StepProblem {
+// One decode step (StepGeometry: attention_geometry.h) with its pointers. Each q and k head is
+// RMS-normalised (weights q_weight/k_weight of D; only where qk_norm, as Qwen3 does: Llama and
+// Qwen2 have no q/k norm, and the weights are null), rotated by RoPE (non-traditional: dimension j
+// pairs with j + D/2) and stored: q into q_out (B, Hq, L, D) contiguous, k and v into the caches
+// (quantized where bits is set: k_cache and v_cache then hold the codes, and the scales and
+// biases their own arrays).
+struct StepProblem : StepGeometry {
   const void* q;
   const void* k;
   const void* v;
@@ -25,27 +25,25 @@ struct StepProblem {
   void* q_out;
   void* k_cache;
   void* v_cache;
-  ElementType dtype;
-  int batch, length, q_heads, kv_heads, head_dim, offset;
-  bool qk_norm;
-  float eps;  // RMSNorm's (unused without qk_norm)
-  float log2_base;  // log2 of the RoPE base
-  // rope_inverse_frequency of pairs j < head_dim / 2, from the host (set_inverse_frequencies,
-  // in the CUDA eval: its kernels read it, no power per pair on the device; the CPU kernel forms
-  // its angles itself).
-  float inv_freq[128];
-  int64_t q_strides[3], k_strides[3], v_strides[3];
-  int64_t kc_strides[4], vc_strides[4];
-  // A quantized cache (mlx-lm's QuantizedKVCache: mx.quantize triples; bits 4 or 8, 0 for a cache
-  // of the dtype): k_cache and v_cache hold the uint32 codes (B, Hkv, capacity, D·bits/32), and
-  // each row's group_size values share a scale and a bias (q's dtype, (B, Hkv, capacity,
-  // D/group_size), element strides sb_strides for all four arrays).
-  int bits, group_size;
   void* k_scales;
   void* k_biases;
   void* v_scales;
   void* v_biases;
-  int64_t sb_strides[4];
+  const int32_t* row_starts;   // (B,) with kRowStarts, else nullptr
+  const int32_t* row_offsets;  // (B,) the rows' write positions with kRowEnds, else nullptr
+  ElementType dtype;
+  // rope_inverse_frequency of pairs j < head_dim / 2, from the host (set_inverse_frequencies,
+  // in the CUDA eval: its kernels read it, no power per pair on the device; the CPU kernel forms
+  // its angles itself).
+  float inv_freq[128];
+
+  // Where batch row b writes token 0, and the RoPE position of that token.
+  ATTN_INLINE int write_position(int b) const {
+    return step_write_position(row_ranges, offset, row_offsets, b);
+  }
+  ATTN_INLINE int rope_position(int b) const {
+    return step_rope_position(row_ranges, offset, row_starts, row_offsets, b);
+  }
 };
 
 // mx.quantize's affine parameters of one group from its smallest and largest value, in MLX's
@@ -83,6 +81,57 @@ ATTN_HOST_DEVICE inline float rope_inverse_frequency(int j, int half, float log2
 // MLX's RoPE forms it, so that the fused step rotates by mx.fast.rope's angles.
 ATTN_HOST_DEVICE inline float rope_angle(int position, int j, int half, float log2_base) {
   return static_cast<float>(position) * rope_inverse_frequency(j, half, log2_base);
+}
+
+// The attention over the updated caches (make_step_geometry): queries (B, Hq, L, D) contiguous
+// at `queries`, keys and values the step's caches, writing (B, Hq, L, D) to `out`.
+inline DecodeProblem make_step_attention(const StepProblem& step, const void* queries, void* out,
+                                         float scale) {
+  DecodeProblem p{};
+  static_cast<AttentionGeometry&>(p) = make_step_geometry(step, scale);
+  p.queries = queries;
+  p.keys = step.k_cache;
+  p.values = step.v_cache;
+  p.mask = nullptr;
+  p.row_starts = step.row_starts;
+  p.row_ends = step.row_offsets;
+  p.out = out;
+  p.dtype = step.dtype;
+  for (int i = 0; i < 4; ++i) {
+    p.k_strides[i] = step.kc_strides[i];
+    p.v_strides[i] = step.vc_strides[i];
+  }
+  return p;
+}
+
+// The quantized step's attention over its updated triples, as make_step_attention.
+inline QuantizedProblem make_step_quantized_attention(const StepProblem& step,
+                                                      const void* queries, void* out,
+                                                      float scale) {
+  QuantizedProblem p{};
+  static_cast<AttentionGeometry&>(p) = make_step_geometry(step, scale);
+  p.queries = queries;
+  p.k_codes = static_cast<const uint32_t*>(step.k_cache);
+  p.k_scales = step.k_scales;
+  p.k_biases = step.k_biases;
+  p.v_codes = static_cast<const uint32_t*>(step.v_cache);
+  p.v_scales = step.v_scales;
+  p.v_biases = step.v_biases;
+  p.mask = nullptr;
+  p.row_starts = step.row_starts;
+  p.row_ends = step.row_offsets;
+  p.out = out;
+  p.dtype = step.dtype;
+  p.bits = step.bits;
+  p.group_size = step.group_size;
+  for (int i = 0; i < 4; ++i) {
+    p.k_strides[0][i] = step.kc_strides[i];
+    p.v_strides[0][i] = step.vc_strides[i];
+    for (int t = 1; t < 3; ++t) {
+      p.k_strides[t][i] = p.v_strides[t][i] = step.sb_strides[i];
+    }
+  }
+  return p;
 }
 
 }  // namespace attn_kernels

@@ -22,7 +22,9 @@
 #include "cpu_kernel.h"
 
 namespace attn_old {
-struct DecodeProblem;  // attn_kernels::DecodeProblem under the renamed namespace: same layout
+// attn_kernels::DecodeProblem under the renamed namespace: the same layout, so both versions must
+// have it (the geometry became a base struct at the commit that added attention_geometry.h).
+struct DecodeProblem;
 enum class CpuPath { avx512, avx2, portable, neon };
 void decode_attention_cpu(const DecodeProblem& p, CpuPath path);
 }  // namespace attn_old

@@ -21,22 +21,12 @@ struct Qwen3Case {
   Qwen3Case(int S, int sets) : n(size_t{kHkv} * S * kD), q(kHq * kD), kv(2 * n * sets), out(kHq * kD) {
     for (size_t i = 0; i < q.size(); ++i) q[i] = 0x3f80 + ((uint32_t(i) * 40503u) >> 8) % 256 - 128;
     for (size_t i = 0; i < kv.size(); ++i) kv[i] = 0x3f80 + ((uint32_t(i) * 2654435761u) >> 24) - 128;
+    static_cast<AttentionGeometry&>(p) =
+        make_geometry(1, kHq, kHkv, 1, S, kD, 0.088f, false, nullptr);
     p.queries = q.data();
     p.out = out.data();
     p.dtype = ElementType::bfloat16;
-    p.mask_dtype = ElementType::float32;
-    p.rows = kHq;
-    p.kv_rows = kHkv;
-    p.group = kHq / kHkv;
-    p.query_len = 1;
-    p.context = S;
-    p.head_dim = kD;
-    p.q_heads = kHq;
-    p.kv_heads = kHkv;
-    p.scale = 0.088f;
-    const int64_t qs[4] = {kHq * kD, kD, kD, 1};
     const int64_t ks[4] = {int64_t{kHkv} * S * kD, int64_t{S} * kD, kD, 1};
-    std::copy(qs, qs + 4, p.q_strides);
     std::copy(ks, ks + 4, p.k_strides);
     std::copy(ks, ks + 4, p.v_strides);
     use_set(0);

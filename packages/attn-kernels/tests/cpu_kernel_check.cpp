@@ -176,23 +176,13 @@ void run_case(const Case& c, const std::vector<CpuPath>& paths, uint32_t seed,
   }
 
   DecodeProblem p{};
+  static_cast<AttentionGeometry&>(p) =
+      make_geometry(B, Hq, Hkv, L, S, D, scale, c.mask == Mask::causal, nullptr);
   p.queries = q.bytes.data();
   p.keys = k.bytes.data();
   p.values = v.bytes.data();
   p.out = out.bytes.data();
   p.dtype = c.dtype;
-  p.rows = B * Hq;
-  p.kv_rows = B * Hkv;
-  p.group = group;
-  p.query_len = L;
-  p.context = S;
-  p.head_dim = D;
-  p.q_heads = Hq;
-  p.kv_heads = Hkv;
-  p.scale = scale;
-  p.causal = c.mask == Mask::causal;
-  const int64_t qs[4] = {int64_t(Hq) * L * D, int64_t(L) * D, D, 1};
-  std::memcpy(p.q_strides, qs, sizeof qs);
   if (c.kv_seq_major) {
     const int64_t s[4] = {int64_t(S) * Hkv * D, D, int64_t(Hkv) * D, 1};
     std::memcpy(p.k_strides, s, sizeof s);
@@ -203,7 +193,7 @@ void run_case(const Case& c, const std::vector<CpuPath>& paths, uint32_t seed,
   std::memcpy(p.v_strides, p.k_strides, sizeof p.k_strides);
   if (c.mask == Mask::additive || c.mask == Mask::boolean) {
     p.mask = c.mask == Mask::additive ? static_cast<const void*>(additive.data()) : keep.data();
-    p.mask_dtype = c.mask == Mask::additive ? ElementType::float32 : ElementType::boolean;
+    p.mask_kind = c.mask == Mask::additive ? kMaskFloat32 : kMaskBool;
     const int64_t ms[4] = {int64_t(Hq) * L * S, int64_t(L) * S, S, 1};
     std::memcpy(p.m_strides, ms, sizeof ms);
   }

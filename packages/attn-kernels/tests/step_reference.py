@@ -99,3 +99,36 @@ def step_f64(q, k, v, q_w, k_w, k_cache, v_cache, offset, eps, base, scale=None)
     probs /= probs.sum(axis=-1, keepdims=True)
     out = np.einsum("bhls,bhsd->bhld", probs, values)
     return out.transpose(0, 2, 1, 3).reshape(b, length, -1), kc, vc
+
+
+def ragged_step_f64(q, k, v, q_w, k_w, k_cache, v_cache, starts, offsets, eps, base, scale=None):
+    """step_f64 with a range per batch row, as mlx-lm's batch caches and per-row offsets lay it
+    out: row b's tokens go to cache positions offsets[b] + i, are rotated at offsets[b] - starts[b]
+    + i (positions counted from the row's start) and attend causally to [starts[b], offsets[b] +
+    L). Returns (out (B, L, Hq·D), k_cache, v_cache) as float64."""
+    b, length, _ = q.shape
+    d = k_cache.shape[-1]
+    kc, vc = to_numpy(k_cache).copy(), to_numpy(v_cache).copy()
+    hq, hkv = q.shape[-1] // d, kc.shape[1]
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    out = np.zeros((b, length, hq * d))
+    for r in range(b):
+        first, at = int(starts[r]), int(offsets[r])
+        position = at - first
+        qh = norm_rope_f64(q[r : r + 1], q_w, position, d, eps, base)[0].transpose(1, 0, 2)
+        kh = norm_rope_f64(k[r : r + 1], k_w, position, d, eps, base)[0].transpose(1, 0, 2)
+        vh = to_numpy(v[r : r + 1]).reshape(length, hkv, d).transpose(1, 0, 2)
+        kc[r, :, at : at + length] = kh
+        vc[r, :, at : at + length] = vh
+        keys = np.repeat(kc[r, :, first : at + length], hq // hkv, axis=0)
+        values = np.repeat(vc[r, :, first : at + length], hq // hkv, axis=0)
+        scores = np.einsum("hld,hsd->hls", qh, keys) * scale
+        j = np.arange(first, at + length)[None, :]
+        keep = j <= np.arange(at, at + length)[:, None]
+        scores = np.where(keep, scores, -np.inf)
+        with np.errstate(invalid="ignore"):
+            probs = np.exp(scores - scores.max(axis=-1, keepdims=True))
+            probs /= probs.sum(axis=-1, keepdims=True)
+        rows = np.einsum("hls,hsd->hld", np.nan_to_num(probs), values)
+        out[r] = rows.transpose(1, 0, 2).reshape(length, hq * d)
+    return out, kc, vc

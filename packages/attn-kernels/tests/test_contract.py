@@ -1,6 +1,6 @@
 """The contract of attention.py's docstring, one table through both functions: bad inputs, empty
 shapes, numpy inputs, output dtype, and non-finite values (against the float64 reference, on
-every backend here and every GPU schedule)."""
+every backend here and every GPU schedule); the NaN rule through every fused op."""
 
 import mlx.core as mx
 import numpy as np
@@ -8,7 +8,10 @@ import pytest
 from attn_kernels import (
     MAX_HEAD_DIM,
     SCHEDULES,
+    attention_step,
+    attention_step_quantized,
     decode_attention_custom,
+    decode_attention_quantized,
     scaled_dot_product_attention,
 )
 from conftest import TOLERANCE
@@ -246,3 +249,55 @@ def test_nonfinite_values(device, where, value, s, d, dtype):
     assert_matches_nonfinite(to_numpy(readable), expected, **tol)
     for name, out in fused.items():
         assert_matches_nonfinite(to_numpy(out), expected, **tol, err_msg=name)
+
+
+def _nan_query_out(op, device):
+    """One call of `op` with a NaN in query head 5 of batch row 0 (a step: in its q
+    projection), on `device`; returns the output as (B, Hq, L, D) float64."""
+    b, hq, hkv, s, d = 2, 8, 2, 300, 64
+    keys = mx.random.split(mx.random.key(11), 3)
+    k, v = (mx.random.normal((b, hkv, s, d), key=key) for key in keys[1:])
+    quantized = op.endswith("quantized")
+    triples = [mx.quantize(x, 32, 4) for x in (k, v)] if quantized else None
+    with mx.stream(device):
+        if op.startswith("attention_step"):
+            q = mx.random.normal((b, 1, hq * d), key=keys[0])
+            q[0, 0, 5 * d + 7] = mx.nan
+            new = mx.zeros((b, 1, hkv * d))
+            args = (q, new, new, None, None)
+            options = dict(rope_base=1e4, owned_caches=False)
+            if quantized:
+                caches = [tuple(a[:, :, : s + 1] for a in t) for t in
+                          (mx.quantize(mx.pad(x, [(0, 0), (0, 0), (0, 1), (0, 0)]), 32, 4)
+                           for x in (k, v))]  # fmt: skip
+                out = attention_step_quantized(*args, *caches, s, group_size=32, bits=4, **options)
+            else:
+                caches = [mx.pad(x, [(0, 0), (0, 0), (0, 1), (0, 0)]) for x in (k, v)]
+                out = attention_step(*args, *caches, s, **options)
+            out = out[0].reshape(b, 1, hq, d).transpose(0, 2, 1, 3)
+        else:
+            q = mx.random.normal((b, hq, 1, d), key=keys[0])
+            q[0, 5, 0, 7] = mx.nan
+            if quantized:
+                out = decode_attention_quantized(q, *triples, group_size=32, bits=4)
+            else:
+                out = decode_attention_custom(q, k, v)
+    return to_numpy(out)
+
+
+OPS = ["decode_attention_custom", "decode_attention_quantized", "attention_step",
+       "attention_step_quantized"]  # fmt: skip
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("op", OPS)
+def test_nan_query_gives_a_nan_row_in_every_op(device, op):
+    """The NaN rule of the contract, for every fused op: a NaN in a query makes its whole output
+    row NaN (not zeros, which the quantized CPU kernel once returned); every other row is
+    finite."""
+    if device == mx.gpu and op == "attention_step_quantized" and not mx.cuda.is_available():
+        pytest.skip("no Metal kernel for the quantized step")
+    out = _nan_query_out(op, device)
+    assert np.isnan(out[0, 5]).all()
+    rest = np.concatenate([np.delete(out[0], 5, axis=0).ravel(), out[1].ravel()])
+    assert np.isfinite(rest).all()

@@ -16,8 +16,9 @@ import subprocess
 import mlx.core as mx
 import numpy as np
 import pytest
+from attn_kernels import range_mask
 from emulation import CSRC, KERNELS_CUDA, build_runner
-from reference import attention_f64
+from reference import assert_matches_nonfinite, attention_f64
 
 
 @pytest.fixture(scope="session")
@@ -89,16 +90,39 @@ def test_cuda_quantized_kernel_with_large_queries(emulator, tmp_path, bits, q_sc
     run_case(emulator, tmp_path, case, kind="mmat4", q_scale=head_scale, k_scale=1.0 / q_scale)
 
 
+@pytest.mark.parametrize("kind", ["8x2", "mmat4"])
+def test_cuda_quantized_kernel_nan_query(emulator, tmp_path, kind):
+    """The contract's NaN rule (attention.py): a NaN in a query makes its whole row NaN, never
+    zeros (one vector of a tile of eight, in a split call); the other rows are untouched."""
+    out = run_case(emulator, tmp_path, (1, 8, 2, 1, 300, 128, 4, 64, False, False, 2), kind=kind,
+                   nan_at=(0, 5, 0, 7))  # fmt: skip
+    assert np.isnan(out[0, 5, 0]).all()
+    assert np.isfinite(np.delete(out[0], 5, axis=0)).all()
+
+
+@pytest.mark.parametrize("kind", ["8x2", "mmat", "mmat4"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_cuda_quantized_kernel_row_ranges(emulator, tmp_path, kind, causal):
+    """Per-row ranges: rows starting inside a 16-position sub-step (the mmat kernel copies whole
+    ones and scores the positions before the start -inf), one empty (zeros), rows ending inside
+    a split's chunk, against the mask they stand for."""
+    ranges = ([0, 37, 300, 123], [300, 211, 300, 130])
+    run_case(emulator, tmp_path, (4, 8, 2, 2, 300, 128, 4, 64, causal, False, 3), kind=kind,
+             ranges=ranges)  # fmt: skip
+
+
 # the runner's config code of each kernel
 KINDS = {"8x2": 0, "mmat": 2, "mmat4": 4}
 
 
-def run_case(emulator, tmp_path, case, kind, q_scale=1.0, k_scale=1.0):
+def run_case(emulator, tmp_path, case, kind, q_scale=1.0, k_scale=1.0, nan_at=None, ranges=None):
     mma = kind != "8x2"
     b, hq, hkv, length, s, d, bits, group_size, causal, masked, splits = case
     capacity = s + 7  # K/V are views of a longer cache buffer
     keys = mx.random.split(mx.random.key(s + d + bits + splits), 4)
     q = mx.random.normal((b, hq, length, d), key=keys[0]) * q_scale
+    if nan_at is not None:
+        q[nan_at] = mx.nan
     k = mx.random.normal((b, hkv, capacity, d), key=keys[1]) * k_scale
     k = mx.quantize(k, group_size, bits)
     v = mx.quantize(mx.random.normal((b, hkv, capacity, d), key=keys[2]), group_size, bits)
@@ -109,8 +133,11 @@ def run_case(emulator, tmp_path, case, kind, q_scale=1.0, k_scale=1.0):
         mask[0, 1, 0, :] = -mx.inf  # a row with nothing visible: zeros
     (tmp_path / "config.txt").write_text(
         f"{b} {hq} {hkv} {length} {s} {d} {bits} {group_size} {int(causal)} {int(masked)} "
-        f"{splits} {capacity} {KINDS[kind]}\n"
+        f"{splits} {capacity} {KINDS[kind]} {3 if ranges else 0}\n"
     )
+    if ranges:
+        for name, values in zip(("starts", "ends"), ranges, strict=True):
+            (tmp_path / f"{name}.bin").write_bytes(np.array(values, np.int32).tobytes())
     (tmp_path / "q.bin").write_bytes(np.array(q).tobytes())
     (tmp_path / "mask.bin").write_bytes(np.array(mask).tobytes() if masked else b"\0" * 4)
     for name, array in zip(("kc", "ks", "kb", "vc", "vs", "vb"), (*k, *v), strict=True):
@@ -128,10 +155,13 @@ def run_case(emulator, tmp_path, case, kind, q_scale=1.0, k_scale=1.0):
         )
 
     ref_mask = mask if masked else ("causal" if causal else None)
+    if ranges:
+        assert not masked
+        ref_mask = range_mask(b, length, s, *(mx.array(r) for r in ranges), causal)
     expected = attention_f64(storage(q), dequantized(k), dequantized(v), mask=ref_mask)
     # mmat: f16 outputs and f16 weights times scales as the P V operand.
     tolerance = 3e-3 if mma else 2e-5
-    np.testing.assert_allclose(out, expected, atol=tolerance, rtol=tolerance)
+    assert_matches_nonfinite(out, expected, atol=tolerance, rtol=tolerance)
     if masked:
         assert np.all(out[0, 1, 0] == 0.0)
     return out

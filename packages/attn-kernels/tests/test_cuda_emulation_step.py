@@ -19,7 +19,7 @@ import pytest
 from conftest import TOLERANCE
 from emulation import CSRC, KERNELS_CUDA, build_runner
 from quantize_reference import mlx_quantize
-from step_reference import rope_angles, step_f64
+from step_reference import ragged_step_f64, rope_angles, step_f64
 
 EPS, BASE = 1e-6, 1_000_000.0  # as the runner sets them
 STEP = 64  # the mma kernel's block step: chunks are multiples of it
@@ -115,6 +115,60 @@ def test_folded_step_under_emulation(
     for got, before in ((kc, before_k), (vc, before_v)):
         np.testing.assert_array_equal(got[:, :, :offset], before[:, :, :offset])
         np.testing.assert_array_equal(got[:, :, end:], before[:, :, end:])
+
+
+# (batch, Hq, Hkv, L, D, splits): rows of their own ranges (a start and a write position per
+# row), split or not, so that a chunk holds some rows' new positions and not others'.
+RAGGED_CASES = [(3, 8, 2, 1, 128, 1), (4, 16, 2, 2, 64, 3), (2, 8, 8, 8, 128, 2)]
+
+
+@pytest.mark.parametrize(("b", "hq", "hkv", "length", "d", "splits"), RAGGED_CASES)
+def test_ragged_rows_under_emulation(emulator, tmp_path, b, hq, hkv, length, d, splits):
+    """Per-row starts and write positions (mlx-lm's left padding, rows of different lengths):
+    each row rotated at its own position, written at its own place and attending to its own range,
+    in both kernel paths (the preprocessing kernel then attend_mma, and the folded kernel)."""
+    rng = np.random.default_rng(b * 13 + length + splits)
+    offsets = rng.integers(length, 180, b).astype(np.int32)
+    starts = rng.integers(0, offsets + 1).astype(np.int32)
+    offset = int(offsets.max())
+    capacity = offset + length + 3
+    keys = mx.random.split(mx.random.key(b + d), 7)
+    inputs = [
+        mx.random.normal((b, length, hq * d), key=keys[0]),
+        2.0 * mx.random.normal((b, length, hkv * d), key=keys[1]),
+        mx.random.normal((b, length, hkv * d), key=keys[2]),
+        1.0 + 0.2 * mx.random.normal((d,), key=keys[3]),
+        1.0 + 0.2 * mx.random.normal((d,), key=keys[4]),
+        mx.random.normal((b, hkv, capacity, d), key=keys[5]),
+        mx.random.normal((b, hkv, capacity, d), key=keys[6]),
+    ]
+    inputs = [x.astype(mx.bfloat16) for x in inputs]
+    (tmp_path / "config.txt").write_text(
+        f"{b} {hq} {hkv} {length} {offset} {d} 1 {splits} {capacity} 1\n"
+    )
+    for name, x in zip(("q", "k", "v", "qw", "kw", "kc", "vc"), inputs, strict=True):
+        (tmp_path / f"{name}.bin").write_bytes(np.array(x.astype(mx.float32)).tobytes())
+    (tmp_path / "starts.bin").write_bytes(starts.tobytes())
+    (tmp_path / "offsets.bin").write_bytes(offsets.tobytes())
+    subprocess.run([str(emulator), str(tmp_path)], check=True, timeout=600, capture_output=True)
+
+    def result(name, shape):
+        return np.fromfile(tmp_path / f"{name}.bin", dtype=np.float32).reshape(shape)
+
+    heads_first, cache = (b, hq, length, d), (b, hkv, capacity, d)
+    for name, shape in (("out", heads_first), ("kc", cache), ("vc", cache)):
+        np.testing.assert_array_equal(
+            result(f"{name}_fold", shape), result(f"{name}_chain", shape), err_msg=name
+        )
+    expected, exp_k, exp_v = ragged_step_f64(*inputs, starts, offsets, EPS, BASE)
+    out = result("out_fold", heads_first).transpose(0, 2, 1, 3).reshape(b, length, hq * d)
+    tol = {key: 2 * value for key, value in TOLERANCE[mx.bfloat16].items()}
+    np.testing.assert_allclose(out, expected, **tol, err_msg="vs float64")
+    kc, vc = result("kc_fold", cache), result("vc_fold", cache)
+    for r in range(b):
+        at = slice(int(offsets[r]), int(offsets[r]) + length)
+        np.testing.assert_allclose(kc[r, :, at], exp_k[r, :, at], **TOLERANCE[mx.bfloat16])
+        np.testing.assert_array_equal(vc[r, :, at], exp_v[r, :, at])
 
 
 @pytest.mark.parametrize(("d", "base"), [(128, 1_000_000.0), (64, 10_000.0), (128, 500_000.0)])

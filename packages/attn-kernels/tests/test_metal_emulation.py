@@ -9,14 +9,14 @@ hardware paths, GPU memory-model subtleties beyond barriers, threadgroup-memory 
 launch, and speed. Those need a Mac (see .github/workflows/macos-metal.yml).
 """
 
-import struct
 import subprocess
 
 import mlx.core as mx
 import numpy as np
 import pytest
+from attn_kernels import range_mask
 from conftest import TOLERANCE
-from emulation import KERNELS_METAL, build_runner
+from emulation import CSRC, KERNELS_METAL, build_runner
 from reference import assert_matches_nonfinite, attention_f64
 
 MASK_KINDS = {"none": 0, "float32": 1, "float16": 2, "bfloat16": 3, "bool": 4}
@@ -24,7 +24,9 @@ MASK_KINDS = {"none": 0, "float32": 1, "float16": 2, "bfloat16": 3, "bool": 4}
 
 @pytest.fixture(scope="session")
 def emulator(tmp_path_factory):
-    return build_runner(tmp_path_factory, KERNELS_METAL / "emulation" / "run_decode_attention.cpp")
+    return build_runner(
+        tmp_path_factory, KERNELS_METAL / "emulation" / "run_decode_attention.cpp", f"-I{CSRC}"
+    )
 
 
 def storage(a: np.ndarray, dtype: str) -> bytes:
@@ -67,40 +69,34 @@ def run_runner(exe, folder, dtype: str, shape) -> np.ndarray:
     return from_storage((folder / "out.bin").read_bytes(), dtype, shape)
 
 
-def element_strides(shape):
-    strides, step = [], 1
-    for n in reversed(shape):
-        strides.insert(0, step)
-        step *= n
-    return strides
-
-
 def run_kernel(
-    exe, tmp_path, q, k_buf, v_buf, context, mask, mask_kind, causal, dtype, groups, scale
+    exe,
+    tmp_path,
+    q,
+    k_buf,
+    v_buf,
+    context,
+    mask,
+    mask_kind,
+    causal,
+    dtype,
+    groups,
+    scale,
+    starts=None,
+    ends=None,
 ):
+    """The runner on these inputs: K/V are (B, Hkv, capacity, D) buffers of which the call reads
+    the first `context` positions; starts/ends: per-row ranges (int sequences) or None."""
     b, hq, length, d = q.shape
-    hkv = k_buf.shape[1]
-    kv_strides = element_strides(k_buf.shape)  # a cache buffer: capacity >= context
-    m_strides = element_strides(mask.shape) if mask is not None else [0, 0, 0, 0]
-    params = struct.pack(
-        "<8ifi16q",
-        b * hq,
-        hq // hkv,
-        length,
-        context,
-        d,
-        hq,
-        hkv,
-        MASK_KINDS.get(mask_kind, 0),
-        scale,
-        int(causal),
-        *element_strides(q.shape),
-        *kv_strides,
-        *kv_strides,
-        *m_strides,
+    hkv, capacity = k_buf.shape[1], k_buf.shape[2]
+    row_ranges = (1 if starts is not None else 0) | (2 if ends is not None else 0)
+    (tmp_path / "config.txt").write_text(
+        f"{dtype} {groups} {b} {hq} {hkv} {length} {context} {d} {capacity} {int(causal)} "
+        f"{MASK_KINDS.get(mask_kind, 0)} {float(scale)!r} {row_ranges}\n"
     )
-    (tmp_path / "params.bin").write_bytes(params)
-    (tmp_path / "config.txt").write_text(f"{dtype} {groups}\n")
+    for name, values in (("starts", starts), ("ends", ends)):
+        if values is not None:
+            (tmp_path / f"{name}.bin").write_bytes(np.asarray(values, np.int32).tobytes())
     (tmp_path / "q.bin").write_bytes(storage(q, dtype))
     (tmp_path / "k.bin").write_bytes(storage(k_buf, dtype))
     (tmp_path / "v.bin").write_bytes(storage(v_buf, dtype))
@@ -214,3 +210,27 @@ def test_nonfinite_values_under_emulation(emulator, tmp_path, where, value):
     if where != "bool" and not (where == "k" and value == -np.inf):
         assert not np.isfinite(expected).all()  # the case reaches the output
     assert_matches_nonfinite(out, expected, **TOLERANCE[mx.float32])
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_row_ranges_under_emulation(emulator, tmp_path, causal):
+    """Per-row cache ranges (starts, ends) against the mask they stand for: a row of the whole
+    cache, an empty one (zeros), ragged ones."""
+    b, hq, hkv, length, s, d, groups = 4, 8, 2, 2, 90, 64, 8
+    rng = np.random.default_rng(int(causal))
+    q = rng.standard_normal((b, hq, length, d))
+    k_buf = rng.standard_normal((b, hkv, s + 3, d))
+    v_buf = rng.standard_normal((b, hkv, s + 3, d))
+    starts, ends = [0, 40, 7, 60], [90, 40, 51, 62]
+    scale = 1.0 / np.sqrt(d)
+    out = run_kernel(
+        emulator, tmp_path, q, k_buf, v_buf, s, None, "none", causal, "float32", groups, scale,
+        starts=starts, ends=ends,
+    )  # fmt: skip
+    as_mx = lambda a: mx.array(a.astype(np.float32))  # noqa: E731
+    keep = range_mask(b, length, s, mx.array(starts), mx.array(ends), causal)
+    expected = attention_f64(
+        as_mx(q), as_mx(k_buf[:, :, :s]), as_mx(v_buf[:, :, :s]), scale=scale, mask=keep
+    )
+    np.testing.assert_allclose(out, expected, **TOLERANCE[mx.float32])
+    assert not out[1].any()

@@ -5,16 +5,15 @@ What this proves and what it cannot: as test_metal_emulation.py says for the att
 (no Apple compiler, precise sin/cos and real half/bfloat paths, the launcher, speed: a Mac's).
 """
 
-import struct
 import subprocess
 
 import mlx.core as mx
 import numpy as np
 import pytest
 from conftest import TOLERANCE
-from emulation import KERNELS_METAL, build_runner
+from emulation import CSRC, KERNELS_METAL, build_runner
 from reference import to_numpy
-from step_reference import step_f64
+from step_reference import ragged_step_f64, step_f64
 from test_metal_emulation import from_storage, quantized, storage
 
 EPS, BASE = 1e-6, 1_000_000.0
@@ -22,19 +21,13 @@ EPS, BASE = 1e-6, 1_000_000.0
 
 @pytest.fixture(scope="session")
 def step_emulator(tmp_path_factory):
-    return build_runner(tmp_path_factory, KERNELS_METAL / "emulation" / "run_attention_step.cpp")
+    return build_runner(
+        tmp_path_factory, KERNELS_METAL / "emulation" / "run_attention_step.cpp", f"-I{CSRC}"
+    )
 
 
 def read(path, dtype, shape):
     return from_storage(path.read_bytes(), dtype, shape)
-
-
-def contiguous_strides(shape):
-    strides, step = [], 1
-    for n in reversed(shape):
-        strides.insert(0, step)
-        step *= n
-    return strides
 
 
 CASES = [
@@ -71,28 +64,11 @@ def test_metal_step_under_emulation(
         del arrays["q_norm"], arrays["k_norm"]
     for name, a in arrays.items():
         (tmp_path / f"{name}.bin").write_bytes(storage(a, dtype))
-    cache_strides = contiguous_strides((b, hkv, cap, d))
-    params = struct.pack(
-        "<7i2fi17q",
-        b,
-        length,
-        hq,
-        hkv,
-        d,
-        offset,
-        int(qk_norm),
-        EPS,
-        np.log2(BASE),
-        0,  # padding
-        *contiguous_strides((b, length, hq * d)),
-        *contiguous_strides((b, length, hkv * d)),
-        *contiguous_strides((b, length, hkv * d)),
-        *cache_strides,
-        *cache_strides,
-    )
-    (tmp_path / "params.bin").write_bytes(params)
     scale = float(1.0 / np.sqrt(d))
-    (tmp_path / "config.txt").write_text(f"{dtype} {groups} {scale!r}\n")
+    (tmp_path / "config.txt").write_text(
+        f"{dtype} {groups} {scale!r} {b} {length} {hq} {hkv} {d} {offset} {cap} {int(qk_norm)} "
+        f"{EPS!r} {BASE!r}\n"
+    )
     subprocess.run([str(step_emulator), str(tmp_path)], check=True, timeout=120)
 
     inputs = {name: mx.array(quantized(a, dtype).astype(np.float32)) for name, a in arrays.items()}
@@ -115,3 +91,43 @@ def test_metal_step_under_emulation(
     for got, before in ((new_k, before_k), (new_v, before_v)):
         np.testing.assert_array_equal(got[:, :, :offset], before[:, :, :offset])
         np.testing.assert_array_equal(got[:, :, end:], before[:, :, end:])
+
+
+def test_metal_step_ragged_rows_under_emulation(step_emulator, tmp_path):
+    """Per-row starts and write positions: each row rotated at its own position (from its
+    start), written at its own place and attending to its own range."""
+    b, hq, hkv, length, d, cap, groups = 3, 8, 2, 2, 64, 256, 8
+    rng = np.random.default_rng(12)
+    arrays = {
+        "q": rng.standard_normal((b, length, hq * d)),
+        "k": 2.0 * rng.standard_normal((b, length, hkv * d)),
+        "v": rng.standard_normal((b, length, hkv * d)),
+        "q_norm": 1.0 + 0.2 * rng.standard_normal(d),
+        "k_norm": 1.0 + 0.2 * rng.standard_normal(d),
+        "k_cache": rng.standard_normal((b, hkv, cap, d)),
+        "v_cache": rng.standard_normal((b, hkv, cap, d)),
+    }
+    for name, a in arrays.items():
+        (tmp_path / f"{name}.bin").write_bytes(storage(a, "float32"))
+    starts, offsets = np.array([0, 17, 90], np.int32), np.array([200, 33, 90], np.int32)
+    (tmp_path / "starts.bin").write_bytes(starts.tobytes())
+    (tmp_path / "offsets.bin").write_bytes(offsets.tobytes())
+    scale = float(1.0 / np.sqrt(d))
+    (tmp_path / "config.txt").write_text(
+        f"float32 {groups} {scale!r} {b} {length} {hq} {hkv} {d} {offsets.max()} {cap} 1 "
+        f"{EPS!r} {BASE!r}\n"
+    )
+    subprocess.run([str(step_emulator), str(tmp_path)], check=True, timeout=120)
+    inputs = [
+        mx.array(arrays[n].astype(np.float32))
+        for n in ("q", "k", "v", "q_norm", "k_norm", "k_cache", "v_cache")
+    ]
+    expected, exp_k, exp_v = ragged_step_f64(*inputs, starts, offsets, EPS, BASE)
+    out = read(tmp_path / "out.bin", "float32", (b, length, hq * d))
+    new_k = read(tmp_path / "k_cache.bin", "float32", (b, hkv, cap, d))
+    new_v = read(tmp_path / "v_cache.bin", "float32", (b, hkv, cap, d))
+    np.testing.assert_allclose(out, expected, **TOLERANCE[mx.float32])
+    for r in range(b):
+        at = slice(int(offsets[r]), int(offsets[r]) + length)
+        np.testing.assert_allclose(new_k[r, :, at], exp_k[r, :, at], atol=2e-4, rtol=2e-4)
+        np.testing.assert_array_equal(new_v[r, :, at], exp_v[r, :, at])

@@ -15,6 +15,7 @@ from attn_kernels.attention import (
     SCHEDULES,
     causal_mask,
     decode_attention_custom,
+    range_mask,
     scaled_dot_product_attention,
 )
 from attn_kernels.attention_step import (
@@ -36,6 +37,7 @@ __all__ = [
     "decode_attention_custom",
     "decode_attention_quantized",
     "dequantize_kv",
+    "range_mask",
     "scaled_dot_product_attention",
 ]
 __version__ = "0.1.0"

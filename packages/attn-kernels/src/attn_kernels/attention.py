@@ -7,6 +7,12 @@ Query head h reads key/value head h // (Hq // Hkv); K/V are never repeated.
 mask: None, "causal" (bottom-right aligned: query row i sees keys <= S - L + i), or an array
 broadcastable to (B, Hq, L, S): additive (float) or boolean (True keeps a key).
 
+starts, ends: per batch row, the cache positions [starts[b], ends[b]) the row's queries see
+(defaults 0 and S): a batch of sequences of different lengths in one cache, left-padded as
+mlx-lm's batch caches are (a start per row) or ending at their own positions (an end per row),
+without a mask tensor. Causal rows are aligned to their own end (query i sees up to
+ends[b] - L + i). int32 arrays of shape (B,), or sequences of ints.
+
 The contract: `scaled_dot_product_attention` (the readable path, the tests' oracle) and
 `decode_attention_custom` (the fused op) follow every rule below; tests/test_contract.py runs one
 table of inputs through both.
@@ -23,8 +29,14 @@ table of inputs through both.
   L > S and a mask that does not broadcast. D >= 1.
 - Empty: S = 0 returns zeros of shape (B, Hq, L, D) (the softmax over no keys is the fully
   masked row below); L = 0 (or B = 0, Hq = 0) returns the empty (B, Hq, L, D).
-- Removed keys: a key is removed by False in a boolean mask, -inf in an additive one, or the
-  causal bound. A row whose scores are all -inf after the mask (every key removed) returns zeros.
+- Removed keys: a key is removed by False in a boolean mask, -inf in an additive one, the causal
+  bound, or its row's range (starts, ends). A row whose scores are all -inf after the mask
+  (every key removed, or an empty range) returns zeros.
+- Ranges: starts and ends are int32 (B,) (sequences are converted); other dtypes or shapes, and
+  values outside [0, S] or a start past its end, raise ValueError naming the argument (the
+  fused op checks values it can read without waiting: arrays made from lists or already
+  evaluated; a lazily computed one is clamped to [0, S] by the kernels). A mask and ranges
+  combine.
 - Non-finite values otherwise follow float32 arithmetic of softmax(scale * q k^T + mask) v: a NaN
   or +inf score in a row (NaN or inf in q, k, scale or an additive mask) makes the whole row NaN;
   NaN or inf in a kept value reaches the output dimensions it sits in. K/V at removed keys are
@@ -126,14 +138,77 @@ def causal_mask(query_len: int, context: int) -> mx.array:
     return mx.arange(context)[None, :] <= rows
 
 
+def row_bounds(name: str, bounds: object, batch: int) -> mx.array | None:
+    """Per-row cache bounds as the ops take them: None, or an int32 (B,) array (sequences of ints
+    converted; an array's dtype is the op's to check)."""
+    if bounds is None or isinstance(bounds, mx.array):
+        return bounds
+    try:
+        if isinstance(bounds, str | bytes):
+            raise TypeError("a string")
+        values = [int(x) for x in bounds]
+    except (TypeError, ValueError) as e:
+        raise ValueError(
+            f"{name} must be an int32 array or a sequence of ints, one per batch row, got "
+            f"{type(bounds).__name__}"
+        ) from e
+    if len(values) != batch:
+        raise ValueError(f"{name} must have one value per batch row ({batch}), got {len(values)}")
+    return mx.array(values, dtype=mx.int32)
+
+
+def range_mask(
+    batch: int,
+    query_len: int,
+    context: int,
+    starts: mx.array | None,
+    ends: mx.array | None,
+    causal: bool,
+) -> mx.array:
+    """The boolean (B, 1, L, S) mask that per-row ranges stand for: True where query i of row b
+    may see key j, starts[b] <= j < ends[b] (defaults 0 and S), and causal: j <= ends[b] - L + i.
+    The readable path's (and the tests') form of the fused ops' starts and ends."""
+    j = mx.arange(context)[None, None, None, :]
+    first = mx.zeros((batch,), mx.int32) if starts is None else starts.astype(mx.int32)
+    end = mx.full((batch,), context, mx.int32) if ends is None else ends.astype(mx.int32)
+    first, end = first[:, None, None, None], end[:, None, None, None]
+    keep = (j >= first) & (j < end)
+    if causal:
+        i = mx.arange(query_len)[None, None, :, None]
+        keep = keep & (j <= end - query_len + i)
+    return keep
+
+
+def _check_ranges(starts, ends, batch: int, context: int) -> tuple:
+    """starts and ends as int32 (B,) arrays with values in [0, S], starts <= ends (the readable
+    path's checks; the fused op checks the same in C++)."""
+    starts, ends = row_bounds("starts", starts, batch), row_bounds("ends", ends, batch)
+    for name, a in (("starts", starts), ("ends", ends)):
+        if a is None:
+            continue
+        if a.dtype != mx.int32:
+            raise ValueError(f"{name} must be int32, got {a.dtype}")
+        if a.shape != (batch,):
+            raise ValueError(f"{name} must have shape (batch,) = ({batch},), got {a.shape}")
+        if mx.any((a < 0) | (a > context)).item():
+            raise ValueError(f"{name} has values outside [0, {context}]: {a.tolist()}")
+    if starts is not None and ends is not None and mx.any(starts > ends).item():
+        raise ValueError(f"starts {starts.tolist()} pass ends {ends.tolist()}")
+    return starts, ends
+
+
 def scaled_dot_product_attention(
     query: mx.array,
     key: mx.array,
     value: mx.array,
     scale: float | None = None,
     mask: mx.array | str | None = None,
+    *,
+    starts: mx.array | None = None,
+    ends: mx.array | None = None,
 ) -> mx.array:
-    """Readable grouped attention in mlx.core: scores, float32 softmax, weighted values."""
+    """Readable grouped attention in mlx.core: scores, float32 softmax, weighted values. starts and
+    ends become the mask they stand for (range_mask)."""
     query, key, value = (
         _as_array(n, a) for n, a in (("query", query), ("key", key), ("value", value))
     )
@@ -142,6 +217,15 @@ def scaled_dot_product_attention(
     kind = "none" if mask is None else "causal" if isinstance(mask, str) else "array"
     if kind == "causal" and length > s:
         raise ValueError(f"causal attention needs query length <= context, got L={length} > S={s}")
+    if starts is not None or ends is not None:
+        starts, ends = _check_ranges(starts, ends, b, s)
+        ranges = range_mask(b, length, s, starts, ends, kind == "causal")
+        if kind == "array":
+            m = _broadcast_mask(mask, (b, hq, length, s))
+            mask = mx.where(ranges, m, False if m.dtype == mx.bool_ else -mx.inf)
+        else:
+            mask = ranges
+        kind = "array"
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     group = hq // hkv
     # (B, Hkv, group, L, D) against (B, Hkv, 1, S, D): broadcasting pairs each group with its head.
@@ -168,6 +252,8 @@ def decode_attention_custom(
     scale: float | None = None,
     mask: mx.array | str | None = None,
     *,
+    starts: mx.array | None = None,
+    ends: mx.array | None = None,
     schedule: str = "auto",
     stream: mx.Stream | mx.Device | None = None,
 ) -> mx.array:
@@ -176,26 +262,36 @@ def decode_attention_custom(
     The op takes the 4-D arrays as they are (views included: no K/V copies, and no reshape ops
     around the call, which on a GPU cost more host time than the kernel at short contexts);
     "causal" becomes a flag, so no mask tensor is built; an explicit mask is broadcast (a view) to
-    (B, Hq, L, S). `schedule` picks the GPU kernel variant (one of SCHEDULES).
+    (B, Hq, L, S). starts and ends (per-row ranges) are read by the kernel, no mask built either.
+    `schedule` picks the GPU kernel variant (one of SCHEDULES).
     """
-    # The decode call (a scale, mask None or "causal") goes straight to the op, which validates
-    # everything itself in C++: at short contexts host time per call is what a GPU decode step
-    # waits on (docs/host-cost.md). Anything the op refuses (numpy inputs: TypeError; bad shapes
-    # or dtypes: ValueError) runs the general path below, which converts and words errors as the
-    # readable path does.
+    # The decode call (a scale, mask None or "causal", ranges as arrays) goes straight to the
+    # op, which validates everything itself in C++: at short contexts host time per call is what
+    # a GPU decode step waits on (docs/host-cost.md). Anything the op refuses (numpy inputs:
+    # TypeError; bad shapes or dtypes: ValueError) runs the general path below, which converts
+    # and words errors as the readable path does.
     if scale is not None and (mask is None or (mask.__class__ is str and mask == "causal")):
         try:
-            if stream is None:
+            if starts is None and ends is None and stream is None:
                 return _decode(query, key, value, scale, None, mask is not None, schedule)
             return _decode(
-                query, key, value, scale, None, mask is not None, schedule, stream=stream
+                query,
+                key,
+                value,
+                scale,
+                None,
+                mask is not None,
+                schedule,
+                starts=starts,
+                ends=ends,
+                stream=stream,
             )
         except (TypeError, ValueError):
             pass
-    return _decode_general(query, key, value, scale, mask, schedule, stream)
+    return _decode_general(query, key, value, scale, mask, starts, ends, schedule, stream)
 
 
-def _decode_general(query, key, value, scale, mask, schedule, stream) -> mx.array:
+def _decode_general(query, key, value, scale, mask, starts, ends, schedule, stream) -> mx.array:
     """decode_attention_custom for any input the contract allows: conversion, explicit masks,
     the default scale, and errors worded as in the readable path."""
     if not (type(query) is type(key) is type(value) is mx.array):
@@ -210,8 +306,21 @@ def _decode_general(query, key, value, scale, mask, schedule, stream) -> mx.arra
     if scale is None:
         d = query.shape[-1] if query.ndim else 0
         scale = 1.0 / math.sqrt(d) if d > 0 else 1.0  # D < 1 is refused below
+    batch = query.shape[0] if query.ndim else 0
+    starts, ends = row_bounds("starts", starts, batch), row_bounds("ends", ends, batch)
     try:
-        return _decode(query, key, value, float(scale), explicit, causal, schedule, stream=stream)
+        return _decode(
+            query,
+            key,
+            value,
+            float(scale),
+            explicit,
+            causal,
+            schedule,
+            starts=starts,
+            ends=ends,
+            stream=stream,
+        )
     except ValueError:
         _check_shapes(query, key, value)
         raise

@@ -14,10 +14,29 @@ have no q/k norm: q_norm_weight = k_norm_weight = None skips the first two lines
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import mlx.core as mx
+import numpy as np
 
 from attn_kernels import _ext
+from attn_kernels.attention import row_bounds
+
+
+def _offsets(offset, batch: int) -> tuple[int, mx.array | None]:
+    """A step's `offset` as the op takes it: the write position of every row (an int), or per-row
+    write positions (a sequence of ints, or an int32 (B,) array) with the largest of them, which
+    bounds the attention's context. The largest of an array's values is read from it (an
+    evaluation: pass a sequence in a loop that must not wait for the device)."""
+    if isinstance(offset, int | np.integer):
+        return int(offset), None
+    if isinstance(offset, mx.array):
+        offsets = offset
+        largest = int(mx.max(offsets).item()) if offsets.size else 0
+    else:
+        offsets = row_bounds("offset", offset, batch)
+        largest = max((int(x) for x in offset), default=0)
+    return largest, offsets
 
 
 def attention_step(
@@ -28,8 +47,9 @@ def attention_step(
     k_norm_weight: mx.array | None,
     k_cache: mx.array,
     v_cache: mx.array,
-    offset: int,
+    offset: int | Sequence[int] | mx.array,
     *,
+    starts: Sequence[int] | mx.array | None = None,
     eps: float | None = None,
     rope_base: float,
     scale: float | None = None,
@@ -47,7 +67,12 @@ def attention_step(
             for a model without q/k norm (Llama, Qwen2): q and k are rotated as given.
         k_cache, v_cache: (B, Hkv, capacity, D), positions [0, offset) already written; D is
             their last size.
-        offset: position of the first new token; offset + L <= capacity.
+        offset: position of the first new token; offset + L <= capacity. Per batch row (rows of
+            different lengths in one cache): a sequence of B ints or an int32 (B,) array, row b's
+            tokens going to offsets[b] + i.
+        starts: per batch row, its first valid cache position (int32 (B,) or a sequence; default
+            0): mlx-lm's left padding. Row b attends to [starts[b], its offset + L) and rotates
+            its tokens by RoPE at their position minus starts[b], as mlx-lm's batch caches count.
         eps: RMSNorm epsilon, needed with the norm weights (ignored without them).
         rope_base: RoPE base (non-traditional rotation, all D dims).
         scale: multiplier of the dot products (default 1/sqrt(D)).
@@ -89,6 +114,8 @@ def attention_step(
         raise ValueError("[attention_step] eps is needed with the norm weights")
     if scale is None:
         scale = 1.0 / math.sqrt(k_cache.shape[-1])
+    batch = q.shape[0] if q.ndim else 0
+    offset, offsets = _offsets(offset, batch)
     out, k_cache, v_cache = _ext.attention_step(
         q,
         k,
@@ -97,13 +124,15 @@ def attention_step(
         k_norm_weight,
         k_cache,
         v_cache,
-        int(offset),
+        offset,
         float(eps) if qk_norm else 0.0,
         float(rope_base),
         float(scale),
         schedule,
         bool(owned_caches),
         None if fold is None else bool(fold),
+        starts=row_bounds("starts", starts, batch),
+        offsets=offsets,
         stream=stream,
     )
     return out, k_cache, v_cache
@@ -117,8 +146,9 @@ def attention_step_quantized(
     k_norm_weight: mx.array | None,
     k_cache: tuple[mx.array, mx.array, mx.array],
     v_cache: tuple[mx.array, mx.array, mx.array],
-    offset: int,
+    offset: int | Sequence[int] | mx.array,
     *,
+    starts: Sequence[int] | mx.array | None = None,
     eps: float | None = None,
     rope_base: float,
     scale: float | None = None,
@@ -135,8 +165,8 @@ def attention_step_quantized(
     triple; likewise v), then `decode_attention_quantized` over the first offset + L positions.
 
     Args:
-        q, k, v, q_norm_weight, k_norm_weight, offset, eps, rope_base, scale, owned_caches: as in
-            `attention_step`.
+        q, k, v, q_norm_weight, k_norm_weight, offset, starts, eps, rope_base, scale,
+            owned_caches: as in `attention_step`.
         k_cache, v_cache: (codes, scales, biases) as `mx.quantize` gives them: codes uint32
             (B, Hkv, capacity, D·bits/32), scales and biases (B, Hkv, capacity, D/group_size) in
             q's dtype, positions [0, offset) written. D must be a multiple of 64 and of group_size.
@@ -160,6 +190,8 @@ def attention_step_quantized(
     if scale is None:
         head_dim = q_norm_weight.shape[0] if qk_norm else k_cache[0].shape[-1] * 32 // bits
         scale = 1.0 / math.sqrt(head_dim)
+    batch = q.shape[0] if q.ndim else 0
+    offset, offsets = _offsets(offset, batch)
     out, *caches = _ext.attention_step_quantized(
         q,
         k,
@@ -168,13 +200,15 @@ def attention_step_quantized(
         k_norm_weight,
         list(k_cache),
         list(v_cache),
-        int(offset),
+        offset,
         float(eps) if qk_norm else 0.0,
         float(rope_base),
         float(scale),
         int(group_size),
         int(bits),
         bool(owned_caches),
+        starts=row_bounds("starts", starts, batch),
+        offsets=offsets,
         stream=stream,
     )
     return out, tuple(caches[:3]), tuple(caches[3:])

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import mlx.core as mx
 
 from attn_kernels import _ext
-from attn_kernels.attention import _broadcast_mask, _check_mask
+from attn_kernels.attention import _broadcast_mask, _check_mask, row_bounds
 
 QuantizedArrays = Sequence[mx.array]
 
@@ -45,6 +45,8 @@ def decode_attention_quantized(
     scale: float | None = None,
     mask: mx.array | str | None = None,
     *,
+    starts: mx.array | None = None,
+    ends: mx.array | None = None,
     group_size: int = 64,
     bits: int = 8,
     stream: mx.Stream | mx.Device | None = None,
@@ -52,9 +54,10 @@ def decode_attention_quantized(
     """`decode_attention_custom` over quantized keys and values, one fused op.
 
     queries: (B, Hq, L, D); keys, values: `mx.quantize` triples as above (views read in place);
-    mask: None, "causal" or an array broadcastable to (B, Hq, L, S), as in
-    `decode_attention_custom`. bits: 4 or 8; group_size: 32, 64 or 128, dividing D (mlx-lm's
-    `kv_bits` / `kv_group_size`). Codes are dequantised as they are read; arithmetic is float32.
+    mask: None, "causal" or an array broadcastable to (B, Hq, L, S), and starts, ends (per-row
+    ranges), as in `decode_attention_custom`. bits: 4 or 8; group_size: 32, 64 or 128, dividing D
+    (mlx-lm's `kv_bits` / `kv_group_size`). Codes are dequantised as they are read; arithmetic is
+    float32.
     Returns (B, Hq, L, D) in the queries' dtype.
     """
     # The op checks the triples' lengths, shapes, dtypes and packing; the element types are
@@ -77,9 +80,21 @@ def decode_attention_quantized(
         explicit = _broadcast_mask(mask, (b, hq, length, codes.shape[2]))
     if scale is None:
         scale = 1.0 / math.sqrt(queries.shape[-1])
+    batch = queries.shape[0] if queries.ndim else 0
+    starts, ends = row_bounds("starts", starts, batch), row_bounds("ends", ends, batch)
     try:
         return _ext.decode_attention_quantized(
-            queries, keys, values, float(scale), explicit, causal, group_size, bits, stream=stream
+            queries,
+            keys,
+            values,
+            float(scale),
+            explicit,
+            causal,
+            group_size,
+            bits,
+            starts=starts,
+            ends=ends,
+            stream=stream,
         )
     except TypeError:
         _triple("keys", keys)
