@@ -115,10 +115,14 @@ def fused_calls(monkeypatch):
 
 @pytest.fixture
 def any_head_dim_and_dtype(monkeypatch):
-    """The guard widened to every head dim and float dtype the kernel takes (its records cover
-    D=128 bf16): the kernel's results inside mlx-lm on shapes the guard leaves to mx.fast."""
+    """The guard widened to every head dim and float dtype the kernel takes and batches of up to
+    64 rows (its records cover D=128 bf16): the kernel's results inside mlx-lm on shapes the
+    guard leaves to mx.fast."""
     wide = dataclasses.replace(
-        guard.LIMITS["cpu"], head_dims=tuple(range(1, MAX_HEAD_DIM + 1)), dtypes=FLOAT_DTYPES
+        guard.LIMITS["cpu"],
+        head_dims=tuple(range(1, MAX_HEAD_DIM + 1)),
+        dtypes=FLOAT_DTYPES,
+        max_batch=64,
     )
     monkeypatch.setitem(guard.LIMITS, "cpu", wide)
 

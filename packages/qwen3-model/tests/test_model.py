@@ -64,12 +64,14 @@ def test_parity_with_mlx_lm_on_cuda(variant, checkpoint, prompt_len, monkeypatch
 
 
 def widen_guard(monkeypatch, head_dim=CONFIGS["qwen3-tiny"].head_dim):
-    """The guard's limits with the tiny config's head dim and every float dtype: the records
-    measured D=128 bf16 only, so the tiny models would otherwise never reach the fused paths
-    these tests are about (the limits' values are test_guard's subject)."""
+    """The guard's limits with the tiny config's head dim, every float dtype and batches of up to
+    64 rows: the records measured D=128 bf16 only, so the tiny models would otherwise never reach
+    the fused paths these tests are about (the limits' values are test_guard's subject)."""
     floats = (mx.float32, mx.float16, mx.bfloat16)
     wide = {
-        where: dataclasses.replace(lim, head_dims=(*lim.head_dims, head_dim), dtypes=floats)
+        where: dataclasses.replace(
+            lim, head_dims=(*lim.head_dims, head_dim), dtypes=floats, max_batch=64
+        )
         for where, lim in guard.LIMITS.items()
     }
     monkeypatch.setattr(guard, "LIMITS", wide)

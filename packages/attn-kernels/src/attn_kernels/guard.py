@@ -64,12 +64,16 @@ class Limits:
     # An explicit mask array: its own, smaller measured region ((0, 0): never).
     max_masked_query: int
     max_masked_context: int
+    # Batch rows B of one call, each with its own cache range (starts / per-row offsets),
+    # measured against mx.fast with the mask the ranges stand for (what mlx-lm's batch
+    # generation runs).
+    max_batch: int = 1
 
 
 LIMITS: dict[str, Limits] = {
-    "cpu": Limits(8, 16384, (128,), (mx.bfloat16,), 1, 1024),
-    "cuda": Limits(8, 131072, (128,), (mx.bfloat16,), 2, 4096),
-    "metal": Limits(2, 256, (128,), (mx.bfloat16,), 0, 0),
+    "cpu": Limits(8, 16384, (128,), (mx.bfloat16,), 1, 1024, 1),
+    "cuda": Limits(8, 131072, (128,), (mx.bfloat16,), 2, 4096, 1),
+    "metal": Limits(2, 256, (128,), (mx.bfloat16,), 0, 0, 1),
 }
 
 
@@ -110,15 +114,19 @@ def use_fused(
     backend: str | None = None,
     *,
     dtype: mx.Dtype | None = None,
+    batch: int = 1,
 ) -> bool:
     """True where the fused kernel was measured to beat mx.fast on `backend` (default: the
     default device's): L = query_len, S = context (after this step's tokens), mask None,
-    "causal" or an array. dtype None skips the dtype check (the caller knows it is bf16)."""
+    "causal" or an array, `batch` rows of their own ranges (starts, ends). dtype None skips the
+    dtype check (the caller knows it is bf16)."""
     where = _default_backend() if backend is None else backend
     if where not in LIMITS:
         raise ValueError(f"unknown backend {where!r}: use one of {', '.join(LIMITS)}")
     limits = LIMITS[where]
     if head_dim not in limits.head_dims or (dtype is not None and dtype not in limits.dtypes):
+        return False
+    if batch > limits.max_batch:
         return False
     if query_len < 1 or context < query_len:
         return False
@@ -137,17 +145,19 @@ def use_step(
     backend: str | None = None,
     *,
     dtype: mx.Dtype | None = None,
+    batch: int = 1,
 ) -> bool:
     """True where a decode step with a plain K/V cache goes through `attention_step` (q/k norm,
     RoPE, cache write and attention in one op): inside use_fused's region, mask "causal" or None
     with one query (the op is causal; None with L > 1 lets every query see every key), on a
-    backend in STEP_BACKENDS. Used by qwen3_model and attn_kernels.mlx_lm's fused step alike."""
+    backend in STEP_BACKENDS; `batch` rows of their own ranges as in use_fused. Used by
+    qwen3_model and attn_kernels.mlx_lm's fused step alike."""
     where = _default_backend() if backend is None else backend
     causal = (isinstance(mask, str) and mask == "causal") or (mask is None and query_len == 1)
     return (
         causal
         and where in STEP_BACKENDS
-        and use_fused(query_len, context, head_dim, mask, where, dtype=dtype)
+        and use_fused(query_len, context, head_dim, mask, where, dtype=dtype, batch=batch)
     )
 
 

@@ -25,6 +25,12 @@ mlx-lm-quantized (mlx_lm's quantized_scaled_dot_product_attention) and readable-
 (mx.dequantize, then the readable path: qwen3-model's fallback); their GB/s and floor count
 the quantized bytes (codes, scales and biases), the others' the K+V bytes in --dtype.
 
+With --batch B the calls attend B sequences at once (a decode step of B requests); with --ragged
+their lengths differ, as in a serving batch: row b holds its own length (drawn between S/4 and S)
+at the end of the cache, left-padded as mlx-lm's batch caches are. The fused op reads each row's
+range (starts=); mlx and readable take the equivalent boolean (B, 1, L, S) mask, as mlx-lm's
+batch generation gives them. GB/s and the floor then count the rows' own positions.
+
 PyTorch's CPU attention is an optional peer (`pip install 'llm-eval[torch]'`, or any torch >= 2.5
 in the same environment): `--implementations ...,torch,torch-float32` times
 `torch.nn.functional.scaled_dot_product_attention(..., enable_gqa=True)` in this process, on
@@ -43,7 +49,13 @@ import time
 from pathlib import Path
 
 import mlx.core as mx
-from attn_kernels import SCHEDULES, _ext, decode_attention_custom, scaled_dot_product_attention
+from attn_kernels import (
+    SCHEDULES,
+    _ext,
+    decode_attention_custom,
+    range_mask,
+    scaled_dot_product_attention,
+)
 
 from llm_eval.progress import Progress
 from llm_eval.record import SCHEMA_VERSION, collect_metadata, refuse_overwrite, write_record
@@ -90,7 +102,18 @@ class TorchAttention:
             )
 
 
-def implementation(name: str, scale: float, mask, inputs=None, dtype_name: str = "bfloat16"):
+def implementation(
+    name: str, scale: float, mask, inputs=None, dtype_name: str = "bfloat16", ranges=None
+):
+    """fn(q, k, v) of one implementation. ranges: (starts, mask) where the rows have their own
+    ranges: the fused op reads starts with that mask (None or "causal"), the others take `mask`,
+    the boolean mask the ranges stand for."""
+    if ranges is not None and (name == "custom" or name.startswith("custom:")):
+        starts, own_mask = ranges
+        schedule = name.partition(":")[2] or "auto"
+        return lambda q, k, v: decode_attention_custom(
+            q, k, v, scale=scale, mask=own_mask, starts=starts, schedule=schedule
+        )
     if name == "torch":
         return TorchAttention(dtype_name, scale, mask, inputs)
     if name == "torch-float32":
@@ -141,14 +164,16 @@ def implementation_orders(names: list[str]) -> list[tuple[str, ...]]:
     return rotations + [tuple(reversed(r)) for r in rotations]
 
 
-def make_shape(context, query_length, heads, gqa_ratio, head_dim, mask_kind, dtype, seed):
+def make_shape(
+    context, query_length, heads, gqa_ratio, head_dim, mask_kind, dtype, seed, batch: int = 1
+):
     kv_heads = heads // gqa_ratio
     keys = mx.random.split(mx.random.key(seed), 4)
-    q = mx.random.normal((1, heads, query_length, head_dim), key=keys[0]).astype(dtype)
-    k = mx.random.normal((1, kv_heads, context, head_dim), key=keys[1]).astype(dtype)
-    v = mx.random.normal((1, kv_heads, context, head_dim), key=keys[2]).astype(dtype)
+    q = mx.random.normal((batch, heads, query_length, head_dim), key=keys[0]).astype(dtype)
+    k = mx.random.normal((batch, kv_heads, context, head_dim), key=keys[1]).astype(dtype)
+    v = mx.random.normal((batch, kv_heads, context, head_dim), key=keys[2]).astype(dtype)
     if mask_kind == "explicit":
-        mask = mx.random.normal((1, heads, query_length, context), key=keys[3]).astype(dtype)
+        mask = mx.random.normal((batch, heads, query_length, context), key=keys[3]).astype(dtype)
     elif mask_kind == "causal":
         mask = "causal"
     else:
@@ -157,6 +182,19 @@ def make_shape(context, query_length, heads, gqa_ratio, head_dim, mask_kind, dty
     if isinstance(mask, mx.array):
         mx.eval(mask)
     return q, k, v, mask
+
+
+def ragged_starts(batch: int, context: int, query_length: int, seed: int) -> mx.array:
+    """--ragged rows' first positions: row b holds a length drawn between S/4 and S (at least L)
+    at the end of the cache (left padding, as mlx-lm's batch caches lay rows out); row 0 the
+    whole cache."""
+    lengths = mx.random.randint(
+        max(context // 4, query_length, 1), context + 1, (batch,), key=mx.random.key(seed + 7)
+    )
+    lengths[0] = context
+    starts = (context - lengths).astype(mx.int32)
+    mx.eval(starts)
+    return starts
 
 
 def _evaluate(results) -> None:
@@ -242,6 +280,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--heads", type=int, default=32, help="query heads (Qwen3-4B: 32)")
     p.add_argument("--gqa-ratio", type=int, default=4, help="query heads per KV head (Qwen3-4B: 4)")
     p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument(
+        "--batch", type=int, default=1, help="sequences per call (B; a decode step's requests)"
+    )
+    p.add_argument(
+        "--ragged",
+        action="store_true",
+        help="rows of different lengths (see above): the fused op reads each row's range, the "
+        "others a mask",
+    )
     p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
     p.add_argument("--attention-mask", choices=["none", "causal", "explicit"], default="none")
     p.add_argument(
@@ -378,6 +425,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("causal masks need every --query-length <= every --context")
     if args.context_repeats < 1:
         p.error("--context-repeats must be >= 1")
+    if args.batch < 1:
+        p.error("--batch must be >= 1")
+    if args.ragged and (args.attention_mask == "explicit" or args.kv_bits or args.fresh_inputs):
+        p.error("--ragged takes --attention-mask none or causal, no --kv-bits, no --fresh-inputs")
+    if args.ragged and any(n.startswith("torch") for n in args.implementations):
+        p.error("--ragged: the torch peers take no ranges")
     refuse_overwrite(p, args.json_output, args.force)
     return args
 
@@ -417,7 +470,15 @@ def run(args) -> dict:
                 args.attention_mask,
                 dtype,
                 args.seed,
+                args.batch,
             )
+            ranges, valid = None, None
+            if args.ragged:
+                starts = ragged_starts(args.batch, context, query_length, args.seed)
+                ranges = (starts, mask)
+                mask = range_mask(args.batch, query_length, context, starts, None, mask is not None)
+                mx.eval(mask)
+                valid = (context - starts).sum().item()
             quantized = None
             if args.kv_bits:
                 quantized = [
@@ -429,7 +490,7 @@ def run(args) -> dict:
                     name, scale, mask, *quantized, args.kv_group_size, args.kv_bits
                 )
                 if name in QUANTIZED_IMPLEMENTATIONS
-                else implementation(name, scale, mask, (q, k, v), args.dtype)
+                else implementation(name, scale, mask, (q, k, v), args.dtype, ranges)
                 for name in args.implementations
             }
             entry = results.setdefault(
@@ -437,7 +498,9 @@ def run(args) -> dict:
                 {
                     "context": context,
                     "query_length": query_length,
-                    "kv_bytes": 2 * k.nbytes,
+                    # the rows' own positions with --ragged: what a kernel must read
+                    "kv_bytes": 2 * k.nbytes * (valid / (args.batch * context) if valid else 1),
+                    **({"valid_positions": valid} if valid else {}),
                     "kv_quantized_bytes": sum(a.nbytes for t in quantized for a in t)
                     if quantized
                     else None,
@@ -549,7 +612,8 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     record = run(args)
     print(
-        f"device {args.device}, {args.dtype}, Hq={args.heads}, Hkv={args.heads // args.gqa_ratio}, "
+        f"device {args.device}, {args.dtype}, B={args.batch}{' ragged' if args.ragged else ''}, "
+        f"Hq={args.heads}, Hkv={args.heads // args.gqa_ratio}, "
         f"D={args.head_dim}, mask={args.attention_mask}, floor at {args.bandwidth_gbs:.1f} GB/s, "
         f"{args.iterations} samples x {args.context_repeats} passes, {args.calls_per_eval} "
         f"{'chained' if args.chain else 'independent'} calls/eval"

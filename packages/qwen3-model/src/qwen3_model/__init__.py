@@ -3,6 +3,13 @@
 As in mlx-lm, the function `generate` shadows the module `qwen3_model.generate` here; the module
 stays importable (`from qwen3_model.generate import main`)."""
 
+from qwen3_model.batch import (
+    BatchGenerator,
+    BatchKVCache,
+    BatchResponse,
+    BatchResult,
+    batch_generate,
+)
 from qwen3_model.cache import KVCache, make_cache
 from qwen3_model.configs import CONFIGS, ModelArgs
 from qwen3_model.generate import (
@@ -20,6 +27,10 @@ from qwen3_model.tokenizer import Tokenizer
 __all__ = [
     "CHECKPOINTS",
     "CONFIGS",
+    "BatchGenerator",
+    "BatchKVCache",
+    "BatchResponse",
+    "BatchResult",
     "CheckpointError",
     "GenerationResponse",
     "KVCache",
@@ -27,6 +38,7 @@ __all__ = [
     "ModelArgs",
     "QuantizedKVCache",
     "Tokenizer",
+    "batch_generate",
     "describe_weights",
     "generate",
     "generate_step",

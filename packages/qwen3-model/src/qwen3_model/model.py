@@ -20,11 +20,13 @@ from attn_kernels import (
     decode_attention_quantized,
     dequantize_kv,
     guard,
+    range_mask,
     scaled_dot_product_attention,
 )
 from attn_kernels.guard import use_fused, use_fused_quantized, use_step, use_step_quantized
 
 from qwen3_model.add_norm import add_rms_norm
+from qwen3_model.batch import BatchKVCache
 from qwen3_model.cache import KVCache
 from qwen3_model.configs import ModelArgs
 from qwen3_model.quantized_cache import QuantizedKVCache
@@ -144,11 +146,14 @@ class Attention(nn.Module):
     def __call__(self, x: mx.array, mask=None, cache=None, residual=None) -> mx.array:
         """Attention's output after o_proj, plus `residual` when given."""
         b, length, _ = x.shape
-        offset = cache.offset if cache is not None else 0
         decode = self.checkpoint == "decode-attention"
         step = decode and self.fused_step
         q, k, v = self.project(x, step and length <= DECODE_POSITIONS)
         where = guard.backend()  # once per call: both of the guard's questions need it
+        if isinstance(cache, BatchKVCache):
+            out = self._attend_rows(q, k, v, cache, where)
+            return project_out(self.o_proj, out, residual, False)
+        offset = cache.offset if cache is not None else 0
         # The dispatch guard: the fused kernels only where they were measured to beat mx.fast;
         # with a KVCache (or a QuantizedKVCache) on a backend with a step kernel, one
         # AttentionStep (AttentionStepQuantized) per layer (guard.use_step, use_step_quantized).
@@ -213,6 +218,50 @@ class Attention(nn.Module):
             out = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask)
         out = out.transpose(0, 2, 1, 3).reshape(b, length, -1)
         return project_out(self.o_proj, out, residual, False)
+
+    def _attend_rows(self, q, k, v, cache, where: str) -> mx.array:
+        """Every row of a batch cache at its own length (batched generation): causal attention of
+        each row's new tokens over its own positions, the rows' new K/V written at their lengths.
+        Inside the guard one AttentionStep (per-row offsets); elsewhere the same in MLX ops (RoPE
+        at each row's offset, the writes per row, attention over each row's range). Returns
+        (B, L, Hq·D)."""
+        b, length, _ = q.shape
+        offsets = list(cache.lengths)
+        context = max(offsets) + length
+        keys, values = cache.reserve(k.dtype, b, self.n_kv_heads, length, self.head_dim)
+        decode = self.checkpoint == "decode-attention"
+        if (
+            decode
+            and self.fused_step
+            and use_step(length, context, self.head_dim, "causal", where, dtype=q.dtype, batch=b)
+        ):
+            out, keys, values = attention_step(
+                q, k, v, self.q_norm.weight, self.k_norm.weight, keys, values, offsets,
+                eps=self.eps, rope_base=self.rope_base, scale=self.scale, owned_caches=True,
+                schedule=self.schedule, fold=self.fold_step,
+            )  # fmt: skip
+            cache.advance(keys, values)
+            return out
+        rows = mx.array(offsets)
+        q = self.q_norm(q.reshape(b, length, self.n_heads, -1)).transpose(0, 2, 1, 3)
+        k = self.k_norm(k.reshape(b, length, self.n_kv_heads, -1)).transpose(0, 2, 1, 3)
+        v = v.reshape(b, length, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        q, k = self.rope(q, offset=rows), self.rope(k, offset=rows)
+        at = mx.broadcast_to(rows[:, None, None, None] + mx.arange(length)[:, None], k.shape)
+        keys = mx.put_along_axis(keys, at, k, axis=2)
+        values = mx.put_along_axis(values, at, v, axis=2)
+        cache.advance(keys, values)
+        keys, values, ends = keys[:, :, :context], values[:, :, :context], rows + length
+        if self.checkpoint == "composition":
+            out = scaled_dot_product_attention(q, keys, values, self.scale, "causal", ends=ends)
+        elif use_fused(length, context, self.head_dim, "causal", where, dtype=q.dtype, batch=b):
+            out = decode_attention_custom(
+                q, keys, values, self.scale, "causal", ends=ends, schedule=self.schedule
+            )
+        else:
+            mask = range_mask(b, length, context, None, ends, True)
+            out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=self.scale, mask=mask)
+        return out.transpose(0, 2, 1, 3).reshape(b, length, -1)
 
     def _attend_quantized(self, q, k, v, mask, cache) -> mx.array:
         """The guard over a quantized cache. Fallback: the cache dequantised, then mx.fast

@@ -161,19 +161,18 @@ def enable(fused_step: bool = True) -> None:
             _rotating = cache.RotatingKVCache
             _rebind(_original, scaled_dot_product_attention)
             _enabled = True
-        _set_fused_step(fused_step, cache.KVCache, cache.QuantizedKVCache)
+        types = step.CacheTypes(
+            cache.KVCache, cache.QuantizedKVCache, cache.BatchKVCache, cache.BatchRotatingKVCache
+        )
+        _set_fused_step(fused_step, types)
 
 
-def _set_fused_step(
-    on: bool, kv_cache: type | None = None, quantized_kv_cache: type | None = None
-) -> None:
+def _set_fused_step(on: bool, types: step.CacheTypes | None = None) -> None:
     if on and not _replaced:
         for name, norms in step.STEP_MODELS.items():
             attention = importlib.import_module(f"mlx_lm.models.{name}").Attention
             _replaced[attention] = attention.__dict__["__call__"]
-            attention.__call__ = step.fused_call(
-                _replaced[attention], kv_cache, _calls, norms, quantized_kv_cache
-            )
+            attention.__call__ = step.fused_call(_replaced[attention], types, _calls, norms)
     elif not on:
         for attention, call in _replaced.items():
             attention.__call__ = call

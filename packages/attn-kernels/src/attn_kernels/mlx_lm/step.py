@@ -19,6 +19,7 @@ the cache, and anything the op refuses.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -46,10 +47,10 @@ def _plain_rope(rope, head_dim: int) -> bool:
     )
 
 
-def grow(cache, b: int, heads: int, length: int, head_dim: int, dtype: mx.Dtype):
-    """The buffers of mlx-lm's KVCache with room for `length` more positions, grown as its
-    update_and_fetch grows them (step positions at a time, by concatenation)."""
-    prev = cache.offset
+def grow(cache, b: int, heads: int, length: int, head_dim: int, dtype: mx.Dtype, prev: int):
+    """The buffers of mlx-lm's KVCache (or BatchKVCache) with room for `length` more positions
+    after `prev` (its offset; a batch cache's _idx), grown as its update_and_fetch grows them
+    (step positions at a time, by concatenation)."""
     if cache.keys is None or prev + length > cache.keys.shape[2]:
         n_steps = (cache.step + length - 1) // cache.step
         shape = (b, heads, n_steps * cache.step, head_dim)
@@ -62,6 +63,27 @@ def grow(cache, b: int, heads: int, length: int, head_dim: int, dtype: mx.Dtype)
                 cache.values = cache.values[..., :prev, :]
             cache.keys = mx.concatenate([cache.keys, new_k], axis=2)
             cache.values = mx.concatenate([cache.values, new_v], axis=2)
+    return cache.keys, cache.values
+
+
+def grow_rotating(cache, b: int, heads: int, head_dim: int, dtype: mx.Dtype):
+    """The buffers of mlx-lm's BatchRotatingKVCache with room for one more position before it
+    wraps, grown as its _update_in_place grows them (step positions at a time up to max_size);
+    None once it has wrapped (the step's position would overwrite the oldest)."""
+    prev = cache._offset
+    if cache.rotated or prev >= cache.max_size:
+        return None
+    if cache.keys is None or (prev >= cache.keys.shape[2] and cache.keys.shape[2] < cache.max_size):
+        shape = (b, heads, min(cache.step, cache.max_size - prev), head_dim)
+        new_k, new_v = mx.zeros(shape, dtype), mx.zeros(shape, dtype)
+        if cache.keys is None:
+            cache.keys, cache.values = new_k, new_v
+        else:
+            cache.keys = mx.concatenate([cache.keys, new_k], axis=2)
+            cache.values = mx.concatenate([cache.values, new_v], axis=2)
+        cache._idx = prev
+    if cache._idx != prev or cache._idx >= cache.keys.shape[2]:
+        return None  # not mlx-lm's in-place layout (it trims and rotates there)
     return cache.keys, cache.values
 
 
@@ -93,33 +115,62 @@ def grow_quantized(cache, b: int, heads: int, length: int, head_dim: int, dtype:
     return cache.keys, cache.values
 
 
+@dataclass(frozen=True)
+class CacheTypes:
+    """mlx-lm's cache classes the fused step takes (mlx_lm.models.cache)."""
+
+    kv: type
+    quantized: type
+    batch: type
+    batch_rotating: type
+
+
+def _batch_layout_ready(cache) -> bool:
+    """A batch cache between decode steps: no right padding waiting for finalize() (a prefill
+    of ragged prompts), nothing rolled or trimmed yet."""
+    return (
+        getattr(cache, "_right_padding", None) is None and getattr(cache, "_lengths", None) is None
+    )
+
+
 def fused_call(
-    original: Callable,
-    kv_cache: type,
-    calls: dict,
-    norms: tuple[str, str] | None,
-    quantized_kv_cache: type | None = None,
+    original: Callable, types: CacheTypes, calls: dict, norms: tuple[str, str] | None
 ) -> Callable:
     """mlx-lm's `Attention.__call__` with decode steps through `attention_step` (and, with a
-    QuantizedKVCache, `attention_step_quantized`); `original` is mlx-lm's method, `kv_cache` and
-    `quantized_kv_cache` mlx-lm's cache classes, `norms` the names of the q/k RMSNorm attributes
-    (None: the model has none), calls["fused_step"] counts the fused steps."""
+    QuantizedKVCache, `attention_step_quantized`); `original` is mlx-lm's method, `types` mlx-lm's
+    cache classes, `norms` the names of the q/k RMSNorm attributes (None: the model has none),
+    calls["fused_step"] counts the fused steps. With mlx-lm's batch caches (BatchGenerator,
+    batch_generate, mlx_lm.server) a decode step runs every row at once: each row from its own
+    start (the cache's left padding) at its own RoPE position, the new position written at the
+    cache's shared index; the mask mlx-lm built from the same cache is then not needed."""
 
     def __call__(self, x: mx.array, mask=None, cache=None) -> mx.array:
         weight = getattr(self.q_proj, "weight", None)  # Linear or QuantizedLinear: (Hq·D, ...)
-        quantized = quantized_kv_cache is not None and type(cache) is quantized_kv_cache
-        if (
-            not (type(cache) is kv_cache or quantized)
-            or not (mask is None or isinstance(mask, str))
-            or weight is None
-        ):
+        kind = type(cache)
+        quantized = kind is types.quantized
+        batched = kind is types.batch or kind is types.batch_rotating
+        if weight is None or not (kind is types.kv or quantized or batched):
+            return original(self, x, mask, cache)
+        if batched:
+            # Decode steps only; the mask is the cache's own (left padding, causal).
+            if x.shape[1] != 1 or not _batch_layout_ready(cache) or isinstance(mask, str):
+                return original(self, x, mask, cache)
+        elif not (mask is None or isinstance(mask, str)):
             return original(self, x, mask, cache)
         head_dim = weight.shape[0] // self.n_heads
         q_norm, k_norm = (getattr(self, n) for n in norms) if norms else (None, None)
         if (norms and q_norm.eps != k_norm.eps) or not _plain_rope(self.rope, head_dim):
             return original(self, x, mask, cache)
         b, length, _ = x.shape
-        offset = cache.offset
+        # The write position: a batch cache's shared index (_offset for the rotating one, which
+        # equals its index until it wraps), else the cache's offset.
+        offset = (
+            cache._offset
+            if kind is types.batch_rotating
+            else cache._idx
+            if batched
+            else cache.offset
+        )
         # The guard before the projections, so that prefill and long contexts go straight to
         # mlx-lm's method without projections built twice.
         dtype = x.dtype
@@ -129,7 +180,14 @@ def fused_call(
                 length, offset + length, head_dim, mask, dtype=dtype, group_size=group_size
             )
         else:
-            taken = use_step(length, offset + length, head_dim, mask, dtype=dtype)
+            taken = use_step(
+                length,
+                offset + length,
+                head_dim,
+                "causal" if batched else mask,
+                dtype=dtype,
+                batch=b if batched else 1,
+            )
         if not taken:
             return original(self, x, mask, cache)
         # Lazy: if the step is not taken below, these nodes are dropped unevaluated.
@@ -145,15 +203,29 @@ def fused_call(
             # The cache holds only the returned buffers and reads [0, offset) of them.
             owned_caches=True,
         )
+        heads = self.n_kv_heads
         try:
             if quantized:
-                keys, values = grow_quantized(cache, b, self.n_kv_heads, length, head_dim, dtype)
+                keys, values = grow_quantized(cache, b, heads, length, head_dim, dtype)
                 out, keys, values = attention_step_quantized(
                     q, k, v, *weights, keys, values, offset,
                     group_size=cache.group_size, bits=cache.bits, **options,
                 )  # fmt: skip
+            elif batched:
+                if kind is types.batch_rotating:
+                    grown = grow_rotating(cache, b, heads, head_dim, dtype)
+                    if grown is None:  # wrapped: its keys are no longer in temporal order
+                        return original(self, x, mask, cache)
+                else:
+                    grown = grow(cache, b, heads, length, head_dim, dtype, offset)
+                starts = cache.left_padding
+                if starts.dtype != mx.int32:
+                    starts = starts.astype(mx.int32)
+                out, keys, values = attention_step(
+                    q, k, v, *weights, *grown, offset, starts=starts, **options
+                )
             else:
-                keys, values = grow(cache, b, self.n_kv_heads, length, head_dim, dtype)
+                keys, values = grow(cache, b, heads, length, head_dim, dtype, offset)
                 out, keys, values = attention_step(
                     q, k, v, *weights, keys, values, offset, **options
                 )
@@ -162,7 +234,13 @@ def fused_call(
             # continues from here.
             return original(self, x, mask, cache)
         cache.keys, cache.values = keys, values
-        cache.offset += length
+        if batched:
+            cache._idx += length
+            cache.offset = cache.offset + length  # an array: each row's own count
+            if kind is types.batch_rotating:
+                cache._offset += length
+        else:
+            cache.offset += length
         calls["fused_step"] += 1
         return self.o_proj(out)
 

@@ -1,0 +1,373 @@
+"""bench-serve: many requests decoded together, as a server batches them, in ONE process on the
+same random weights: mlx-lm's BatchGenerator (what mlx_lm.server and batch_generate run), the same
+with attn_kernels.mlx_lm.enable(), and qwen3_model's BatchGenerator (batch_generate's).
+
+The request mix: --requests N prompts of seeded random lengths between --prompt-min and
+--prompt-max tokens, --new-tokens each, all submitted at once; --slots B of them decode at once
+(repeatable: one series per batch size; mlx-lm's completion_batch_size, its prefill batch
+min(8, B)). Every variant runs the whole mix once per round, the variant order rotated each round
+(bench's rule), after an untimed warm-up round of a few short requests.
+
+Per variant and batch size, from every call of the generator's next(), timed (all samples kept):
+  decode tok/s   tokens returned by calls that prefilled nothing / their time (steady decoding)
+  ms per step    median time of those calls
+  e2e tok/s      all generated tokens / the wall time of the whole mix (prefill included)
+  TTFT, ITL      time to a request's first token from submission, between its tokens (p50/p99)
+  floor          a step must read every weight and the K/V of its requests' contexts: the time
+                 of those bytes at --bandwidth-gbs (measured on a CPU, 4300 GB/s on an H200),
+                 over the decode calls' time (the fraction of the floor reached)
+Greedy tokens: each request's against mlx-lm's in the same round (counted, not asserted: bf16
+roundings of the paths differ and can flip near-ties).
+
+    bench-serve --model qwen3-4b --quantize 4bit --slots 8 --slots 32 --rounds 3
+
+Records under benchmark_results/ (the nearest such folder upwards) or --output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import mlx.core as mx
+import qwen3_model
+from attn_kernels import _ext
+
+from llm_eval import bench
+from llm_eval.progress import Progress
+from llm_eval.record import SCHEMA_VERSION, collect_metadata, write_record
+
+MLX_LM, MLX_LM_KERNEL, OURS = "mlx-lm", "mlx-lm+kernel", "ours"
+VARIANTS = [MLX_LM, MLX_LM_KERNEL, OURS]
+DEFAULTS = {
+    "gpu": dict(model="qwen3-4b", quantize="4bit", requests=32, prompt=(256, 2048), new=64),
+    "cpu": dict(model="qwen3-0.6b", quantize="none", requests=8, prompt=(32, 256), new=16),
+}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="bench-serve",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--model",
+        metavar="NAME",
+        help="built-in config, random weights: " + ", ".join(qwen3_model.CONFIGS),
+    )
+    p.add_argument("--quantize", choices=["none", "4bit"], help="the weights (default per device)")
+    p.add_argument("--requests", type=int, metavar="N", help="requests in the mix")
+    p.add_argument("--prompt-min", type=int, metavar="N", help="shortest prompt (tokens)")
+    p.add_argument("--prompt-max", type=int, metavar="N", help="longest prompt (tokens)")
+    p.add_argument("--new-tokens", type=int, metavar="N", help="tokens generated per request")
+    p.add_argument(
+        "--slots",
+        type=int,
+        action="append",
+        metavar="B",
+        help="requests decoded at once (repeatable; default 8 and 32 on a GPU, 4 on a CPU)",
+    )
+    p.add_argument(
+        "--variant",
+        action="append",
+        choices=VARIANTS,
+        help="repeatable; default all three",
+    )
+    p.add_argument("--rounds", type=int, default=2, metavar="N", help="timed rounds (2)")
+    p.add_argument("--device", choices=["cpu", "gpu"], default="gpu" if bench.has_gpu() else "cpu")
+    p.add_argument(
+        "--bandwidth-gbs",
+        type=float,
+        metavar="GB/s",
+        help="memory read bandwidth for the floor (default: measured on a CPU, 4300 on an H200)",
+    )
+    p.add_argument("--seed", type=int, default=0, metavar="N", help="weights and prompts")
+    p.add_argument("--output", type=Path, metavar="PATH", help="the record's file (or a folder)")
+    p.add_argument("--force", action="store_true", help="replace an existing --output file")
+    p.add_argument("--no-record", action="store_true", help="print the table only")
+    args = p.parse_args(argv)
+    if args.device == "gpu" and not bench.has_gpu():
+        p.error("--device gpu: this MLX has no GPU backend")
+    d = DEFAULTS[args.device]
+    args.model = args.model or d["model"]
+    if args.model not in qwen3_model.CONFIGS:
+        p.error(f"--model: unknown {args.model!r} (choose from {', '.join(qwen3_model.CONFIGS)})")
+    args.quantize = args.quantize or d["quantize"]
+    args.requests = args.requests or d["requests"]
+    args.prompt_min = args.prompt_min or d["prompt"][0]
+    args.prompt_max = args.prompt_max or d["prompt"][1]
+    args.new_tokens = args.new_tokens or d["new"]
+    args.slots = args.slots or ([8, 32] if args.device == "gpu" else [4])
+    args.variant = list(dict.fromkeys(args.variant or VARIANTS))
+    if args.requests < 1 or args.new_tokens < 2 or args.rounds < 1:
+        p.error("--requests and --rounds must be >= 1, --new-tokens >= 2")
+    if not 1 <= args.prompt_min <= args.prompt_max:
+        p.error("need 1 <= --prompt-min <= --prompt-max")
+    if any(b < 1 for b in args.slots):
+        p.error("--slots must be >= 1")
+    if args.output and args.output.is_file() and not args.force:
+        p.error(f"--output {args.output} exists; pass --force to replace it")
+    return args
+
+
+def request_mix(args, vocab: int) -> list[list[int]]:
+    key = mx.random.key(args.seed + 1)
+    lengths = mx.random.randint(args.prompt_min, args.prompt_max + 1, (args.requests,), key=key)
+    return [
+        bench.prompt_ids(vocab, int(n), mx.random.key(args.seed + 100 + i)).tolist()
+        for i, n in enumerate(lengths.tolist())
+    ]
+
+
+class Drive:
+    """One variant's generator over one request mix: next() as a server calls it, every call
+    timed. Returns per call (seconds, prefilled?, [(uid, token)]), and the submission time."""
+
+    def __init__(self, variant: str, model, twin, slots: int, new_tokens: int):
+        self.variant, self.model, self.twin = variant, model, twin
+        self.slots, self.new_tokens = slots, new_tokens
+
+    def run(self, prompts: list[list[int]]):
+        import attn_kernels.mlx_lm as kernel
+
+        context = kernel.enabled() if self.variant == MLX_LM_KERNEL else contextlib.nullcontext()
+        with context:
+            start = time.perf_counter()
+            gen, step, uids = self._start(prompts)
+            calls = []
+            while True:
+                t0 = time.perf_counter()
+                prefilled, tokens = step(gen)
+                calls.append((t0, time.perf_counter() - t0, prefilled, tokens))
+                if not tokens and not prefilled:
+                    break
+            if self.variant != OURS:
+                gen.close()
+            fused = kernel.calls()["fused_step"] if self.variant == MLX_LM_KERNEL else None
+        return start, uids, calls, fused
+
+    def _start(self, prompts):
+        if self.variant == OURS:
+            gen = qwen3_model.BatchGenerator(
+                self.model, slots=self.slots, max_tokens=self.new_tokens
+            )
+            uids = gen.insert(prompts)
+
+            def step(g):
+                before = g.stats.prompt_tokens
+                responses = g.next()
+                return g.stats.prompt_tokens > before, [(r.uid, r.token) for r in responses]
+
+            return gen, step, uids
+        from mlx_lm.generate import BatchGenerator
+
+        gen = BatchGenerator(
+            self.twin,
+            max_tokens=self.new_tokens,
+            completion_batch_size=self.slots,
+            prefill_batch_size=min(8, self.slots),
+        )
+        uids = gen.insert(prompts, max_tokens=[self.new_tokens] * len(prompts))
+
+        def step(g):
+            prompt_responses, responses = g.next()
+            return bool(prompt_responses), [(r.uid, r.token) for r in responses]
+
+        return gen, step, uids
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def measure(run_result, prompts, weight_bytes: int, kv_per_position: int, bandwidth_gbs) -> dict:
+    """One round of one variant: the samples and what they give (see the module doc)."""
+    start, uids, calls, fused = run_result
+    index = {uid: i for i, uid in enumerate(uids)}
+    tokens: dict[int, list[int]] = {uid: [] for uid in uids}
+    stamps: dict[int, list[float]] = {uid: [] for uid in uids}
+    decode_s = decode_tokens = floor_s = 0.0
+    decode_steps = []
+    for t0, seconds, prefilled, emitted in calls:
+        end = t0 + seconds
+        kv_positions = 0
+        for uid, token in emitted:
+            tokens[uid].append(token)
+            stamps[uid].append(end)
+            kv_positions += len(prompts[index[uid]]) + len(tokens[uid])
+        if emitted and not prefilled:
+            decode_s += seconds
+            decode_tokens += len(emitted)
+            decode_steps.append(seconds)
+            if bandwidth_gbs:
+                floor_s += (weight_bytes + kv_positions * kv_per_position) / (bandwidth_gbs * 1e9)
+    wall = calls[-1][0] + calls[-1][1] - start
+    ttft = [stamps[u][0] - start for u in uids if stamps[u]]
+    itl = [b - a for u in uids for a, b in zip(stamps[u], stamps[u][1:], strict=False)]
+    generated = sum(len(t) for t in tokens.values())
+    return {
+        "tokens": [tokens[u] for u in uids],
+        "calls": [{"seconds": s, "prefilled": p, "emitted": len(e)} for _, s, p, e in calls],
+        "generated": generated,
+        "wall_s": wall,
+        "e2e_tok_s": generated / wall,
+        "decode_tok_s": decode_tokens / decode_s if decode_s else None,
+        "median_step_ms": statistics.median(decode_steps) * 1e3 if decode_steps else None,
+        "ttft_ms": [t * 1e3 for t in ttft],
+        "itl_ms_p50": (percentile(itl, 0.5) or 0) * 1e3,
+        "itl_ms_p99": (percentile(itl, 0.99) or 0) * 1e3,
+        "ttft_ms_p50": (percentile(ttft, 0.5) or 0) * 1e3,
+        "ttft_ms_p99": (percentile(ttft, 0.99) or 0) * 1e3,
+        "floor_fraction": floor_s / decode_s if decode_s and bandwidth_gbs else None,
+        "floor_tok_s": decode_tokens / floor_s if floor_s else None,
+        "fused_steps": fused,
+    }
+
+
+def summarise(samples: dict[str, list[dict]]) -> dict:
+    out = {}
+    for variant, rows in samples.items():
+        m = {}
+        for key in (
+            "decode_tok_s", "e2e_tok_s", "median_step_ms", "ttft_ms_p50", "ttft_ms_p99",
+            "itl_ms_p50", "itl_ms_p99", "floor_fraction", "floor_tok_s",
+        ):  # fmt: skip
+            values = [r[key] for r in rows if r.get(key) is not None]
+            m[key] = statistics.median(values) if values else None
+        m["decode_tok_s_min"] = min(r["decode_tok_s"] or 0 for r in rows)
+        m["decode_tok_s_max"] = max(r["decode_tok_s"] or 0 for r in rows)
+        out[variant] = m
+    if MLX_LM in out:
+        base = out[MLX_LM]["decode_tok_s"]
+        for variant, m in out.items():
+            m["vs_mlx_lm"] = m["decode_tok_s"] / base if base and m["decode_tok_s"] else None
+            m["same_tokens_as_mlx_lm"] = [
+                sum(a == b for a, b in zip(r["tokens"], mine["tokens"], strict=True))
+                for r, mine in zip(samples[MLX_LM], samples[variant], strict=True)
+            ]
+    return out
+
+
+def run(args, progress: Progress | None = None) -> dict:
+    progress = progress or Progress()
+    mx.set_default_device(mx.gpu if args.device == "gpu" else mx.cpu)
+    metadata = collect_metadata(args.device)
+    if args.bandwidth_gbs is None:
+        if args.device == "cpu":
+            progress.update("measuring the memory read bandwidth ...")
+            args.bandwidth_gbs = _ext.measure_read_bandwidth(1 << 30, 3) / 1e9
+        elif mx.cuda.is_available() and "H200" in bench.gpu_name():
+            args.bandwidth_gbs = bench.H200_BANDWIDTH_GBS
+    progress.say(f"loading {args.model} (random weights, {args.quantize}) ...")
+    model = qwen3_model.load(
+        args.model, quantize=None if args.quantize == "none" else args.quantize, seed=args.seed
+    )
+    twin = bench.mlx_lm_twin(model)
+    weight_bytes = qwen3_model.weight_bytes(model)
+    kv_per_position = bench.kv_bytes_per_position(model)
+    prompts = request_mix(args, model.args.vocab_size)
+    warm = [p[: min(len(p), 16)] for p in prompts[: min(4, len(prompts))]]
+    progress.say("warming up")
+    for variant in args.variant:
+        Drive(variant, model, twin, min(args.slots), 4).run(warm)
+    results, order_log = {}, []
+    progress.restart(len(args.slots) * args.rounds * len(args.variant))
+    for slots in args.slots:
+        samples = {v: [] for v in args.variant}
+        for r in range(args.rounds):
+            order = bench.variant_order(args.variant, r)
+            order_log.append({"slots": slots, "round": r, "order": order})
+            for variant in order:
+                mx.clear_cache()
+                done = Drive(variant, model, twin, slots, args.new_tokens).run(prompts)
+                sample = measure(done, prompts, weight_bytes, kv_per_position, args.bandwidth_gbs)
+                samples[variant].append({"round": r, **sample})
+                progress.step(
+                    f"B={slots} round {r + 1}/{args.rounds} {variant}: "
+                    f"{sample['decode_tok_s'] or 0:.1f} decode tok/s"
+                )
+        results[f"slots={slots}"] = {
+            "slots": slots,
+            "samples": samples,
+            "summary": summarise(samples),
+        }
+    progress.close()
+    config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    config["prompt_lengths"] = [len(p) for p in prompts]
+    config["quantization"] = qwen3_model.describe_weights(model)
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "serve-bench",
+        "metadata": metadata,
+        "model_config": model.args.to_dict(),
+        "config": config,
+        "execution_order": order_log,
+        "results": {
+            "weight_bytes": weight_bytes,
+            "kv_bytes_per_position": kv_per_position,
+            "series": results,
+        },
+    }
+
+
+def format_table(record: dict) -> str:
+    head = (
+        "| slots | variant | decode tok/s (min-max) | vs mlx-lm | ms/step | e2e tok/s "
+        "| TTFT p50/p99 ms | ITL p50/p99 ms | floor tok/s | of floor | same tokens |"
+    )
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for series in record["results"]["series"].values():
+        for variant, m in series["summary"].items():
+            ratio = f"{m['vs_mlx_lm']:.2f}x" if m.get("vs_mlx_lm") else "-"
+            same = m.get("same_tokens_as_mlx_lm")
+            n = record["config"]["requests"]
+            lines.append(
+                f"| {series['slots']} | {variant} | {m['decode_tok_s'] or 0:.1f} "
+                f"({m['decode_tok_s_min']:.1f}-{m['decode_tok_s_max']:.1f}) | {ratio} | "
+                f"{m['median_step_ms'] or 0:.1f} | {m['e2e_tok_s'] or 0:.1f} | "
+                f"{m['ttft_ms_p50'] or 0:.0f} / {m['ttft_ms_p99'] or 0:.0f} | "
+                f"{m['itl_ms_p50'] or 0:.1f} / {m['itl_ms_p99'] or 0:.1f} | "
+                f"{m['floor_tok_s'] or 0:.0f} | {100 * (m['floor_fraction'] or 0):.1f}% | "
+                + (f"{min(same)}/{n}" if same else "-")
+                + " |"
+            )
+    return "\n".join(lines)
+
+
+def record_path(args, record: dict) -> Path:
+    if args.output and args.output.suffix == ".json":
+        return args.output
+    folder = args.output or bench.find_results_dir()
+    tag = record["config"]["quantization"].split()[0]
+    stem = (
+        f"{bench.machine_tag(args.device)}-{args.model}-{tag}-serve-{args.requests}x"
+        f"{args.prompt_min}-{args.prompt_max}+{args.new_tokens}-mlx-{mx.__version__}"
+    )
+    return bench.unique_path(folder, stem)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    record = run(args)
+    c = record["config"]
+    print(
+        f"{args.device}, {args.model} ({c['quantization']}), {args.requests} requests of "
+        f"{args.prompt_min}-{args.prompt_max} prompt tokens + {args.new_tokens}, "
+        f"{args.rounds} rounds, floor at {args.bandwidth_gbs or 0:.0f} GB/s"
+    )
+    print(format_table(record))
+    if not args.no_record:
+        path = write_record(record, record_path(args, record), force=args.force)
+        print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
