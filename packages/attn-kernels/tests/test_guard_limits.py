@@ -55,6 +55,33 @@ def test_head_dim_dtype_and_mask_kind(where):
     assert not use_fused(2, 1, d, "causal", where)  # L > S
 
 
+@pytest.mark.parametrize("where", BACKENDS)
+def test_batch_limits(where):
+    """Batches of rows with their own ranges: inside max_batch and max_batch_context only (one
+    row is the single-request region); the batch region lies inside it."""
+    lim = LIMITS[where]
+    d, dt = lim.head_dims[0], lim.dtypes[0]
+    assert use_fused(1, lim.max_context, d, "causal", where, dtype=dt, batch=1)
+    if lim.max_batch <= 1:
+        assert not use_fused(1, 1, d, "causal", where, dtype=dt, batch=2)
+        return
+    assert use_fused(1, lim.max_batch_context, d, "causal", where, dtype=dt, batch=lim.max_batch)
+    assert not use_fused(1, lim.max_batch_context, d, "causal", where, dtype=dt,
+                         batch=lim.max_batch + 1)  # fmt: skip
+    assert not use_fused(1, lim.max_batch_context + 1, d, "causal", where, dtype=dt, batch=2)
+    assert lim.max_batch_context <= lim.max_context
+
+
+def test_batch_limits_name_their_records():
+    """Each backend's batch region cites records that exist (benchmark_results/)."""
+    from pathlib import Path
+
+    results = Path(__file__).resolve().parents[3] / "benchmark_results"
+    for name in ("cpu-2core-qwen3-4b-attention-B32-ragged", "h200-qwen3-4b-attention-B32-ragged"):
+        assert (results / f"{name}-mlx-0.32.4.json").is_file()
+        assert name.replace("B32", "B{").split("{")[0] in guard.__doc__
+
+
 def test_cuda_table_lifted_to_the_records():
     """The H200 records (guard.py's docstring) have the kernel ahead of mx.fast at S=131072 for
     L <= 8, and with explicit masks at S <= 4096 for L <= 2."""

@@ -28,6 +28,16 @@ cuda (H200):
 metal: no record of ours (no Mac here); the chapter's M4 Pro evidence (against the readable
     path, not mx.fast) covers L <= 2, S <= 256, no explicit mask. Kept until a Mac record exists.
 
+Batches of rows with their own cache ranges (max_batch, max_batch_context; B = 1 is the region
+above), against mx.fast with the boolean (B, 1, L, S) mask the ranges stand for, rows of lengths
+between S/4 and S (bench-operators --batch B --ragged), L = 1 causal:
+cpu (2-vCPU AMD EPYC, AVX2): cpu-2core-qwen3-4b-attention-B{4,16,32}-ragged-mlx-0.32.4.json: 17x
+    (B=4, S=256) to 44x (B=32, S=1024), every pass, S <= 4096, the largest measured.
+cuda (H200): h200-qwen3-4b-attention-B{8,32}-ragged-mlx-0.32.4.json: 4.65x (B=8, S=512) to 12.1x
+    (B=32, S=8192), every pass, S <= 8192; beside them -B{8,32}-full (every row the whole
+    cache, no ranges and no mask: 1.06x-2.87x): the ragged call at B=32, S=2048 takes 69.3 µs,
+    less than the full batch's 78.1 (its rows hold fewer positions).
+
 Over a quantized KV cache (decode_attention_quantized; QUANTIZED_LIMITS), the fallback is the
 cache dequantised, then mx.fast:
 cpu: cpu-2core-qwen3-4b-attention-quantized-{8,4}-bit-mlx-0.32.4.json: L=1, S = 1024..32768,
@@ -64,16 +74,17 @@ class Limits:
     # An explicit mask array: its own, smaller measured region ((0, 0): never).
     max_masked_query: int
     max_masked_context: int
-    # Batch rows B of one call, each with its own cache range (starts / per-row offsets),
+    # Batch rows B > 1 of one call, each with its own cache range (starts / per-row offsets),
     # measured against mx.fast with the mask the ranges stand for (what mlx-lm's batch
-    # generation runs).
+    # generation runs), up to max_batch_context positions.
     max_batch: int = 1
+    max_batch_context: int = 0
 
 
 LIMITS: dict[str, Limits] = {
-    "cpu": Limits(8, 16384, (128,), (mx.bfloat16,), 1, 1024, 1),
-    "cuda": Limits(8, 131072, (128,), (mx.bfloat16,), 2, 4096, 1),
-    "metal": Limits(2, 256, (128,), (mx.bfloat16,), 0, 0, 1),
+    "cpu": Limits(8, 16384, (128,), (mx.bfloat16,), 1, 1024, 32, 4096),
+    "cuda": Limits(8, 131072, (128,), (mx.bfloat16,), 2, 4096, 32, 8192),
+    "metal": Limits(2, 256, (128,), (mx.bfloat16,), 0, 0),
 }
 
 
@@ -126,7 +137,7 @@ def use_fused(
     limits = LIMITS[where]
     if head_dim not in limits.head_dims or (dtype is not None and dtype not in limits.dtypes):
         return False
-    if batch > limits.max_batch:
+    if batch > 1 and (batch > limits.max_batch or context > limits.max_batch_context):
         return False
     if query_len < 1 or context < query_len:
         return False
