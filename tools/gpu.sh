@@ -12,7 +12,8 @@
 #            fused op reads each row's range, mx.fast takes the mask), and the same B rows all
 #            full (no ranges, no mask), B = 8 and 32, S = 512 / 2048 / 8192, L = 1 causal
 #   serve    bench-serve: Qwen3-4B 4-bit, 32 requests of 256-2048 prompt tokens + 64 each,
-#            slots 8 and 32: mlx-lm's BatchGenerator, with enable(), and ours
+#            slots 8 and 32: mlx-lm's BatchGenerator, with enable(), and ours; then what a
+#            decode step of ours is made of at each (--anatomy)
 # Set LLM_EVAL_GIT_SHA (and LLM_EVAL_GIT_DIRTY) to the workstation's: the device's copy of the
 # tree carries a stale .git. ROUNDS (default 2) sets bench-serve's rounds.
 set -uo pipefail
@@ -44,7 +45,7 @@ ragged() {
 
 serve() {
   python3 -m llm_eval.serve --model qwen3-4b --quantize 4bit --requests 32 --prompt-min 256 \
-    --prompt-max 2048 --new-tokens 64 --slots 8 --slots 32 --rounds "${ROUNDS:-2}" \
+    --prompt-max 2048 --new-tokens 64 --slots 8 --slots 32 --rounds "${ROUNDS:-2}" --anatomy \
     --output "$OUT/h200-qwen3-4b-4bit-serve.json" 2>&1 | grep -v '^\[#'
 }
 

@@ -162,3 +162,40 @@ def test_decode_steps_update_the_batch_cache_in_place():
         steps = kernel.calls()["fused_step"]
     assert steps >= 39 * len(model.layers)
     assert copies <= 2 * 2 * len(model.layers)  # K and V of each layer, at most twice
+
+
+def test_quantized_layers_fold_a_decode_steps_rows():
+    """enable() runs mlx.nn's quantized layers on (B, 1, K) as (1, B, K) (MLX's CUDA quantized
+    matmul takes each batch item as a GEMM of its own): the same numbers, the methods back after
+    disable()."""
+    import mlx.nn as nn
+
+    layer = nn.QuantizedLinear(256, 96, bias=True, group_size=64, bits=4)
+    embedding = nn.QuantizedEmbedding(96, 256, group_size=64, bits=4)
+    x = mx.random.normal((5, 1, 256))
+    expected = (layer(x), embedding.as_linear(x))
+    originals = (nn.QuantizedLinear.__call__, nn.QuantizedEmbedding.as_linear)
+    with kernel.enabled():
+        assert nn.QuantizedLinear.__call__ is not originals[0]
+        got = (layer(x), embedding.as_linear(x), layer(x[:1]), layer(x[:, 0]))
+    assert (nn.QuantizedLinear.__call__, nn.QuantizedEmbedding.as_linear) == originals
+    for a, b in zip(got[:2], expected, strict=True):
+        assert a.shape == b.shape and mx.allclose(a, b, atol=1e-5, rtol=1e-5).item()
+    assert mx.allclose(got[2], expected[0][:1], atol=1e-5).item()  # one row: as it is
+    assert mx.allclose(got[3], expected[0][:, 0], atol=1e-5).item()  # 2-D: as it is
+
+
+def test_batch_generate_with_a_quantized_model():
+    """A 4-bit model (its decode steps' rows folded in the quantized layers, attention fused):
+    every request's tokens as without the kernel."""
+    import mlx.nn as nn
+
+    model = tiny_model("qwen3")
+    nn.quantize(model, group_size=64, bits=4)
+    batch = prompts([6, 19, 3, 11], seed=5)
+    options = dict(max_tokens=9, return_token_ids=True, completion_batch_size=3)
+    theirs, ours, calls = both(
+        model, lambda: batch_generate(model, Tokenizer(), batch, **options).token_ids
+    )
+    assert ours == theirs
+    assert calls["fused_step"] > 0

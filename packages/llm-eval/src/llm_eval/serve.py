@@ -21,6 +21,12 @@ roundings of the paths differ and can flip near-ties).
 
     bench-serve --model qwen3-4b --quantize 4bit --slots 8 --slots 32 --rounds 3
 
+With --anatomy, what one decode step of our generator is made of, per batch size, at --context
+positions per row (the mix's mean context by default): the whole step (forward and sampling)
+with the rows folded into one row's positions for the linear layers (Model.fold_rows, the
+default) and without; the graph building alone (host time); the attention steps alone (one
+layer's, times the layers); each quantized projection of a layer on (B, 1, K) and on (1, B, K).
+
 Records under benchmark_results/ (the nearest such folder upwards) or --output.
 """
 
@@ -86,6 +92,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         metavar="GB/s",
         help="memory read bandwidth for the floor (default: measured on a CPU, 4300 on an H200)",
     )
+    p.add_argument(
+        "--anatomy",
+        action="store_true",
+        help="also time what a decode step of ours is made of, per batch size (see above)",
+    )
+    p.add_argument("--context", type=int, metavar="N", help="positions per row for --anatomy")
     p.add_argument("--seed", type=int, default=0, metavar="N", help="weights and prompts")
     p.add_argument("--output", type=Path, metavar="PATH", help="the record's file (or a folder)")
     p.add_argument("--force", action="store_true", help="replace an existing --output file")
@@ -256,6 +268,80 @@ def summarise(samples: dict[str, list[dict]]) -> dict:
     return out
 
 
+def _time(fn, repeats: int = 10) -> float:
+    """Median seconds of fn() (evaluated), after two untimed calls."""
+    for _ in range(2):
+        mx.eval(fn())
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        mx.eval(fn())
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def anatomy(model, rows: int, context: int) -> dict:
+    """Milliseconds of one decode step's parts at `rows` rows of `context` positions (module doc):
+    a batch cache filled with random K/V, every row written at the same position each time."""
+    from attn_kernels import attention_step
+
+    a = model.args
+    lengths = [context] * rows
+    cache = [qwen3_model.BatchKVCache(lengths) for _ in model.layers]
+    shape = (rows, a.num_key_value_heads, context + 256, a.head_dim)
+    for c in cache:
+        c.keys = mx.random.normal(shape).astype(mx.bfloat16)
+        c.values = mx.random.normal(shape).astype(mx.bfloat16)
+    mx.eval([(c.keys, c.values) for c in cache])
+    tokens = mx.random.randint(100, 1000, (rows, 1))
+
+    def step():
+        logits = model(tokens, cache)[:, -1, :]
+        return mx.argmax(logits, axis=-1)
+
+    out = {}
+    for fold in (True, False):
+        model.fold_rows = fold
+        out["step_ms" if fold else "step_unfolded_ms"] = _time(step) * 1e3
+    model.fold_rows = True
+    start = time.perf_counter()
+    built = [step() for _ in range(5)]
+    out["host_build_ms"] = (time.perf_counter() - start) / 5 * 1e3
+    mx.eval(built)
+    attn, layer = model.layers[0].self_attn, model.layers[0]
+    q = mx.random.normal((rows, 1, a.num_attention_heads * a.head_dim)).astype(mx.bfloat16)
+    kv = mx.random.normal((rows, 1, a.num_key_value_heads * a.head_dim)).astype(mx.bfloat16)
+
+    def attend():
+        return attention_step(
+            q, kv, kv, attn.q_norm.weight, attn.k_norm.weight, cache[0].keys, cache[0].values,
+            lengths, eps=attn.eps, rope_base=attn.rope_base, scale=attn.scale,
+        )[0]  # fmt: skip
+
+    out["attention_ms"] = _time(attend) * 1e3 * len(model.layers)
+    # each projection with its input width
+    projections = {
+        "qkv": (attn.qkv, a.hidden_size),
+        "o_proj": (attn.o_proj, a.num_attention_heads * a.head_dim),
+        "gate_up": (layer.mlp.gate_up, a.hidden_size),
+        "down": (layer.mlp.down_proj, a.intermediate_size),
+    }
+    for name, (proj, width) in projections.items():
+        x = mx.random.normal((rows, 1, width)).astype(mx.bfloat16)
+        folded = x.reshape(1, rows, width)
+        out[f"{name}_ms"] = {
+            "rows_as_batch": _time(lambda p=proj, x=x: p(x)) * 1e3 * len(model.layers),
+            "rows_as_positions": _time(lambda p=proj, x=folded: p(x)) * 1e3 * len(model.layers),
+        }
+    x = mx.random.normal((rows, 1, a.hidden_size)).astype(mx.bfloat16)
+    head = model.model.embed_tokens.as_linear if a.tie_word_embeddings else model.lm_head
+    out["lm_head_ms"] = {
+        "rows_as_batch": _time(lambda: head(x)) * 1e3,
+        "rows_as_positions": _time(lambda: head(x.reshape(1, rows, -1))) * 1e3,
+    }
+    return out
+
+
 def run(args, progress: Progress | None = None) -> dict:
     progress = progress or Progress()
     mx.set_default_device(mx.gpu if args.device == "gpu" else mx.cpu)
@@ -299,6 +385,13 @@ def run(args, progress: Progress | None = None) -> dict:
             "samples": samples,
             "summary": summarise(samples),
         }
+        if args.anatomy:
+            context = args.context or int(statistics.mean(len(p) for p in prompts))
+            context += args.new_tokens // 2
+            results[f"slots={slots}"]["anatomy"] = {
+                "context": context,
+                **anatomy(model, slots, context),
+            }
     progress.close()
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     config["prompt_lengths"] = [len(p) for p in prompts]
@@ -364,6 +457,16 @@ def main(argv=None) -> None:
         f"{args.rounds} rounds, floor at {args.bandwidth_gbs or 0:.0f} GB/s"
     )
     print(format_table(record))
+    for series in record["results"]["series"].values():
+        if "anatomy" in series:
+            parts = series["anatomy"]
+            print(f"anatomy, {series['slots']} rows of {parts['context']} positions (ms):")
+            for key, value in parts.items():
+                if isinstance(value, dict):
+                    value = ", ".join(f"{k} {v:.2f}" for k, v in value.items())
+                elif isinstance(value, float):
+                    value = f"{value:.2f}"
+                print(f"  {key}: {value}")
     if not args.no_record:
         path = write_record(record, record_path(args, record), force=args.force)
         print(f"wrote {path}")

@@ -148,11 +148,15 @@ class Attention(nn.Module):
         b, length, _ = x.shape
         decode = self.checkpoint == "decode-attention"
         step = decode and self.fused_step
-        q, k, v = self.project(x, step and length <= DECODE_POSITIONS)
         where = guard.backend()  # once per call: both of the guard's questions need it
         if isinstance(cache, BatchKVCache):
-            out = self._attend_rows(q, k, v, cache, where)
+            # The rows of a batch cache; x may hold them as positions of one row (Model's fold).
+            q, k, v = self.project(x, step)
+            rows = len(cache.lengths)
+            q, k, v = (t.reshape(rows, -1, t.shape[-1]) for t in (q, k, v))
+            out = self._attend_rows(q, k, v, cache, where).reshape(*x.shape[:-1], -1)
             return project_out(self.o_proj, out, residual, False)
+        q, k, v = self.project(x, step and length <= DECODE_POSITIONS)
         offset = cache.offset if cache is not None else 0
         # The dispatch guard: the fused kernels only where they were measured to beat mx.fast;
         # with a KVCache (or a QuantizedKVCache) on a backend with a step kernel, one
@@ -327,7 +331,7 @@ class TransformerBlock(nn.Module):
         fused = (
             attn.fused_step
             and attn.checkpoint == "decode-attention"
-            and x.shape[1] <= DECODE_POSITIONS
+            and (x.shape[1] <= DECODE_POSITIONS or isinstance(cache, BatchKVCache))
         )
         in_matmul = fused and attn.residual_in_matmul
         if fused and attn.add_norm:
@@ -352,6 +356,8 @@ class Qwen3Model(nn.Module):
         if mask is None and h.shape[1] > 1:
             mask = "causal"
         cache = cache or [None] * len(self.layers)
+        if isinstance(cache[0], BatchKVCache):
+            mask = None  # each row attends causally to its own range (Attention._attend_rows)
         for layer, c in zip(self.layers, cache, strict=True):
             h = layer(h, mask, c)
         return self.norm(h)
@@ -370,14 +376,29 @@ class Model(nn.Module):
             raise ValueError(f"unknown checkpoint {checkpoint!r}: use one of {CHECKPOINTS}")
         self.args = args
         self.model = Qwen3Model(args, checkpoint)
+        self.fold_rows = True  # a batch decode step's rows as one row's positions (__call__)
         if not args.tie_word_embeddings:
             self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
 
     def __call__(self, inputs: mx.array, cache=None, mask=None) -> mx.array:
-        out = self.model(inputs, cache, mask)
+        rows = inputs.shape[0]
+        # A decode step of a batch cache's rows: the rows go through the linear layers as the
+        # positions of one row, (1, B, hidden) instead of (B, 1, hidden). Same arithmetic; MLX's
+        # CUDA quantized matmul runs every batch item as a GEMM of its own with a 128-row tile
+        # (mlx/backend/cuda/quantized/qmm: M = 1 in each of B batches) and a batch of B rows costs
+        # B such GEMMs, positions of one row one GEMM. Attention unfolds them (BatchKVCache).
+        fold = (
+            self.fold_rows
+            and rows > 1
+            and inputs.shape[1] == 1
+            and isinstance(cache[0] if cache else None, BatchKVCache)
+        )
+        out = self.model(inputs.reshape(1, rows) if fold else inputs, cache, mask)
         if self.args.tie_word_embeddings:
-            return self.model.embed_tokens.as_linear(out)
-        return self.lm_head(out)
+            logits = self.model.embed_tokens.as_linear(out)
+        else:
+            logits = self.lm_head(out)
+        return logits.reshape(rows, 1, -1) if fold else logits
 
     @property
     def layers(self):

@@ -27,6 +27,11 @@ on the cache's buffers (step.py), and with a QuantizedKVCache (guard.use_step_qu
 a multiple of 64) one `attention_step_quantized` on its triples; everything else runs mlx-lm's
 method. enable(fused_step=False)
 leaves those methods alone: only the attention function is replaced.
+
+enable() also folds a batched decode step's rows into positions in MLX's quantized layers
+(nn.QuantizedLinear, QuantizedEmbedding.as_linear): an input (B, 1, K) with B > 1 runs as
+(1, B, K), the same arithmetic, because MLX's CUDA quantized matmul runs each batch item as a
+GEMM of its own with a 128-row tile (B GEMMs where one does; step.fold_rows).
 """
 
 from __future__ import annotations
@@ -54,6 +59,8 @@ _calls = {"fused": 0, "fused_quantized": 0, "fused_step": 0, "mlx_lm": 0}
 # mlx-lm's Attention classes whose __call__ is the fused step's, each with mlx-lm's own method
 # (put back by disable() and enable(fused_step=False)).
 _replaced: dict[type, object] = {}
+# mlx.nn's quantized layers' methods that enable() folds (step.fold_rows), with their own.
+_folded: dict[tuple[type, str], object] = {}
 
 
 def _mlx_lm_modules():
@@ -160,6 +167,7 @@ def enable(fused_step: bool = True) -> None:
                 _original = current
             _rotating = cache.RotatingKVCache
             _rebind(_original, scaled_dot_product_attention)
+            _fold_rows(True)
             _enabled = True
         types = step.CacheTypes(
             cache.KVCache, cache.QuantizedKVCache, cache.BatchKVCache, cache.BatchRotatingKVCache
@@ -179,6 +187,20 @@ def _set_fused_step(on: bool, types: step.CacheTypes | None = None) -> None:
         _replaced.clear()
 
 
+def _fold_rows(on: bool) -> None:
+    import mlx.nn as nn
+
+    methods = ((nn.QuantizedLinear, "__call__"), (nn.QuantizedEmbedding, "as_linear"))
+    if on and not _folded:
+        for cls, name in methods:
+            _folded[(cls, name)] = cls.__dict__[name]
+            setattr(cls, name, step.fold_rows(_folded[(cls, name)]))
+    elif not on:
+        for (cls, name), method in _folded.items():
+            setattr(cls, name, method)
+        _folded.clear()
+
+
 def disable() -> None:
     """Give every name that holds the fused entry point mlx-lm's function back, and mlx-lm's
     attention classes their own methods (idempotent)."""
@@ -188,6 +210,7 @@ def disable() -> None:
             return
         _enabled = False
         _set_fused_step(False)
+        _fold_rows(False)
         _rebind(scaled_dot_product_attention, _original)
 
 

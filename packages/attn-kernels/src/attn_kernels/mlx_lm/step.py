@@ -36,6 +36,24 @@ STEP_MODELS: dict[str, tuple[str, str] | None] = {
 }
 
 
+def fold_rows(method: Callable) -> Callable:
+    """A quantized layer's forward `method` with a decode step's rows folded: x of shape
+    (B, 1, K), B > 1, runs as (1, B, K) and comes back as (B, 1, N). The arithmetic is the same
+    per row; MLX 0.32's CUDA quantized matmul runs each batch item as its own GEMM with a 128-row
+    tile (mlx/backend/cuda/quantized/qmm), so B rows of one position cost B GEMMs and B positions
+    of one row one GEMM."""
+
+    def folded(self, x, *args, **kwargs):
+        if x.ndim == 3 and x.shape[1] == 1 and x.shape[0] > 1:
+            b = x.shape[0]
+            out = method(self, x.reshape(1, b, x.shape[-1]), *args, **kwargs)
+            return out.reshape(b, 1, out.shape[-1])
+        return method(self, x, *args, **kwargs)
+
+    folded.__wrapped__ = method
+    return folded
+
+
 def _plain_rope(rope, head_dim: int) -> bool:
     """The op's rotation: non-traditional, all head_dim dims, no position scaling (what mlx-lm's
     initialize_rope builds without rope_scaling and rope_traditional)."""
