@@ -268,15 +268,16 @@ def summarise(samples: dict[str, list[dict]]) -> dict:
     return out
 
 
-def _time(fn, repeats: int = 10) -> float:
-    """Median seconds of fn() (evaluated), after two untimed calls."""
+def _time(fn, repeats: int = 10, calls: int = 1) -> float:
+    """Median seconds of one fn() call, `calls` of them evaluated together (a kernel's time, not
+    an eval's), after two untimed rounds."""
     for _ in range(2):
-        mx.eval(fn())
+        mx.eval([fn() for _ in range(calls)])
     samples = []
     for _ in range(repeats):
         start = time.perf_counter()
-        mx.eval(fn())
-        samples.append(time.perf_counter() - start)
+        mx.eval([fn() for _ in range(calls)])
+        samples.append((time.perf_counter() - start) / calls)
     return statistics.median(samples)
 
 
@@ -311,14 +312,18 @@ def anatomy(model, rows: int, context: int) -> dict:
     attn, layer = model.layers[0].self_attn, model.layers[0]
     q = mx.random.normal((rows, 1, a.num_attention_heads * a.head_dim)).astype(mx.bfloat16)
     kv = mx.random.normal((rows, 1, a.num_key_value_heads * a.head_dim)).astype(mx.bfloat16)
+    # As the model holds them: only the step's returned caches, updated in place (owned).
+    held = [cache[0].keys, cache[0].values]
+    cache[0].keys = cache[0].values = None
 
     def attend():
-        return attention_step(
-            q, kv, kv, attn.q_norm.weight, attn.k_norm.weight, cache[0].keys, cache[0].values,
-            lengths, eps=attn.eps, rope_base=attn.rope_base, scale=attn.scale,
-        )[0]  # fmt: skip
+        out, held[0], held[1] = attention_step(
+            q, kv, kv, attn.q_norm.weight, attn.k_norm.weight, *held, lengths,
+            eps=attn.eps, rope_base=attn.rope_base, scale=attn.scale, owned_caches=True,
+        )  # fmt: skip
+        return out
 
-    out["attention_ms"] = _time(attend) * 1e3 * len(model.layers)
+    out["attention_ms"] = _time(attend, calls=20) * 1e3 * len(model.layers)
     # each projection with its input width
     projections = {
         "qkv": (attn.qkv, a.hidden_size),
@@ -329,15 +334,24 @@ def anatomy(model, rows: int, context: int) -> dict:
     for name, (proj, width) in projections.items():
         x = mx.random.normal((rows, 1, width)).astype(mx.bfloat16)
         folded = x.reshape(1, rows, width)
-        out[f"{name}_ms"] = {
-            "rows_as_batch": _time(lambda p=proj, x=x: p(x)) * 1e3 * len(model.layers),
-            "rows_as_positions": _time(lambda p=proj, x=folded: p(x)) * 1e3 * len(model.layers),
+        # and the same weights dequantised once, a bf16 matmul (what 4 times the bytes buys)
+        arrays = proj.arrays if hasattr(proj, "arrays") else proj
+        plain = arrays["weight"]
+        if "scales" in arrays:
+            plain = mx.dequantize(
+                plain, arrays["scales"], arrays.get("biases"), proj.group_size, proj.bits
+            )
+        times = {
+            "rows_as_batch": _time(lambda p=proj, x=x: p(x), calls=20),
+            "rows_as_positions": _time(lambda p=proj, x=folded: p(x), calls=20),
+            "bf16_weights": _time(lambda w=plain, x=folded: x @ w.T, calls=20),
         }
+        out[f"{name}_ms"] = {k: v * 1e3 * len(model.layers) for k, v in times.items()}
     x = mx.random.normal((rows, 1, a.hidden_size)).astype(mx.bfloat16)
     head = model.model.embed_tokens.as_linear if a.tie_word_embeddings else model.lm_head
     out["lm_head_ms"] = {
-        "rows_as_batch": _time(lambda: head(x)) * 1e3,
-        "rows_as_positions": _time(lambda: head(x.reshape(1, rows, -1))) * 1e3,
+        "rows_as_batch": _time(lambda: head(x), calls=20) * 1e3,
+        "rows_as_positions": _time(lambda: head(x.reshape(1, rows, -1)), calls=20) * 1e3,
     }
     return out
 
@@ -360,10 +374,14 @@ def run(args, progress: Progress | None = None) -> dict:
     weight_bytes = qwen3_model.weight_bytes(model)
     kv_per_position = bench.kv_bytes_per_position(model)
     prompts = request_mix(args, model.args.vocab_size)
-    warm = [p[: min(len(p), 16)] for p in prompts[: min(4, len(prompts))]]
+    # Every batch size's shapes once untimed: MLX's CUDA backend compiles a quantized matmul's
+    # kernel the first time it meets a new tile of rows (seconds each; a first timed run once
+    # spent 48 s there).
     progress.say("warming up")
-    for variant in args.variant:
-        Drive(variant, model, twin, min(args.slots), 4).run(warm)
+    for slots in args.slots:
+        warm = [p[:16] for p in (prompts * slots)[:slots]]
+        for variant in args.variant:
+            Drive(variant, model, twin, slots, 4).run(warm)
     results, order_log = {}, []
     progress.restart(len(args.slots) * args.rounds * len(args.variant))
     for slots in args.slots:
