@@ -221,3 +221,30 @@ def test_torch_peer_without_torch_is_a_clear_error(monkeypatch, capsys):
     with pytest.raises(SystemExit):
         operators.parse_args(["--device", "cpu", "--implementations", "custom,torch"])
     assert "llm-eval[torch]" in capsys.readouterr().err
+
+
+def test_ragged_rows_time_the_same_attention_three_ways(tmp_path):
+    """--batch --ragged: the fused op reads each row's range, the readable path and mx.fast the
+    mask those ranges stand for; all three compute the same rows, and the record counts the rows'
+    own positions."""
+    args, record = small_run(tmp_path, "--batch", "5", "--ragged")
+    for context in (9, 40):
+        starts = operators.ragged_starts(5, context, 2, args.seed)
+        lengths = context - np.array(starts)
+        assert lengths[0] == context and (lengths >= max(context // 4, 2)).all()
+        entry = record["results"][f"S={context},L=2"]
+        assert entry["valid_positions"] == lengths.sum()
+        q, k, v, causal = operators.make_shape(context, 2, 4, 2, 16, "causal", mx.float32, 0, 5)
+        mask = operators.range_mask(5, 2, context, starts, None, True)
+        outs = {
+            name: operators.implementation(
+                name, 0.25, mask, (q, k, v), "float32", (starts, causal)
+            )(q, k, v)
+            for name in ("custom", "readable", "mlx")
+        }
+        for name in ("custom", "mlx"):
+            np.testing.assert_allclose(
+                np.array(outs[name]), np.array(outs["readable"]), rtol=1e-4, atol=1e-5
+            )
+    with pytest.raises(SystemExit):
+        operators.parse_args(["--ragged", "--attention-mask", "explicit"])

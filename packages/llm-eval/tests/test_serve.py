@@ -1,0 +1,91 @@
+"""bench-serve on a tiny config on the CPU: every variant serves the whole mix each round, the
+kernel variant's decode steps go through the fused step, the numbers follow from the samples
+kept, and the record validates."""
+
+import json
+
+import pytest
+import qwen3_model
+from llm_eval import serve
+from llm_eval.record import validate
+from qwen3_model.configs import ModelArgs
+
+# Head dim 128: the guard's measured region, so that enable() fuses the batch's decode steps.
+TINY = ModelArgs(128, 2, 256, 4, 2, 128, 512)
+
+
+@pytest.fixture
+def tiny(monkeypatch):
+    monkeypatch.setitem(qwen3_model.CONFIGS, "tiny128", TINY)
+
+
+def run(tmp_path, *extra):
+    out = tmp_path / "serve.json"
+    argv = ["--model", "tiny128", "--quantize", "none", "--device", "cpu", "--requests", "5"]
+    argv += ["--prompt-min", "3", "--prompt-max", "21", "--new-tokens", "4", "--rounds", "2"]
+    serve.main([*argv, "--bandwidth-gbs", "10", "--output", str(out), *extra])
+    record = json.loads(out.read_text())
+    validate(record)
+    return record
+
+
+def test_every_variant_serves_the_mix(tmp_path, tiny, capsys):
+    record = run(tmp_path, "--slots", "2", "--slots", "5")
+    lengths = record["config"]["prompt_lengths"]
+    assert len(lengths) == 5 and all(3 <= n <= 21 for n in lengths) and len(set(lengths)) > 1
+    assert [(o["slots"], o["order"]) for o in record["execution_order"]] == [
+        (2, serve.VARIANTS),
+        (2, serve.VARIANTS[1:] + serve.VARIANTS[:1]),
+        (5, serve.VARIANTS),
+        (5, serve.VARIANTS[1:] + serve.VARIANTS[:1]),
+    ]
+    for slots in (2, 5):
+        series = record["results"]["series"][f"slots={slots}"]
+        for variant, samples in series["samples"].items():
+            assert len(samples) == 2
+            for s in samples:
+                assert [len(t) for t in s["tokens"]] == [4] * 5
+                emitted = [c["emitted"] for c in s["calls"]]
+                assert sum(emitted) == s["generated"] == 20 and max(emitted) <= slots
+                decode = [c for c in s["calls"] if c["emitted"] and not c["prefilled"]]
+                decode_s = sum(c["seconds"] for c in decode)
+                tokens = sum(c["emitted"] for c in decode)
+                assert s["decode_tok_s"] == pytest.approx(tokens / decode_s)
+                assert s["floor_fraction"] > 0 and s["ttft_ms_p50"] <= s["ttft_ms_p99"]
+                # Every generated token after the first of a request comes from a decode step;
+                # the kernel's are fused, one per layer (a call may prefill and decode at once).
+                if variant == serve.MLX_LM_KERNEL:
+                    assert s["fused_steps"] >= 2 * (tokens // slots)
+                    assert s["fused_steps"] % 2 == 0
+                else:
+                    assert s["fused_steps"] is None
+        summary = series["summary"]
+        assert summary[serve.MLX_LM]["vs_mlx_lm"] == 1.0
+        # float32 would tie every token; bf16 may part at near-ties, so only counted here.
+        assert all(0 <= n <= 5 for n in summary[serve.OURS]["same_tokens_as_mlx_lm"])
+    out = capsys.readouterr().out
+    assert "| 5 | ours |" in out and "wrote" in out
+
+
+def test_anatomy_names_each_part(tmp_path, tiny):
+    record = run(tmp_path, "--slots", "3", "--variant", "ours", "--anatomy", "--context", "40")
+    parts = record["results"]["series"]["slots=3"]["anatomy"]
+    assert parts["context"] == 42  # the context asked, plus half the new tokens
+    for key in ("step_ms", "step_unfolded_ms", "host_build_ms", "attention_ms"):
+        assert parts[key] > 0
+    assert list(record["results"]["series"]["slots=3"]["samples"]) == ["ours"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--model", "qwen3-huge"], "--model: unknown 'qwen3-huge'"),
+        (["--slots", "0"], "--slots must be >= 1"),
+        (["--prompt-min", "9", "--prompt-max", "3"], "--prompt-min <= --prompt-max"),
+        (["--new-tokens", "1"], "--new-tokens >= 2"),
+    ],
+)
+def test_arguments_are_checked(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        serve.parse_args(["--device", "cpu", *argv])
+    assert message in capsys.readouterr().err
