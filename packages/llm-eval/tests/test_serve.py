@@ -59,6 +59,7 @@ def test_every_variant_serves_the_mix(tmp_path, tiny, capsys):
                     assert s["fused_steps"] % 2 == 0
                 else:
                     assert s["fused_steps"] is None
+                assert s["cache_copies"] == 0  # decode steps write the caches in place
         summary = series["summary"]
         assert summary[serve.MLX_LM]["vs_mlx_lm"] == 1.0
         # float32 would tie every token; bf16 may part at near-ties, so only counted here.

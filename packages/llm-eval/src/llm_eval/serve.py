@@ -16,6 +16,8 @@ Per variant and batch size, from every call of the generator's next(), timed (al
   floor          a step must read every weight and the K/V of its requests' contexts: the time
                  of those bytes at --bandwidth-gbs (measured on a CPU, 4300 GB/s on an H200),
                  over the decode calls' time (the fraction of the floor reached)
+  cache copies   K/V caches the fused steps copied instead of writing in place (0 when the
+                 loop donates them; each copy is a whole layer's cache)
 Greedy tokens: each request's against mlx-lm's in the same round (counted, not asserted: bf16
 roundings of the paths differ and can flip near-ties).
 
@@ -41,7 +43,7 @@ from pathlib import Path
 
 import mlx.core as mx
 import qwen3_model
-from attn_kernels import _ext
+from attn_kernels import _ext, attention_step_cache_copies
 
 from llm_eval import bench
 from llm_eval.progress import Progress
@@ -149,6 +151,7 @@ class Drive:
         import attn_kernels.mlx_lm as kernel
 
         context = kernel.enabled() if self.variant == MLX_LM_KERNEL else contextlib.nullcontext()
+        copies = attention_step_cache_copies()
         with context:
             start = time.perf_counter()
             gen, step, uids = self._start(prompts)
@@ -162,7 +165,7 @@ class Drive:
             if self.variant != OURS:
                 gen.close()
             fused = kernel.calls()["fused_step"] if self.variant == MLX_LM_KERNEL else None
-        return start, uids, calls, fused
+        return start, uids, calls, fused, attention_step_cache_copies() - copies
 
     def _start(self, prompts):
         if self.variant == OURS:
@@ -203,7 +206,7 @@ def percentile(values: list[float], q: float) -> float | None:
 
 def measure(run_result, prompts, weight_bytes: int, kv_per_position: int, bandwidth_gbs) -> dict:
     """One round of one variant: the samples and what they give (see the module doc)."""
-    start, uids, calls, fused = run_result
+    start, uids, calls, fused, copies = run_result
     index = {uid: i for i, uid in enumerate(uids)}
     tokens: dict[int, list[int]] = {uid: [] for uid in uids}
     stamps: dict[int, list[float]] = {uid: [] for uid in uids}
@@ -242,6 +245,8 @@ def measure(run_result, prompts, weight_bytes: int, kv_per_position: int, bandwi
         "floor_fraction": floor_s / decode_s if decode_s and bandwidth_gbs else None,
         "floor_tok_s": decode_tokens / floor_s if floor_s else None,
         "fused_steps": fused,
+        # caches the fused steps copied instead of writing in place (0 in a donating loop)
+        "cache_copies": copies,
     }
 
 
@@ -257,6 +262,7 @@ def summarise(samples: dict[str, list[dict]]) -> dict:
             m[key] = statistics.median(values) if values else None
         m["decode_tok_s_min"] = min(r["decode_tok_s"] or 0 for r in rows)
         m["decode_tok_s_max"] = max(r["decode_tok_s"] or 0 for r in rows)
+        m["cache_copies"] = max(r["cache_copies"] for r in rows)
         out[variant] = m
     if MLX_LM in out:
         base = out[MLX_LM]["decode_tok_s"]
@@ -433,7 +439,8 @@ def run(args, progress: Progress | None = None) -> dict:
 def format_table(record: dict) -> str:
     head = (
         "| slots | variant | decode tok/s (min-max) | vs mlx-lm | ms/step | e2e tok/s "
-        "| TTFT p50/p99 ms | ITL p50/p99 ms | floor tok/s | of floor | same tokens |"
+        "| TTFT p50/p99 ms | ITL p50/p99 ms | floor tok/s | of floor | same tokens "
+        "| cache copies |"
     )
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for series in record["results"]["series"].values():
@@ -449,7 +456,7 @@ def format_table(record: dict) -> str:
                 f"{m['itl_ms_p50'] or 0:.1f} / {m['itl_ms_p99'] or 0:.1f} | "
                 f"{m['floor_tok_s'] or 0:.0f} | {100 * (m['floor_fraction'] or 0):.1f}% | "
                 + (f"{min(same)}/{n}" if same else "-")
-                + " |"
+                + f" | {m['cache_copies']} |"
             )
     return "\n".join(lines)
 
