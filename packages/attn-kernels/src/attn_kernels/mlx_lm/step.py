@@ -10,7 +10,9 @@ it, one `attention_step_quantized` on its triples (the new position quantized as
 does). The q/k/v projections stay mlx-lm's Linear layers (with Qwen2's biases);
 the op takes their outputs. The cache grows exactly as KVCache.update_and_fetch grows it, and
 afterwards holds only the buffers the op returned (owned_caches: nothing else holds them, and
-the cache reads [0, offset) of them). Every other call runs mlx-lm's method unchanged: prefill
+the cache reads [0, offset) of them). With mlx-lm's BatchKVCache (and BatchRotatingKVCache until
+it wraps) a decode step runs every row in one attention_step, each from its left padding.
+Every other call runs mlx-lm's method unchanged: prefill
 past the guard's query limit, other cache types, explicit masks, RoPE other than plain nn.RoPE
 (scaling, traditional, partial, NoPE), dtypes that differ between the projections, the norms and
 the cache, and anything the op refuses.
