@@ -201,28 +201,14 @@ uint64_t attention_step_cache_copies();
 uint64_t attention_step_folds();
 void count_folded_step();
 
+// StepProblem::inv_freq for its head_dim and RoPE base, for the backends that read it (CUDA).
+void set_inverse_frequencies(StepProblem& p);
+
 // The StepProblem of evaluated inputs and allocated outputs (the caches: outputs[1...]), every
 // pointer as `pointer(array)` gives it (CPU: data(), CUDA: gpu_ptr; Metal: nullptr), q_out left
 // for the backend. With bits (the quantized step) the outputs are out and the two triples.
 // norms_at: the input index of the q norm weight (none without qk_norm); the per-row starts and
 // offsets that row_ranges names follow the norm weights.
-template <typename Pointer>
-StepProblem make_step_problem(
-    const std::vector<mx::array>& inputs,
-    const std::vector<mx::array>& outputs,
-    int offset,
-    bool qk_norm,
-    int norms_at,
-    float eps,
-    float rope_base,
-    int bits,
-    int group_size,
-    int row_ranges,
-    Pointer pointer);
-
-// StepProblem::inv_freq for its head_dim and RoPE base, for the backends that read it (CUDA).
-void set_inverse_frequencies(StepProblem& p);
-
 template <typename Pointer>
 StepProblem make_step_problem(
     const std::vector<mx::array>& inputs,

@@ -4,6 +4,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -22,3 +23,14 @@ def build_runner(tmp_path_factory, source: Path, *flags: str) -> Path:
     command += ["-Wno-unknown-pragmas", "-pthread", *flags, str(source), "-o", str(exe)]
     subprocess.run(command, check=True, capture_output=True, text=True)
     return exe
+
+
+def write_row_ranges(folder: Path, starts, ends) -> int:
+    """starts.bin / ends.bin (int32) for the runners where given; returns the geometry's
+    row_ranges flags (1: starts, 2: ends)."""
+    flags = 0
+    for bit, name, values in ((1, "starts", starts), (2, "ends", ends)):
+        if values is not None:
+            (folder / f"{name}.bin").write_bytes(np.asarray(values, np.int32).tobytes())
+            flags |= bit
+    return flags

@@ -9,6 +9,21 @@ from attn_kernels import decode_attention_custom
 from reference import to_numpy
 
 
+def make_step(seed, b, hq, hkv, length, d, capacity, dtype):
+    """New tokens' projections, norm weights near 1, caches full of earlier (random) K/V."""
+    keys = mx.random.split(mx.random.key(seed), 7)
+    q = mx.random.normal((b, length, hq * d), key=keys[0]).astype(dtype)
+    k = (2.0 * mx.random.normal((b, length, hkv * d), key=keys[1])).astype(dtype)
+    v = mx.random.normal((b, length, hkv * d), key=keys[2]).astype(dtype)
+    q_w = (1.0 + 0.2 * mx.random.normal((d,), key=keys[3])).astype(dtype)
+    k_w = (1.0 + 0.2 * mx.random.normal((d,), key=keys[4])).astype(dtype)
+    # Earlier positions: unit-norm-ish keys as the model's normalised, rotated keys are.
+    k_cache = mx.random.normal((b, hkv, capacity, d), key=keys[5]).astype(dtype)
+    v_cache = mx.random.normal((b, hkv, capacity, d), key=keys[6]).astype(dtype)
+    mx.eval(q, k, v, q_w, k_w, k_cache, v_cache)
+    return q, k, v, q_w, k_w, k_cache, v_cache
+
+
 def unfused_step(q, k, v, q_w, k_w, k_cache, v_cache, offset, eps, base, scale=None):
     """The op sequence the fused step replaces, as mlx-lm's Qwen3 runs it (q_w, k_w None: as
     its Llama and Qwen2 run it, no q/k norm)."""

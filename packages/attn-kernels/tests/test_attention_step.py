@@ -10,7 +10,7 @@ import pytest
 from attn_kernels import attention_step, attention_step_cache_copies, attention_step_folds
 from conftest import TOLERANCE
 from reference import to_numpy
-from step_reference import step_f64, unfused_step
+from step_reference import make_step, step_f64, unfused_step
 
 DTYPES = [mx.float32, mx.float16, mx.bfloat16]
 EPS, BASE = 1e-6, 1_000_000.0  # Qwen3's
@@ -29,21 +29,6 @@ DEVICES = [
         marks=pytest.mark.skipif(not _gpu_available(), reason="this MLX has no GPU backend"),
     ),
 ]
-
-
-def make_step(seed, b, hq, hkv, length, d, capacity, dtype):
-    """New tokens' projections, norm weights near 1, caches full of earlier (random) K/V."""
-    keys = mx.random.split(mx.random.key(seed), 7)
-    q = mx.random.normal((b, length, hq * d), key=keys[0]).astype(dtype)
-    k = (2.0 * mx.random.normal((b, length, hkv * d), key=keys[1])).astype(dtype)
-    v = mx.random.normal((b, length, hkv * d), key=keys[2]).astype(dtype)
-    q_w = (1.0 + 0.2 * mx.random.normal((d,), key=keys[3])).astype(dtype)
-    k_w = (1.0 + 0.2 * mx.random.normal((d,), key=keys[4])).astype(dtype)
-    # Earlier positions: unit-norm-ish keys as the model's normalised, rotated keys are.
-    k_cache = mx.random.normal((b, hkv, capacity, d), key=keys[5]).astype(dtype)
-    v_cache = mx.random.normal((b, hkv, capacity, d), key=keys[6]).astype(dtype)
-    mx.eval(q, k, v, q_w, k_w, k_cache, v_cache)
-    return q, k, v, q_w, k_w, k_cache, v_cache
 
 
 def capacity_for(end):

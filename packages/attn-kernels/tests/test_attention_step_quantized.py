@@ -13,8 +13,8 @@ from attn_kernels import attention_step_cache_copies, attention_step_quantized
 from attn_kernels.quantized import decode_attention_quantized
 from conftest import TOLERANCE
 from reference import to_numpy
+from step_reference import make_step as bf16_step
 from step_reference import norm_rope_f64
-from test_attention_step import make_step as bf16_step
 
 EPS, BASE = 1e-6, 1_000_000.0  # Qwen3's
 DTYPES = [mx.float32, mx.float16, mx.bfloat16]

@@ -19,7 +19,7 @@ import pytest
 from conftest import TOLERANCE
 from emulation import CSRC, KERNELS_CUDA, build_runner
 from quantize_reference import mlx_quantize
-from step_reference import ragged_step_f64, rope_angles, step_f64
+from step_reference import make_step, ragged_step_f64, rope_angles, step_f64
 
 EPS, BASE = 1e-6, 1_000_000.0  # as the runner sets them
 STEP = 64  # the mma kernel's block step: chunks are multiples of it
@@ -51,6 +51,35 @@ CASES = [
 ]
 
 
+def run_step(emulator, tmp_path, config: str, inputs, hq: int, **int32_files):
+    """The runner on `inputs` (q, k, v, both norm weights, both caches; written as float32) with
+    the config line and any int32 files (starts, offsets): the folded kernel and the chain must
+    write the same output and caches bit for bit. Returns its stdout and the folded kernel's
+    output as (B, L, Hq * D) and caches."""
+    (tmp_path / "config.txt").write_text(config + "\n")
+    for name, x in zip(("q", "k", "v", "qw", "kw", "kc", "vc"), inputs, strict=True):
+        (tmp_path / f"{name}.bin").write_bytes(np.array(x.astype(mx.float32)).tobytes())
+    for name, values in int32_files.items():
+        (tmp_path / f"{name}.bin").write_bytes(np.asarray(values, np.int32).tobytes())
+    run = subprocess.run(
+        [str(emulator), str(tmp_path)], check=True, timeout=600, capture_output=True, text=True
+    )
+    b, length = inputs[0].shape[:2]
+    cache = inputs[5].shape
+    d = cache[-1]
+
+    def result(name, shape):
+        return np.fromfile(tmp_path / f"{name}.bin", dtype=np.float32).reshape(shape)
+
+    heads_first = (b, hq, length, d)
+    for name, shape in (("out", heads_first), ("kc", cache), ("vc", cache)):
+        np.testing.assert_array_equal(
+            result(f"{name}_fold", shape), result(f"{name}_chain", shape), err_msg=name
+        )
+    out = result("out_fold", heads_first).transpose(0, 2, 1, 3).reshape(b, length, hq * d)
+    return run.stdout, out, result("kc_fold", cache), result("vc_fold", cache)
+
+
 @pytest.mark.parametrize(
     ("b", "hq", "hkv", "length", "d", "dtype", "splits", "chunk", "qk_norm"),
     CASES,
@@ -66,47 +95,22 @@ def test_folded_step_under_emulation(
     offset = 100 if splits == 1 else (splits - 1) * chunk - length // 2
     end = offset + length
     capacity = end + 5  # the attention reads a prefix of longer caches
-    keys = mx.random.split(mx.random.key(end + d + splits), 7)
-    inputs = [
-        mx.random.normal((b, length, hq * d), key=keys[0]),
-        2.0 * mx.random.normal((b, length, hkv * d), key=keys[1]),
-        mx.random.normal((b, length, hkv * d), key=keys[2]),
-        1.0 + 0.2 * mx.random.normal((d,), key=keys[3]),
-        1.0 + 0.2 * mx.random.normal((d,), key=keys[4]),
-        mx.random.normal((b, hkv, capacity, d), key=keys[5]),
-        mx.random.normal((b, hkv, capacity, d), key=keys[6]),
-    ]
-    inputs = [x.astype(dtype) for x in inputs]
-    (tmp_path / "config.txt").write_text(
+    inputs = list(make_step(end + d + splits, b, hq, hkv, length, d, capacity, dtype))
+    config = (
         f"{b} {hq} {hkv} {length} {offset} {d} {int(dtype == mx.bfloat16)} {splits} {capacity} "
-        f"{int(qk_norm)}\n"
+        f"{int(qk_norm)}"
     )
-    for name, x in zip(("q", "k", "v", "qw", "kw", "kc", "vc"), inputs, strict=True):
-        (tmp_path / f"{name}.bin").write_bytes(np.array(x.astype(mx.float32)).tobytes())
-    run = subprocess.run(
-        [str(emulator), str(tmp_path)], check=True, timeout=600, capture_output=True, text=True
-    )
-    got_splits, got_chunk = (int(n) for n in run.stdout.split()[1:4:2])
-    assert got_splits == splits, run.stdout
+    stdout, out, kc, vc = run_step(emulator, tmp_path, config, inputs, hq)
+    got_splits, got_chunk = (int(n) for n in stdout.split()[1:4:2])
+    assert got_splits == splits, stdout
     if splits > 1:  # the new positions reach the last chunk's first position
-        assert got_chunk == chunk and offset <= (splits - 1) * chunk < end, run.stdout
-
-    def result(name, shape):
-        return np.fromfile(tmp_path / f"{name}.bin", dtype=np.float32).reshape(shape)
-
-    heads_first, cache = (b, hq, length, d), (b, hkv, capacity, d)
-    for name, shape in (("out", heads_first), ("kc", cache), ("vc", cache)):
-        np.testing.assert_array_equal(
-            result(f"{name}_fold", shape), result(f"{name}_chain", shape), err_msg=name
-        )
+        assert got_chunk == chunk and offset <= (splits - 1) * chunk < end, stdout
 
     if not qk_norm:
         inputs[3] = inputs[4] = None
     expected, exp_k, exp_v = step_f64(*inputs, offset, EPS, BASE)
-    out = result("out_fold", heads_first).transpose(0, 2, 1, 3).reshape(b, length, hq * d)
     tol = {key: 2 * value for key, value in TOLERANCE[dtype].items()}
     np.testing.assert_allclose(out, expected, **tol, err_msg="vs float64")
-    kc, vc = result("kc_fold", cache), result("vc_fold", cache)
     np.testing.assert_allclose(
         kc[:, :, offset:end], exp_k[:, :, offset:end], **TOLERANCE[dtype], err_msg="new keys"
     )
@@ -132,39 +136,14 @@ def test_ragged_rows_under_emulation(emulator, tmp_path, b, hq, hkv, length, d, 
     starts = rng.integers(0, offsets + 1).astype(np.int32)
     offset = int(offsets.max())
     capacity = offset + length + 3
-    keys = mx.random.split(mx.random.key(b + d), 7)
-    inputs = [
-        mx.random.normal((b, length, hq * d), key=keys[0]),
-        2.0 * mx.random.normal((b, length, hkv * d), key=keys[1]),
-        mx.random.normal((b, length, hkv * d), key=keys[2]),
-        1.0 + 0.2 * mx.random.normal((d,), key=keys[3]),
-        1.0 + 0.2 * mx.random.normal((d,), key=keys[4]),
-        mx.random.normal((b, hkv, capacity, d), key=keys[5]),
-        mx.random.normal((b, hkv, capacity, d), key=keys[6]),
-    ]
-    inputs = [x.astype(mx.bfloat16) for x in inputs]
-    (tmp_path / "config.txt").write_text(
-        f"{b} {hq} {hkv} {length} {offset} {d} 1 {splits} {capacity} 1\n"
+    inputs = make_step(b + d, b, hq, hkv, length, d, capacity, mx.bfloat16)
+    config = f"{b} {hq} {hkv} {length} {offset} {d} 1 {splits} {capacity} 1"
+    _, out, kc, vc = run_step(
+        emulator, tmp_path, config, inputs, hq, starts=starts, offsets=offsets
     )
-    for name, x in zip(("q", "k", "v", "qw", "kw", "kc", "vc"), inputs, strict=True):
-        (tmp_path / f"{name}.bin").write_bytes(np.array(x.astype(mx.float32)).tobytes())
-    (tmp_path / "starts.bin").write_bytes(starts.tobytes())
-    (tmp_path / "offsets.bin").write_bytes(offsets.tobytes())
-    subprocess.run([str(emulator), str(tmp_path)], check=True, timeout=600, capture_output=True)
-
-    def result(name, shape):
-        return np.fromfile(tmp_path / f"{name}.bin", dtype=np.float32).reshape(shape)
-
-    heads_first, cache = (b, hq, length, d), (b, hkv, capacity, d)
-    for name, shape in (("out", heads_first), ("kc", cache), ("vc", cache)):
-        np.testing.assert_array_equal(
-            result(f"{name}_fold", shape), result(f"{name}_chain", shape), err_msg=name
-        )
     expected, exp_k, exp_v = ragged_step_f64(*inputs, starts, offsets, EPS, BASE)
-    out = result("out_fold", heads_first).transpose(0, 2, 1, 3).reshape(b, length, hq * d)
     tol = {key: 2 * value for key, value in TOLERANCE[mx.bfloat16].items()}
     np.testing.assert_allclose(out, expected, **tol, err_msg="vs float64")
-    kc, vc = result("kc_fold", cache), result("vc_fold", cache)
     for r in range(b):
         at = slice(int(offsets[r]), int(offsets[r]) + length)
         np.testing.assert_allclose(kc[r, :, at], exp_k[r, :, at], **TOLERANCE[mx.bfloat16])

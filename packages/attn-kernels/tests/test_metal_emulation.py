@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from attn_kernels import range_mask
 from conftest import TOLERANCE
-from emulation import CSRC, KERNELS_METAL, build_runner
+from emulation import CSRC, KERNELS_METAL, build_runner, write_row_ranges
 from reference import assert_matches_nonfinite, attention_f64
 
 MASK_KINDS = {"none": 0, "float32": 1, "float16": 2, "bfloat16": 3, "bool": 4}
@@ -89,14 +89,11 @@ def run_kernel(
     the first `context` positions; starts/ends: per-row ranges (int sequences) or None."""
     b, hq, length, d = q.shape
     hkv, capacity = k_buf.shape[1], k_buf.shape[2]
-    row_ranges = (1 if starts is not None else 0) | (2 if ends is not None else 0)
+    row_ranges = write_row_ranges(tmp_path, starts, ends)
     (tmp_path / "config.txt").write_text(
         f"{dtype} {groups} {b} {hq} {hkv} {length} {context} {d} {capacity} {int(causal)} "
         f"{MASK_KINDS.get(mask_kind, 0)} {float(scale)!r} {row_ranges}\n"
     )
-    for name, values in (("starts", starts), ("ends", ends)):
-        if values is not None:
-            (tmp_path / f"{name}.bin").write_bytes(np.asarray(values, np.int32).tobytes())
     (tmp_path / "q.bin").write_bytes(storage(q, dtype))
     (tmp_path / "k.bin").write_bytes(storage(k_buf, dtype))
     (tmp_path / "v.bin").write_bytes(storage(v_buf, dtype))

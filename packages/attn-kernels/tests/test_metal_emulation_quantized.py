@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from attn_kernels import range_mask
 from conftest import TOLERANCE
-from emulation import CSRC, KERNELS_METAL, build_runner
+from emulation import CSRC, KERNELS_METAL, build_runner, write_row_ranges
 from reference import attention_f64
 from test_metal_emulation import MASK_KINDS, mask_storage, quantized, run_runner, storage
 
@@ -55,14 +55,11 @@ def run_kernel(
     b, hq, length, d = q.shape
     hkv, capacity = k_triple[0].shape[1], k_triple[0].shape[2]
     scale = 1.0 / np.sqrt(d) if scale is None else scale
-    row_ranges = (1 if starts is not None else 0) | (2 if ends is not None else 0)
+    row_ranges = write_row_ranges(tmp_path, starts, ends)
     (tmp_path / "config.txt").write_text(
         f"{dtype} {groups} {b} {hq} {hkv} {length} {context} {d} {capacity} {int(causal)} "
         f"{MASK_KINDS.get(mask_kind, 0)} {float(scale)!r} {bits} {group_size} {row_ranges}\n"
     )
-    for name, values in (("starts", starts), ("ends", ends)):
-        if values is not None:
-            (tmp_path / f"{name}.bin").write_bytes(np.asarray(values, np.int32).tobytes())
     (tmp_path / "q.bin").write_bytes(storage(q, dtype))
     for name, array in zip(
         ("kc", "ks", "kb", "vc", "vs", "vb"), (*k_triple, *v_triple), strict=True

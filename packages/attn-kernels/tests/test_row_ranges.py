@@ -15,7 +15,7 @@ from attn_kernels import (
 )
 from conftest import TOLERANCE
 from reference import attention_f64, to_numpy
-from step_reference import ragged_step_f64
+from step_reference import make_step, ragged_step_f64
 from test_decode_attention import DEVICES, schedules
 
 EPS, BASE = 1e-6, 10000.0
@@ -113,19 +113,6 @@ def test_quantized_ranges_match_the_mask(device, b, length, bits):
     np.testing.assert_allclose(got, expected, atol=8e-3, rtol=8e-3)
 
 
-def step_inputs(seed, b, hq, hkv, length, d, capacity, dtype):
-    keys = mx.random.split(mx.random.key(seed), 7)
-    return [
-        mx.random.normal((b, length, hq * d), key=keys[0]).astype(dtype),
-        (2.0 * mx.random.normal((b, length, hkv * d), key=keys[1])).astype(dtype),
-        mx.random.normal((b, length, hkv * d), key=keys[2]).astype(dtype),
-        (1.0 + 0.2 * mx.random.normal((d,), key=keys[3])).astype(dtype),
-        (1.0 + 0.2 * mx.random.normal((d,), key=keys[4])).astype(dtype),
-        mx.random.normal((b, hkv, capacity, d), key=keys[5]).astype(dtype),
-        mx.random.normal((b, hkv, capacity, d), key=keys[6]).astype(dtype),
-    ]
-
-
 # (batch, Hq, Hkv, L, D, layout): "shared": mlx-lm's batch cache (one write position, a start per
 # row: left padding); "ragged": a write position per row (rows of different lengths), starts 0;
 # "both".
@@ -153,7 +140,7 @@ def test_step_ranges_match_the_reference(device, b, hq, hkv, length, d, layout, 
     capacity = 300
     rng = np.random.default_rng(b * 7 + d + length)
     starts, offsets = step_layout(rng, b, length, layout, capacity)
-    inputs = step_inputs(b + d, b, hq, hkv, length, d, capacity, dtype)
+    inputs = make_step(b + d, b, hq, hkv, length, d, capacity, dtype)
     offset = int(offsets[0]) if layout == "shared" else list(offsets)
     with mx.stream(device):
         out, new_k, new_v = attention_step(
@@ -187,7 +174,7 @@ def test_quantized_step_ranges_match_the_reference(device, layout):
     b, hq, hkv, length, d, capacity, bits, group_size = 5, 16, 4, 1, 128, 200, 8, 64
     rng = np.random.default_rng(9)
     starts, offsets = step_layout(rng, b, length, layout, capacity)
-    q, k, v, q_w, k_w, kc, vc = step_inputs(3, b, hq, hkv, length, d, capacity, mx.float16)
+    q, k, v, q_w, k_w, kc, vc = make_step(3, b, hq, hkv, length, d, capacity, mx.float16)
     triples = [mx.quantize(x, group_size, bits) for x in (kc, vc)]
     with mx.stream(device):
         out, _, _ = attention_step_quantized(
