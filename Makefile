@@ -10,7 +10,7 @@ PACKAGES := attn-kernels qwen3-model llm-eval
 # network that inspects TLS with its own CA (a company's, or this build machine's) then works.
 export UV_SYSTEM_CERTS ?= 1
 
-.PHONY: test test-cpu-kernel test-arm64 bench bench-operators bench-cpu-kernel lint format build uv
+.PHONY: test test-cpu-kernel test-arm64 bench bench-operators bench-cpu-kernel bench-linear-kernel lint format build uv
 
 # uv goes into a virtual environment of its own under .tools/, never into the system Python:
 # Debian and Ubuntu refuse `pip install` there (PEP 668, externally managed), and a venv needs
@@ -40,10 +40,12 @@ build: uv
 test: build
 	@set -e; for p in $(PACKAGES); do echo "== $$p"; $(UV) run --frozen pytest -q packages/$$p/tests; done
 
-# The CPU kernel alone (no MLX, no Python) against a float64 reference, every path this CPU runs:
-# the kernel files compiled as CMakeLists.txt compiles them (each path with its target flags).
+# The CPU kernels alone (no MLX, no Python) against a float64 reference, every path this CPU
+# runs: attention (cpu_kernel_check) and linear layers (cpu_linear_check), the kernel files
+# compiled as CMakeLists.txt compiles them (each path with its target flags).
 CPU_SRC := packages/attn-kernels/csrc
-CPU_CHECK := packages/attn-kernels/tests/cpu_kernel_check.cpp
+CPU_TESTS := packages/attn-kernels/tests
+CPU_CHECKS := cpu_kernel_check cpu_linear_check
 CPU_FLAGS := -O2 -std=gnu++20 -Wall -Wextra -Wno-unused-parameter -Wno-psabi -ffp-contract=fast \
   -I $(CPU_SRC) -pthread
 FLAGS_avx512 := -mavx512f -mavx512bw -mavx512dq -mavx512vl -mfma -mf16c
@@ -61,14 +63,14 @@ $(CPU_BUILD)/host/%.o: $(CPU_SRC)/%.cpp $(wildcard $(CPU_SRC)/*.h)
 	@mkdir -p $(@D)
 	$(CXX) $(CPU_FLAGS) -O3 $(FLAGS_$(patsubst cpu_kernel_%,%,$*)) -c $< -o $@
 
-CPU_HOST_OBJECTS := $(CPU_BUILD)/host/decode_attention_cpu.o \
+CPU_HOST_OBJECTS := $(CPU_BUILD)/host/decode_attention_cpu.o $(CPU_BUILD)/host/linear_cpu.o \
   $(foreach p,$(HOST_PATHS),$(CPU_BUILD)/host/cpu_kernel_$(p).o)
 
-$(CPU_BUILD)/host/cpu_kernel_check: $(CPU_CHECK) $(CPU_HOST_OBJECTS)
-	$(CXX) $(CPU_FLAGS) $^ -o $@
+$(CPU_BUILD)/host/%_check: $(CPU_TESTS)/%_check.cpp $(CPU_TESTS)/cpu_check.h $(CPU_HOST_OBJECTS)
+	$(CXX) $(CPU_FLAGS) -I $(CPU_TESTS) $< $(CPU_HOST_OBJECTS) -o $@
 
-test-cpu-kernel: $(CPU_BUILD)/host/cpu_kernel_check
-	$<
+test-cpu-kernel: $(foreach c,$(CPU_CHECKS),$(CPU_BUILD)/host/$(c))
+	@set -e; for c in $^; do $$c; done
 
 # Kernel-only timing of every path here, interleaved (packages/attn-kernels/dev/bench_cpu.cpp).
 $(CPU_BUILD)/host/bench_cpu: packages/attn-kernels/dev/bench_cpu.cpp $(CPU_HOST_OBJECTS)
@@ -77,23 +79,32 @@ $(CPU_BUILD)/host/bench_cpu: packages/attn-kernels/dev/bench_cpu.cpp $(CPU_HOST_
 bench-cpu-kernel: $(CPU_BUILD)/host/bench_cpu
 	$< $(ARGS)
 
+# Kernel-only timing of the CPU linear kernel (packages/attn-kernels/dev/bench_linear.cpp).
+$(CPU_BUILD)/host/bench_linear: packages/attn-kernels/dev/bench_linear.cpp $(CPU_HOST_OBJECTS)
+	$(CXX) $(CPU_FLAGS) -O3 $^ -o $@
+
+bench-linear-kernel: $(CPU_BUILD)/host/bench_linear
+	$< $(ARGS)
+
 # arm64: the NEON path cross-compiled (Debian: g++-aarch64-linux-gnu) and run under qemu-user,
 # the same check as test-cpu-kernel.
 ARM64_CXX ?= aarch64-linux-gnu-g++
 QEMU_ARM64 ?= $(shell command -v qemu-aarch64-static 2>/dev/null || echo qemu-aarch64)
 
-$(CPU_BUILD)/arm64/cpu_kernel_check: $(CPU_CHECK) $(CPU_SRC)/decode_attention_cpu.cpp \
-    $(CPU_SRC)/cpu_kernel_neon.cpp $(wildcard $(CPU_SRC)/*.h)
+ARM64_SOURCES := $(CPU_SRC)/decode_attention_cpu.cpp $(CPU_SRC)/linear_cpu.cpp \
+  $(CPU_SRC)/cpu_kernel_neon.cpp
+
+$(CPU_BUILD)/arm64/%_check: $(CPU_TESTS)/%_check.cpp $(CPU_TESTS)/cpu_check.h $(ARM64_SOURCES) \
+    $(wildcard $(CPU_SRC)/*.h)
 	@mkdir -p $(@D)
 	@command -v $(ARM64_CXX) >/dev/null || { echo "error: no $(ARM64_CXX) (Debian/Ubuntu:" \
 	  "apt-get install g++-aarch64-linux-gnu qemu-user)" >&2; exit 1; }
-	$(ARM64_CXX) $(CPU_FLAGS) -march=armv8-a+simd -static $(CPU_CHECK) \
-	  $(CPU_SRC)/decode_attention_cpu.cpp $(CPU_SRC)/cpu_kernel_neon.cpp -o $@
+	$(ARM64_CXX) $(CPU_FLAGS) -I $(CPU_TESTS) -march=armv8-a+simd -static $< $(ARM64_SOURCES) -o $@
 
-test-arm64: $(CPU_BUILD)/arm64/cpu_kernel_check
+test-arm64: $(foreach c,$(CPU_CHECKS),$(CPU_BUILD)/arm64/$(c))
 	@command -v $(QEMU_ARM64) >/dev/null || { echo "error: no $(QEMU_ARM64) (Debian/Ubuntu:" \
 	  "apt-get install qemu-user)" >&2; exit 1; }
-	$(QEMU_ARM64) $< --seeds 1
+	@set -e; for c in $^; do $(QEMU_ARM64) $$c --seeds 1; done
 
 # The main job: Qwen3 decode, fused kernel against the readable composition and mlx-lm.
 bench: build

@@ -7,6 +7,7 @@
 #include "attention_step.h"
 #include "decode_attention.h"
 #include "decode_attention_quantized.h"
+#include "linear.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -139,6 +140,19 @@ Returns:
       "attention_step_cache_copies",
       &attn_kernels::attention_step_cache_copies,
       "How many times attention_step has copied a cache it could not update in place.");
+  m.def(
+      "decode_linear",
+      &attn_kernels::decode_linear,
+      "x"_a,
+      "weight"_a,
+      "scales"_a = nb::none(),
+      "biases"_a = nb::none(),
+      "bias"_a = nb::none(),
+      "group_size"_a = 64,
+      "bits"_a = 0,
+      nb::kw_only(),
+      "stream"_a = nb::none(),
+      "x @ weight.T (+ bias) on the CPU linear kernel (see attn_kernels.decode_linear).");
   m.def(
       "attention_step_folds",
       &attn_kernels::attention_step_folds,

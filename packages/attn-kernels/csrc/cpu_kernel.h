@@ -12,6 +12,14 @@
 
 #include "decode_problem.h"
 
+// The architecture the paths are built for: x86-64 (avx512, avx2, portable), arm64 (neon), or
+// neither (portable).
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define ATTN_CPU_X86 1
+#elif defined(__aarch64__)
+#define ATTN_CPU_ARM64 1
+#endif
+
 namespace attn_kernels {
 
 enum class CpuPath { avx512, avx2, portable, neon };

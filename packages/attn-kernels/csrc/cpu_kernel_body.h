@@ -15,25 +15,17 @@
 // symbol after linking, and the linker may keep the AVX-512 copy for the portable path.
 #include <utility>
 
-#if defined(__aarch64__)
-#include <arm_neon.h>
-#endif
-
 #include "cpu_kernel.h"
-#include "cpu_scalar.h"
+#include "cpu_vector.h"
 
 #if !defined(ATTN_CPU_PATH) || !defined(ATTN_CPU_WIDTH) || !defined(ATTN_CPU_SCORE_POSITIONS)
 #error "define ATTN_CPU_PATH, ATTN_CPU_WIDTH and ATTN_CPU_SCORE_POSITIONS before including"
 #endif
 
-#define ATTN_CONCAT2(a, b) a##b
-#define ATTN_CONCAT(a, b) ATTN_CONCAT2(a, b)
-
 namespace attn_kernels::cpu {
 namespace ATTN_CPU_PATH {
 namespace {
 
-constexpr int W = ATTN_CPU_WIDTH;
 constexpr int kPair = 2 * W;  // head-dimension values per step: one pair of vectors
 // Positions per online-softmax step: one block max, one rescale of the accumulators.
 constexpr int kBlock = 16;
@@ -43,64 +35,6 @@ constexpr int kTile = 4;
 constexpr int J = ATTN_CPU_SCORE_POSITIONS;
 static_assert(kBlock % J == 0 && kBlock % W == 0 && (kTile * J) % W == 0);
 
-using Vec = float __attribute__((vector_size(W * sizeof(float))));
-using Bits = uint32_t __attribute__((vector_size(W * sizeof(float))));
-
-struct Pair {
-  Vec a, b;
-};
-
-template <typename V>
-ATTN_ALWAYS_INLINE V load(const void* p) {
-  V v;
-  __builtin_memcpy(&v, p, sizeof v);  // an unaligned vector load
-  return v;
-}
-ATTN_ALWAYS_INLINE void store_vec(float* p, Vec v) {
-  __builtin_memcpy(p, &v, sizeof v);
-}
-ATTN_ALWAYS_INLINE void fill(float* begin, float* end, float value) {
-  for (float* x = begin; x < end; ++x) *x = value;
-}
-
-// kPair consecutive values as floats in accumulator_index order.
-ATTN_ALWAYS_INLINE Pair widen(const float* p) {
-  return {load<Vec>(p), load<Vec>(p + W)};
-}
-ATTN_ALWAYS_INLINE Pair widen(const BFloat16* p) {
-  const Bits bits = load<Bits>(p);  // lane i: value 2i in the low half, 2i + 1 in the high half
-  return {(Vec)(bits << 16), (Vec)(bits & 0xffff0000u)};
-}
-ATTN_ALWAYS_INLINE Pair widen(const Float16* p) {
-#if defined(__aarch64__) && ATTN_CPU_WIDTH == 4
-  // GCC converts __fp16 vectors lane by lane; fcvtl does four at once.
-  return {vcvt_f32_f16(vld1_f16(reinterpret_cast<const float16_t*>(p))),
-          vcvt_f32_f16(vld1_f16(reinterpret_cast<const float16_t*>(p + W)))};
-#elif defined(ATTN_HALF)
-  using Halves = ATTN_HALF __attribute__((vector_size(W * 2)));
-  return {__builtin_convertvector(load<Halves>(p), Vec),
-          __builtin_convertvector(load<Halves>(p + W), Vec)};
-#else
-  Pair out;
-  for (int l = 0; l < W; ++l) {
-    out.a[l] = to_float(p[l]);
-    out.b[l] = to_float(p[W + l]);
-  }
-  return out;
-#endif
-}
-
-// Prefetch into L2 (the rows two blocks ahead). An asm statement: GCC 12 deleted loops of
-// _mm_prefetch as dead code, and the kernel once shipped without a single prefetch.
-ATTN_ALWAYS_INLINE void prefetch_to_l2(const void* p) {
-#if defined(__x86_64__)
-  asm volatile("prefetcht1 %0" : : "m"(*static_cast<const char*>(p)));
-#elif defined(__aarch64__)
-  asm volatile("prfm pldl2keep, %0" : : "Q"(*static_cast<const char*>(p)));
-#else
-  __builtin_prefetch(p, 0, 2);
-#endif
-}
 constexpr int kPrefetchRows = 2 * kBlock;
 
 // Rows as the score and accumulate loops see them: pair c of row j.

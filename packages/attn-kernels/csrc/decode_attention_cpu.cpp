@@ -25,12 +25,6 @@
 #include "cpu_split.h"
 #include "thread_pool.h"
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define ATTN_CPU_X86 1
-#elif defined(__aarch64__)
-#define ATTN_CPU_ARM64 1
-#endif
-
 namespace attn_kernels {
 namespace {
 

@@ -21,63 +21,16 @@
 #include <string>
 #include <vector>
 
+#include "cpu_check.h"
 #include "cpu_kernel.h"
-#include "cpu_scalar.h"
 
 using namespace attn_kernels;
-using cpu::BFloat16;
-using cpu::Float16;
+using namespace attn_kernels::check;
 
 namespace {
 
 const double kInf = std::numeric_limits<double>::infinity();
 const double kNaN = std::numeric_limits<double>::quiet_NaN();
-
-// Rounds a double to the element type (what the kernel will read) and stores its bits.
-struct Tensor {
-  ElementType dtype;
-  std::vector<uint8_t> bytes;
-  std::vector<double> values;  // the rounded values, for the reference
-  Tensor(ElementType t, size_t n) : dtype(t), bytes(n * size(t)), values(n) {}
-  static size_t size(ElementType t) { return t == ElementType::float32 ? 4 : 2; }
-  void set(size_t i, double x) {
-    const float f = static_cast<float>(x);
-    switch (dtype) {
-      case ElementType::float32: std::memcpy(&bytes[4 * i], &f, 4); values[i] = f; break;
-      case ElementType::float16: {
-        Float16 h;
-        cpu::store(&h, f);
-        std::memcpy(&bytes[2 * i], &h, 2);
-        values[i] = cpu::to_float(h);
-        break;
-      }
-      case ElementType::bfloat16: {
-        BFloat16 b;
-        cpu::store(&b, f);
-        std::memcpy(&bytes[2 * i], &b, 2);
-        values[i] = cpu::to_float(b);
-        break;
-      }
-      default: break;
-    }
-  }
-  double get_output(size_t i) const {
-    switch (dtype) {
-      case ElementType::float32: { float f; std::memcpy(&f, &bytes[4 * i], 4); return f; }
-      case ElementType::float16: {
-        Float16 h;
-        std::memcpy(&h, &bytes[2 * i], 2);
-        return cpu::to_float(h);
-      }
-      case ElementType::bfloat16: {
-        BFloat16 b;
-        std::memcpy(&b, &bytes[2 * i], 2);
-        return cpu::to_float(b);
-      }
-      default: return 0;
-    }
-  }
-};
 
 enum class Mask { none, causal, additive, boolean };
 enum class Poison { none, q_nan, k_nan, v_nan, q_inf, mask_nan, scale_nan, all_masked };
@@ -103,23 +56,6 @@ const char* poison_name(Poison p) {
                          "q-inf",    "mask-nan",  "scale-nan", "all-masked"};
   return names[static_cast<int>(p)];
 }
-
-// Cheap random numbers (std::normal_distribution dominated the run time under qemu): splitmix64,
-// and a sum of four uniforms as a near-normal value of mean 0 and variance 1.
-struct Random {
-  uint64_t state;
-  explicit Random(uint64_t seed) : state(seed) {}
-  uint64_t operator()() {
-    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-  double uniform() { return static_cast<double>((*this)() >> 11) * 0x1.0p-53; }
-  double normal() {
-    return (uniform() + uniform() + uniform() + uniform() - 2.0) * 1.7320508075688772;
-  }
-};
 
 // Runs one case on every path; adds 1 to failed[n] when path n mismatches (printing the first).
 void run_case(const Case& c, const std::vector<CpuPath>& paths, uint32_t seed,

@@ -133,6 +133,16 @@ def _disabled_after():
     kernel.disable()
 
 
+@pytest.fixture
+def mlx_matmuls(monkeypatch):
+    """The guard's linear limits emptied: enable() leaves every linear layer to MLX, so the tests
+    of attention compare attention alone (test_mlx_lm_linear.py tests the linear layers)."""
+    monkeypatch.setitem(guard.LINEAR_LIMITS, "cpu", (0, ()))
+
+
+pytestmark = pytest.mark.usefixtures("mlx_matmuls")
+
+
 def prompt_ids(length, seed=5):
     return mx.random.randint(0, VOCAB, (1, length), key=mx.random.key(seed))
 
@@ -177,7 +187,13 @@ def test_greedy_tokens_match_mlx_lm(arch, dtype, fused_calls):
         assert max_difference(our_logits, exact) <= 1.1 * max_difference(their_logits, exact)
     decode = [(1, 12 + i) for i in range(1, steps + 1) for _ in range(LAYERS)]
     assert fused_calls == decode
-    assert counts == {"fused": len(decode), "fused_quantized": 0, "fused_step": 0, "mlx_lm": LAYERS}
+    assert counts == {
+        "fused": len(decode),
+        "fused_quantized": 0,
+        "fused_step": 0,
+        "mlx_lm": LAYERS,
+        "linear": 0,
+    }
 
 
 @pytest.mark.usefixtures("any_head_dim_and_dtype")
@@ -216,6 +232,7 @@ def test_sliding_window_layers_leave_once_the_rotating_cache_wraps(fused_calls):
         "fused_quantized": 0,
         "fused_step": 0,
         "mlx_lm": 11 - len(sliding),
+        "linear": 0,
     }
 
 
@@ -237,7 +254,13 @@ def test_the_guard_decides_head_dim_and_dtype(arch, dtype, fused, fused_calls):
         assert len(fused_calls) == counts["fused"] == LAYERS * 6
     else:
         assert fused_calls == []
-        assert counts == {"fused": 0, "fused_quantized": 0, "fused_step": 0, "mlx_lm": LAYERS * 7}
+        assert counts == {
+            "fused": 0,
+            "fused_quantized": 0,
+            "fused_step": 0,
+            "mlx_lm": LAYERS * 7,
+            "linear": 0,
+        }
         assert max_difference(our_logits, their_logits) == 0
 
 
@@ -304,7 +327,13 @@ def test_unsupported_calls_go_to_mlx_lm_unchanged(case, fused_calls):
     kernel.enable()
     out = base.scaled_dot_product_attention(q, k, v, cache, scale=0.125, mask=mask, sinks=sinks)
     assert fused_calls == []
-    assert kernel.calls() == {"fused": 0, "fused_quantized": 0, "fused_step": 0, "mlx_lm": 1}
+    assert kernel.calls() == {
+        "fused": 0,
+        "fused_quantized": 0,
+        "fused_step": 0,
+        "mlx_lm": 1,
+        "linear": 0,
+    }
     assert out.dtype == expected.dtype and mx.array_equal(out, expected).item()
 
 
@@ -461,7 +490,7 @@ def test_quantized_cache_decode_through_the_quantized_op(bits, monkeypatch):
     with kernel.enabled():
         out = base.scaled_dot_product_attention(q, k, v, cache, scale=0.1, mask=None)
         counts = kernel.calls()
-    assert counts == {"fused": 0, "fused_quantized": 1, "fused_step": 0, "mlx_lm": 0}
+    assert counts == {"fused": 0, "fused_quantized": 1, "fused_step": 0, "mlx_lm": 0, "linear": 0}
     assert [(s["group_size"], s["bits"]) for s in seen] == [(32, bits)]
     assert out.dtype == mx.bfloat16
     assert mx.allclose(out, expected, atol=0.1, rtol=0.05).item()
@@ -493,4 +522,5 @@ def test_quantized_cache_greedy_tokens_match_mlx_lm():
         "fused_quantized": LAYERS * steps,
         "fused_step": 0,
         "mlx_lm": LAYERS,
+        "linear": 0,
     }

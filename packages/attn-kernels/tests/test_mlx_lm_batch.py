@@ -12,10 +12,10 @@ import attn_kernels.mlx_lm as kernel
 from attn_kernels import attention_step_cache_copies
 from attn_kernels.mlx_lm import step
 from mlx_lm.generate import BatchGenerator, batch_generate
-from test_mlx_lm import VOCAB, any_head_dim_and_dtype, tiny_model  # noqa: F401 (a fixture)
+from test_mlx_lm import VOCAB, any_head_dim_and_dtype, mlx_matmuls, tiny_model  # noqa: F401
 from test_mlx_lm_step import arch_model
 
-pytestmark = pytest.mark.usefixtures("any_head_dim_and_dtype")
+pytestmark = pytest.mark.usefixtures("any_head_dim_and_dtype", "mlx_matmuls")
 
 
 @pytest.fixture(autouse=True)
@@ -143,7 +143,9 @@ def test_rotating_batch_cache_until_it_wraps(max_kv_size, batched_steps):
     layers = len(model.layers)
     assert calls["fused_step"] == len(batched_steps)
     if max_kv_size == 64:
-        assert calls == dict(fused=0, fused_quantized=0, fused_step=11 * layers, mlx_lm=layers)
+        assert calls == dict(
+            fused=0, fused_quantized=0, fused_step=11 * layers, mlx_lm=layers, linear=0
+        )
     else:
         assert calls["fused_step"] == 4 * layers
         assert calls["mlx_lm"] == layers + 7 * layers

@@ -15,13 +15,14 @@ from attn_kernels import attention_step_cache_copies, guard
 from attn_kernels.mlx_lm import step
 from mlx_lm.models import base, llama, qwen2, qwen3
 from mlx_lm.models.cache import KVCache, QuantizedKVCache, RotatingKVCache, make_prompt_cache
-from test_mlx_lm import (  # noqa: F401  (any_head_dim_and_dtype: a fixture)
+from test_mlx_lm import (  # noqa: F401  (any_head_dim_and_dtype, mlx_matmuls: fixtures)
     ARCHS,
     LAYERS,
     MLX_LM_SDPA,
     any_head_dim_and_dtype,
     greedy,
     max_difference,
+    mlx_matmuls,
     prompt_ids,
     teacher_forced,
     tiny_model,
@@ -31,6 +32,9 @@ MLX_LM_CALLS = {
     a: a.__dict__["__call__"] for a in (llama.Attention, qwen2.Attention, qwen3.Attention)
 }
 STEP_ARCHS = ["llama", "mistral", "qwen2", "qwen3"]  # mistral: mlx-lm loads it through llama.py
+
+
+pytestmark = pytest.mark.usefixtures("mlx_matmuls")
 
 
 @pytest.fixture(autouse=True)
@@ -141,7 +145,13 @@ def test_greedy_tokens_match_mlx_lm(case, dtype, steps):
     assert len(set(ours)) > count // 2  # attention matters: the tokens are not one repeated id
     assert steps == [(1, 12 + i, 256) for i in range(count) for _ in range(LAYERS)]
     # The attention function is not reached by fused steps: only the prefill's calls.
-    assert calls == {"fused": 0, "fused_quantized": 0, "fused_step": LAYERS * count, "mlx_lm": 2}
+    assert calls == {
+        "fused": 0,
+        "fused_quantized": 0,
+        "fused_step": LAYERS * count,
+        "mlx_lm": 2,
+        "linear": 0,
+    }
     if dtype == mx.float32:
         assert ours == theirs
         assert max_difference(our_logits, their_logits) <= 1e-4
@@ -501,7 +511,13 @@ def test_quantized_cache_decodes_through_the_quantized_step(case):
     theirs, their_logits, their_cache, their_calls = run(False)
     ours, our_logits, our_cache, calls = run(True)
     assert their_calls["fused_step"] == 0
-    assert calls == {"fused": 0, "fused_quantized": 0, "fused_step": LAYERS * count, "mlx_lm": 2}
+    assert calls == {
+        "fused": 0,
+        "fused_quantized": 0,
+        "fused_step": LAYERS * count,
+        "mlx_lm": 2,
+        "linear": 0,
+    }
     assert ours == theirs and len(set(ours)) > count // 2
     assert max_difference(our_logits, their_logits) <= 1e-3
     for a, b in zip(our_cache, their_cache, strict=True):

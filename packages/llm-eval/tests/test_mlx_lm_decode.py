@@ -48,12 +48,16 @@ def test_tiny_model_two_workloads(tmp_path, monkeypatch, capsys):
         # Fused steps per layer (llama: no q/k norm): the last prompt token and every generated
         # one, plus one (generate_step queues one token past what it yields); the rest of the
         # prompt (L = prompt - 1) too where it fits the query limit of 8.
+        # On the CPU each of those forwards runs its linear layers through decode_linear: 7 a
+        # layer and the tied LM head.
         calls = {tuple(s["attention_calls"].items()) for s in samples["mlx-lm+kernel"]}
         fused = 2 * (1 + generated + (prompt - 1 <= 8))
         prefill = 0 if prompt - 1 <= 8 else 2
+        linear = (7 * 2 + 1) * fused // 2
         assert calls == {
-            (("fused", 0), ("fused_quantized", 0), ("fused_step", fused), ("mlx_lm", prefill))
-        }
+            (("fused", 0), ("fused_quantized", 0), ("fused_step", fused), ("mlx_lm", prefill),
+             ("linear", linear))
+        }  # fmt: skip
     out = capsys.readouterr().out
     assert "mlx-lm+kernel" in out and "greedy tokens identical" in out
 
@@ -102,15 +106,21 @@ def test_attention_only_variant(tmp_path, monkeypatch, capsys):
     samples = record["results"]["samples"]
     assert all(len(samples[v]) == 3 for v in variants)
     # Per layer: the last prompt token and 5 + 1 generated ones fused; the 11-token prefill
-    # through mlx-lm's attention function.
+    # through mlx-lm's attention function. Both variants run the linear layers of those 6
+    # forwards through decode_linear (7 a layer and the tied LM head).
     only = {tuple(s["attention_calls"].items()) for s in samples["mlx-lm+kernel-attention-only"]}
     step = {tuple(s["attention_calls"].items()) for s in samples["mlx-lm+kernel"]}
-    assert only == {(("fused", 12), ("fused_quantized", 0), ("fused_step", 0), ("mlx_lm", 2))}
-    assert step == {(("fused", 0), ("fused_quantized", 0), ("fused_step", 12), ("mlx_lm", 2))}
+    linear = ("linear", 6 * (7 * 2 + 1))
+    assert only == {
+        (("fused", 12), ("fused_quantized", 0), ("fused_step", 0), ("mlx_lm", 2), linear)
+    }
+    assert step == {
+        (("fused", 0), ("fused_quantized", 0), ("fused_step", 12), ("mlx_lm", 2), linear)
+    }
     results = record["results"]
     assert results["first_divergence"] is None
     assert results["first_divergence_attention_only"] is None
     assert "vs_mlx_lm" in results["medians"]["mlx-lm+kernel-attention-only"]
     out = capsys.readouterr().out
-    assert "mlx-lm+kernel-attention-only: attention calls per request: fused 12" in out
-    assert "mlx-lm+kernel: attention calls per request: fused 0" in out
+    assert "mlx-lm+kernel-attention-only: calls per request (attention, linear layers): fused 12" in out
+    assert "mlx-lm+kernel: calls per request (attention, linear layers): fused 0" in out

@@ -4,6 +4,7 @@ import copy
 import dataclasses
 import json
 
+import attn_kernels.linear
 import mlx.core as mx
 import mlx.nn as nn
 import pytest
@@ -93,8 +94,16 @@ def check_parity(variant, checkpoint, prompt_len, monkeypatch):
     monkeypatch.setattr(
         model_module.FusedLinear,
         "__call__",
-        lambda self, x: fused_calls.append(1) or fused_call(self, x),
+        lambda self, x, **k: fused_calls.append(1) or fused_call(self, x, **k),
     )
+    linear_calls = []
+    for name in ("decode_linear", "decode_linear_quantized"):
+        kernel = getattr(attn_kernels.linear, name)
+        monkeypatch.setattr(
+            attn_kernels.linear,
+            name,
+            lambda *a, f=kernel, **k: linear_calls.append(1) or f(*a, **k),
+        )
     prompt = mx.random.randint(10, 990, (1, prompt_len), key=mx.random.key(7))
     ours, our_logits = greedy(model, prompt, 16, make_cache(model), lambda m, t, c: m(t, c))
     layers = model.args.num_hidden_layers
@@ -104,8 +113,12 @@ def check_parity(variant, checkpoint, prompt_len, monkeypatch):
             o for o in range(prompt_len, prompt_len + 16) for _ in range(layers)
         ]
         assert len(fused_calls) == 2 * 16 * layers
+        # On the CPU each decode step's q/k/v, o, gate/up and down, and the LM head, read their
+        # weights through decode_linear (the guard's linear limits); GPUs keep MLX's matmuls.
+        on_cpu = mx.default_device() == mx.cpu
+        assert len(linear_calls) == (16 * (4 * layers + 1) if on_cpu else 0)
     else:
-        assert steps == [] and fused_calls == []
+        assert steps == [] and fused_calls == [] and linear_calls == []
     theirs, their_logits = greedy(
         ref, prompt, 16, make_prompt_cache(ref), lambda m, t, c: m(t, cache=c)
     )
@@ -149,7 +162,9 @@ def test_hf_layout_with_untied_head(tmp_path):
     tokens = mx.array([[5, 17, 99, 3]])
     reloaded = load(folder)
     assert mx.array_equal(reloaded.lm_head.weight, untied.lm_head.weight).item()
-    assert mx.array_equal(reloaded(tokens), untied(tokens)).item()
+    # load() fuses the projections, so the 4 tokens read their weights through decode_linear on
+    # the CPU, the fresh model through MLX's matmuls: the same sums in another order.
+    assert mx.allclose(reloaded(tokens), untied(tokens), rtol=1e-5, atol=1e-5).item()
     tied = load("qwen3-tiny")
     folder = save(tied, tmp_path / "tied")
     weights = mx.load(str(folder / "model.safetensors"))
@@ -212,9 +227,11 @@ def test_cache_memory_and_no_per_token_copy():
 
 
 @pytest.mark.parametrize("quantize", [None, "4bit"])
-def test_fused_projections(quantize):
+def test_fused_projections(quantize, monkeypatch):
     """The fused matmuls give the separate layers' outputs; parameters() keep the checkpoint's
-    names (views of the fused weights, no second copy); weights loaded afterwards are used."""
+    names (views of the fused weights, no second copy); weights loaded afterwards are used.
+    MLX's matmuls on both sides (decode_linear sums in another order: test_parity_with_mlx_lm)."""
+    monkeypatch.setitem(guard.LINEAR_LIMITS, "cpu", (0, ()))
     model = load("qwen3-tiny", quantize=quantize, seed=6)
     plain = qwen3_model.Model(model.args)
     if quantize:
@@ -261,7 +278,9 @@ def test_fused_projections_only_for_decode_sized_inputs(monkeypatch):
     calls = []
     fused_call = model_module.FusedLinear.__call__
     monkeypatch.setattr(
-        model_module.FusedLinear, "__call__", lambda self, x: calls.append(1) or fused_call(self, x)
+        model_module.FusedLinear,
+        "__call__",
+        lambda self, x, **k: calls.append(1) or fused_call(self, x, **k),
     )
     layers = model.args.num_hidden_layers
     limit = model_module.DECODE_POSITIONS

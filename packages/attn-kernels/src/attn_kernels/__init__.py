@@ -6,6 +6,8 @@
 - `attention_step`: q/k RMSNorm, RoPE, the K/V cache write and decode attention in one
   `AttentionStep` primitive (docs/fused-step.md); `attention_step_quantized` the same over a
   quantized cache.
+- `decode_linear`, `decode_linear_quantized`: a decode step's linear layers on the CPU, each
+  weight read once (dense, or mlx-lm's quantized layout as stored).
 """
 
 import mlx.core  # noqa: F401  (loads libmlx before the extension)
@@ -24,6 +26,7 @@ from attn_kernels.attention_step import (
     attention_step_folds,
     attention_step_quantized,
 )
+from attn_kernels.linear import decode_linear, decode_linear_quantized
 from attn_kernels.quantized import decode_attention_quantized, dequantize_kv
 
 __all__ = [
@@ -36,6 +39,8 @@ __all__ = [
     "causal_mask",
     "decode_attention_custom",
     "decode_attention_quantized",
+    "decode_linear",
+    "decode_linear_quantized",
     "dequantize_kv",
     "range_mask",
     "scaled_dot_product_attention",

@@ -56,6 +56,13 @@ metal: no record yet: always the fallback.
 
 Head dim and dtype: every record is D=128 bf16 (Qwen3); other values run the same kernels but
 were not measured against mx.fast, so they take the fallback until they are.
+
+Linear layers of a decode step (decode_linear, decode_linear_quantized; LINEAR_LIMITS), against
+MLX's own matmuls (x @ W.T, mx.quantized_matmul), on the CPU only (GPUs keep MLX's):
+cpu (2-vCPU AMD EPYC, Zen 3, AVX2): cpu-2core-qwen3-0.6b-linear-mlx-0.32.4.json: Qwen3-0.6B's
+    q/k/v, o, gate/up, down and LM head, bf16 / f16 / f32 weights and 4- and 8-bit codes (group
+    64, bf16 activations), 1 and 8 rows: ours faster in every sample, 4.4x (o, bf16, 1 row) to
+    630x (LM head, 4-bit, 8 rows); more rows than 8 not measured.
 """
 
 from __future__ import annotations
@@ -102,6 +109,17 @@ QUANTIZED_GROUP_SIZES: dict[str, tuple[int, ...]] = {
     "cpu": (32, 64, 128),
     "cuda": (32, 64, 128),
     "metal": (),
+}
+
+# Linear layers: (most rows of x, the (dtype, bits) formats measured; bits 0: dense weights in
+# dtype, 4 or 8: mx.quantize's codes with scales in dtype, groups QUANTIZED_GROUP_SIZES').
+LINEAR_LIMITS: dict[str, tuple[int, tuple[tuple[mx.Dtype, int], ...]]] = {
+    "cpu": (
+        8,
+        ((mx.bfloat16, 0), (mx.float16, 0), (mx.float32, 0), (mx.bfloat16, 4), (mx.bfloat16, 8)),
+    ),
+    "cuda": (0, ()),
+    "metal": (0, ()),
 }
 
 # Backends whose AttentionStep kernel has run (Metal's launcher has not run on a Mac yet).
@@ -224,6 +242,26 @@ def use_step_quantized(
             query_len, context, mask, where, head_dim=head_dim, dtype=dtype, group_size=group_size
         )
     )
+
+
+def use_linear(
+    rows: int,
+    dtype: mx.Dtype,
+    bits: int = 0,
+    group_size: int | None = None,
+    backend: str | None = None,
+) -> bool:
+    """True where decode_linear (bits 0) or decode_linear_quantized (bits 4, 8) was measured to
+    beat MLX's own matmul on `backend`: `rows` rows of x (a decode step's tokens), weights in
+    the measured (dtype, bits) formats, a quantized layer's group size as
+    QUANTIZED_GROUP_SIZES."""
+    where = _default_backend() if backend is None else backend
+    if where not in LINEAR_LIMITS:
+        raise ValueError(f"unknown backend {where!r}: use one of {', '.join(LINEAR_LIMITS)}")
+    max_rows, formats = LINEAR_LIMITS[where]
+    if bits and group_size not in QUANTIZED_GROUP_SIZES[where]:
+        return False
+    return 1 <= rows <= max_rows and (dtype, bits) in formats
 
 
 _default_backend = backend

@@ -336,7 +336,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="built-in config, random weights: " + ", ".join(qwen3_model.CONFIGS),
     )
     p.add_argument("--weights", type=Path, metavar="DIR", help="a local checkpoint folder")
-    p.add_argument("--quantize", choices=["none", "4bit"], help="random weights only")
+    p.add_argument(
+        "--quantize", choices=["none", *qwen3_model.QUANTIZATIONS], help="random weights only"
+    )
     p.add_argument(
         "--variant",
         action="append",

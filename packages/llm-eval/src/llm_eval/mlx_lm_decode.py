@@ -262,7 +262,7 @@ def format_table(record: dict) -> str:
     for v, divergence in divergences.items():
         calls = {tuple(s["attention_calls"].items()) for s in res["samples"][v]}
         lines.append(
-            f"{v}: attention calls per request: "
+            f"{v}: calls per request (attention, linear layers): "
             + "; ".join(", ".join(f"{k} {n}" for k, n in c) for c in sorted(calls))
             + "; greedy tokens "
             + (

@@ -69,7 +69,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         metavar="NAME",
         help="built-in config, random weights: " + ", ".join(qwen3_model.CONFIGS),
     )
-    p.add_argument("--quantize", choices=["none", "4bit"], help="the weights (default per device)")
+    p.add_argument(
+        "--quantize",
+        choices=["none", *qwen3_model.QUANTIZATIONS],
+        help="the weights (default per device)",
+    )
     p.add_argument("--requests", type=int, metavar="N", help="requests in the mix")
     p.add_argument("--prompt-min", type=int, metavar="N", help="shortest prompt (tokens)")
     p.add_argument("--prompt-max", type=int, metavar="N", help="longest prompt (tokens)")

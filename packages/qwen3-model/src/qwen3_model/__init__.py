@@ -19,7 +19,14 @@ from qwen3_model.generate import (
     make_sampler,
     stream_generate,
 )
-from qwen3_model.loading import CheckpointError, describe_weights, load, save, weight_bytes
+from qwen3_model.loading import (
+    QUANTIZATIONS,
+    CheckpointError,
+    describe_weights,
+    load,
+    save,
+    weight_bytes,
+)
 from qwen3_model.model import CHECKPOINTS, Model
 from qwen3_model.quantized_cache import QuantizedKVCache
 from qwen3_model.tokenizer import Tokenizer
@@ -27,6 +34,7 @@ from qwen3_model.tokenizer import Tokenizer
 __all__ = [
     "CHECKPOINTS",
     "CONFIGS",
+    "QUANTIZATIONS",
     "BatchGenerator",
     "BatchKVCache",
     "BatchResponse",

@@ -14,7 +14,7 @@ from mlx.utils import tree_flatten
 from qwen3_model.configs import CONFIGS, ModelArgs
 from qwen3_model.model import Model
 
-QUANTIZATIONS = {"4bit": {"group_size": 128, "bits": 4}}
+QUANTIZATIONS = {"4bit": {"group_size": 128, "bits": 4}, "8bit": {"group_size": 64, "bits": 8}}
 
 
 class CheckpointError(ValueError):
@@ -107,7 +107,8 @@ def load(
 ) -> Model:
     """A built-in name (see CONFIGS) gives seeded random weights in `dtype`; a folder with
     config.json and *.safetensors (bf16 Hugging Face layout, or MLX's quantized layout) loads
-    from disk. quantize="4bit" quantizes like the published MLX 4-bit checkpoints (group 128).
+    from disk. quantize="4bit" quantizes like the published MLX 4-bit checkpoints (group 128), "8bit" as
+    mlx_lm.convert's 8 bits (group 64).
     progress(done, total) is called as the layers are materialised.
 
     Raises FileNotFoundError for a missing folder or file and CheckpointError (a ValueError

@@ -24,6 +24,7 @@ from attn_kernels import (
     scaled_dot_product_attention,
 )
 from attn_kernels.guard import use_fused, use_fused_quantized, use_step, use_step_quantized
+from attn_kernels.linear import LayerWeights, guarded_linear, layer_weights
 
 from qwen3_model.add_norm import add_rms_norm
 from qwen3_model.batch import BatchKVCache
@@ -74,7 +75,9 @@ class FusedLinear:
         """Whether the layers still hold the views made here (not weights loaded since)."""
         return all(layer.weight is w for layer, w in zip(layers, self.sources, strict=True))
 
-    def __call__(self, x: mx.array) -> mx.array:
+    def __call__(self, x: mx.array, decode: bool = False) -> mx.array:
+        if decode:
+            return linear(self, x, decode)
         if self.quantized:
             return mx.quantized_matmul(
                 x,
@@ -89,12 +92,39 @@ class FusedLinear:
         return x @ self.arrays["weight"].T
 
 
-def project_out(layer: nn.Module, x: mx.array, residual: mx.array | None, in_matmul: bool):
-    """residual + layer(x); with in_matmul, for a plain bf16/float Linear and a decode-sized x
-    (at most 8 positions), one mx.addmm: the add rides in the matmul (one kernel fewer; an
-    experiment, Model.set_residual_in_matmul)."""
+def _weights(layer) -> LayerWeights | None:
+    """The arrays of a linear layer: FusedLinear's fused ones, else attn_kernels' layer_weights
+    (mlx.nn's Linear, QuantizedLinear, and an Embedding as the tied LM head)."""
+    if not isinstance(layer, FusedLinear):
+        return layer_weights(layer)
+    a = layer.arrays
+    if not layer.quantized:
+        return a["weight"], None, None, None, 0, 0
+    if layer.mode != "affine" or "biases" not in a:
+        return None
+    return a["weight"], a["scales"], a["biases"], None, layer.group_size, layer.bits
+
+
+def linear(layer, x: mx.array, decode: bool) -> mx.array:
+    """layer(x) for a linear layer (or an embedding as the LM head: its as_linear). In a decode
+    step (`decode`: the decode-attention checkpoint, decode-sized x) decode_linear reads the
+    weights where attn_kernels.guard measured it to beat MLX's matmul (the CPU)."""
+    out = guarded_linear(x, _weights(layer)) if decode else None
+    if out is not None:
+        return out
+    if isinstance(layer, nn.Embedding | nn.QuantizedEmbedding):
+        return layer.as_linear(x)
+    return layer(x)
+
+
+def project_out(
+    layer: nn.Module, x: mx.array, residual: mx.array | None, in_matmul: bool, decode: bool = False
+):
+    """residual + layer(x) (layer through `linear`, with `decode`); with in_matmul, for a plain
+    bf16/float Linear and a decode-sized x (at most 8 positions), one mx.addmm: the add rides in
+    the matmul (one kernel fewer; an experiment, Model.set_residual_in_matmul)."""
     if residual is None:
-        return layer(x)
+        return linear(layer, x, decode)
     if (
         in_matmul
         and type(layer) is nn.Linear
@@ -102,7 +132,7 @@ def project_out(layer: nn.Module, x: mx.array, residual: mx.array | None, in_mat
         and x.shape[-2] <= DECODE_POSITIONS
     ):
         return mx.addmm(residual, x, layer.weight.T)
-    return residual + layer(x)
+    return residual + linear(layer, x, decode)
 
 
 class Attention(nn.Module):
@@ -134,12 +164,13 @@ class Attention(nn.Module):
         self.qkv = FusedLinear([self.q_proj, self.k_proj, self.v_proj])
 
     def project(self, x: mx.array, fused: bool) -> tuple[mx.array, mx.array, mx.array]:
-        """q, k, v as (B, L, heads·D): one matmul and three views when fused."""
+        """q, k, v as (B, L, heads·D): one matmul (a decode step's: `linear`) and three views
+        when fused."""
         projections = [self.q_proj, self.k_proj, self.v_proj]
         if fused and self.qkv is not None and self.qkv.fuses(projections):
             nq, nk, _ = self.qkv.sizes
             # One Split op (three views): a quarter of three slices' host time.
-            q, k, v = mx.split(self.qkv(x), [nq, nq + nk], axis=-1)
+            q, k, v = mx.split(self.qkv(x, decode=True), [nq, nq + nk], axis=-1)
             return q, k, v
         return self.q_proj(x), self.k_proj(x), self.v_proj(x)
 
@@ -155,7 +186,7 @@ class Attention(nn.Module):
             rows = len(cache.lengths)
             q, k, v = (t.reshape(rows, -1, t.shape[-1]) for t in (q, k, v))
             out = self._attend_rows(q, k, v, cache, where).reshape(*x.shape[:-1], -1)
-            return project_out(self.o_proj, out, residual, False)
+            return project_out(self.o_proj, out, residual, False, decode=step)
         q, k, v = self.project(x, step and length <= DECODE_POSITIONS)
         offset = cache.offset if cache is not None else 0
         # The dispatch guard: the fused kernels only where they were measured to beat mx.fast;
@@ -197,7 +228,7 @@ class Attention(nn.Module):
                     *args, schedule=self.schedule, fold=self.fold_step, **options
                 )
             cache.advance(keys, values, length)
-            return project_out(self.o_proj, out, residual, self.residual_in_matmul)
+            return project_out(self.o_proj, out, residual, self.residual_in_matmul, decode=True)
         plain_cache = cache is None or isinstance(cache, KVCache)
         fused = (
             decode
@@ -312,8 +343,8 @@ class MLP(nn.Module):
             and self.gate_up is not None
             and self.gate_up.fuses([self.gate_proj, self.up_proj])
         ):
-            gate, up = mx.split(self.gate_up(x), [self.gate_up.sizes[0]], axis=-1)
-            return project_out(self.down_proj, swiglu(gate, up), residual, in_matmul)
+            gate, up = mx.split(self.gate_up(x, decode=True), [self.gate_up.sizes[0]], axis=-1)
+            return project_out(self.down_proj, swiglu(gate, up), residual, in_matmul, decode=True)
         hidden = swiglu(self.gate_proj(x), self.up_proj(x))
         return project_out(self.down_proj, hidden, residual, False)
 
@@ -394,10 +425,14 @@ class Model(nn.Module):
             and isinstance(cache[0] if cache else None, BatchKVCache)
         )
         out = self.model(inputs.reshape(1, rows) if fold else inputs, cache, mask)
-        if self.args.tie_word_embeddings:
-            logits = self.model.embed_tokens.as_linear(out)
-        else:
-            logits = self.lm_head(out)
+        attn = self.layers[0].self_attn
+        decode = (
+            attn.checkpoint == "decode-attention"
+            and attn.fused_step
+            and (fold or inputs.shape[1] <= DECODE_POSITIONS)
+        )
+        head = self.model.embed_tokens if self.args.tie_word_embeddings else self.lm_head
+        logits = linear(head, out, decode)
         return logits.reshape(rows, 1, -1) if fold else logits
 
     @property

@@ -28,6 +28,12 @@ a multiple of 64) one `attention_step_quantized` on its triples; everything else
 method. enable(fused_step=False)
 leaves those methods alone: only the attention function is replaced.
 
+enable() also runs the linear layers of decode steps through `decode_linear` where the guard
+measured it to beat MLX's matmul (guard.use_linear: the CPU, up to 8 rows of x, bf16/f16/f32
+weights and bf16 4- and 8-bit affine codes): `nn.Linear`, `nn.QuantizedLinear` and the embeddings'
+`as_linear` (a tied LM head) of every mlx-lm model; other rows, formats, devices and layer
+subclasses keep MLX's. enable(linear=False) keeps MLX's matmuls everywhere.
+
 enable() also folds a batched decode step's rows into positions in MLX's quantized layers
 (nn.QuantizedLinear, QuantizedEmbedding.as_linear): an input (B, 1, K) with B > 1 runs as
 (1, B, K), the same arithmetic, because MLX's CUDA quantized matmul runs each batch item as a
@@ -46,6 +52,7 @@ import mlx.core as mx
 
 from attn_kernels.attention import decode_attention_custom
 from attn_kernels.guard import use_fused, use_fused_quantized
+from attn_kernels.linear import guarded_linear, layer_weights
 from attn_kernels.mlx_lm import step
 from attn_kernels.quantized import decode_attention_quantized
 
@@ -55,12 +62,15 @@ _lock = threading.Lock()
 _enabled = False
 _original = None  # mlx-lm's function, kept after disable() for stray references to ours
 _rotating = None  # mlx_lm.models.cache.RotatingKVCache
-_calls = {"fused": 0, "fused_quantized": 0, "fused_step": 0, "mlx_lm": 0}
+_calls = {"fused": 0, "fused_quantized": 0, "fused_step": 0, "mlx_lm": 0, "linear": 0}
 # mlx-lm's Attention classes whose __call__ is the fused step's, each with mlx-lm's own method
 # (put back by disable() and enable(fused_step=False)).
 _replaced: dict[type, object] = {}
 # mlx.nn's quantized layers' methods that enable() folds (step.fold_rows), with their own.
 _folded: dict[tuple[type, str], object] = {}
+# mlx.nn's linear layers' methods that enable() routes through decode_linear, with the methods
+# they replaced (MLX's, or the folded ones).
+_routed: dict[tuple[type, str], object] = {}
 
 
 def _mlx_lm_modules():
@@ -149,19 +159,21 @@ def _rebind(old, new) -> int:
     return count
 
 
-def enable(fused_step: bool = True) -> None:
+def enable(fused_step: bool = True, linear: bool = True) -> None:
     """Send mlx-lm's decode attention through the fused kernel (idempotent). Starts calls()
     from zero when it was disabled.
 
     fused_step: also run the decode steps of mlx-lm's llama (mistral), qwen2 and qwen3 attention
     as one `attention_step` (q/k norm where the model has it, RoPE, cache write, attention)
     where the guard accepts them. False leaves mlx-lm's attention methods as they are (only
-    the attention function is replaced), or puts them back if an earlier call replaced them."""
+    the attention function is replaced), or puts them back if an earlier call replaced them.
+    linear: also run decode-sized calls of mlx.nn's linear layers through decode_linear where
+    the guard accepts them (the CPU); False keeps (or puts back) MLX's matmuls."""
     global _enabled, _original, _rotating
     base, cache = _mlx_lm_modules()
     with _lock:
         if not _enabled:
-            _calls.update(fused=0, fused_quantized=0, fused_step=0, mlx_lm=0)
+            _calls.update(fused=0, fused_quantized=0, fused_step=0, mlx_lm=0, linear=0)
             current = base.scaled_dot_product_attention
             if current is not scaled_dot_product_attention:
                 _original = current
@@ -173,6 +185,7 @@ def enable(fused_step: bool = True) -> None:
             cache.KVCache, cache.QuantizedKVCache, cache.BatchKVCache, cache.BatchRotatingKVCache
         )
         _set_fused_step(fused_step, types)
+        _route_linear(linear)
 
 
 def _set_fused_step(on: bool, types: step.CacheTypes | None = None) -> None:
@@ -201,6 +214,39 @@ def _fold_rows(on: bool) -> None:
         _folded.clear()
 
 
+def _linear_call(method):
+    """A linear layer's forward `method` that runs decode_linear where the guard accepts x."""
+
+    def call(self, x, *args, **kwargs):
+        out = None if args or kwargs else guarded_linear(x, layer_weights(self))
+        if out is None:
+            return method(self, x, *args, **kwargs)
+        _calls["linear"] += 1
+        return out
+
+    call.__wrapped__ = method
+    return call
+
+
+def _route_linear(on: bool) -> None:
+    import mlx.nn as nn
+
+    methods = (
+        (nn.Linear, "__call__"),
+        (nn.QuantizedLinear, "__call__"),
+        (nn.Embedding, "as_linear"),
+        (nn.QuantizedEmbedding, "as_linear"),
+    )
+    if on and not _routed:
+        for cls, name in methods:
+            _routed[(cls, name)] = cls.__dict__[name]
+            setattr(cls, name, _linear_call(_routed[(cls, name)]))
+    elif not on:
+        for (cls, name), method in _routed.items():
+            setattr(cls, name, method)
+        _routed.clear()
+
+
 def disable() -> None:
     """Give every name that holds the fused entry point mlx-lm's function back, and mlx-lm's
     attention classes their own methods (idempotent)."""
@@ -210,6 +256,7 @@ def disable() -> None:
             return
         _enabled = False
         _set_fused_step(False)
+        _route_linear(False)  # before the fold: the routed methods wrap the folded ones
         _fold_rows(False)
         _rebind(scaled_dot_product_attention, _original)
 
@@ -224,23 +271,29 @@ def fused_step_enabled() -> bool:
     return bool(_replaced)
 
 
+def linear_enabled() -> bool:
+    """Whether mlx.nn's linear layers run decode_linear where the guard accepts them."""
+    return bool(_routed)
+
+
 def calls() -> dict[str, int]:
-    """Attention calls since enable(): {"fused": ..., "fused_quantized": ..., "fused_step": ...,
-    "mlx_lm": ...} (decode_attention_custom, decode_attention_quantized, attention_step in
-    mlx-lm's llama/qwen2/qwen3 attention, mlx-lm's own attention function)."""
+    """Calls since enable(): {"fused": ..., "fused_quantized": ..., "fused_step": ...,
+    "mlx_lm": ..., "linear": ...} (attention: decode_attention_custom,
+    decode_attention_quantized, attention_step in mlx-lm's llama/qwen2/qwen3 attention, mlx-lm's
+    own attention function; linear: layers run through decode_linear)."""
     return dict(_calls)
 
 
 @contextlib.contextmanager
-def enabled(fused_step: bool = True) -> Iterator[None]:
-    """enable(fused_step) for the block; afterwards the state before it (disabled, or enabled
-    with or without the fused step)."""
-    was, had_step = _enabled, fused_step_enabled()
-    enable(fused_step)
+def enabled(fused_step: bool = True, linear: bool = True) -> Iterator[None]:
+    """enable(fused_step, linear) for the block; afterwards the state before it (disabled, or
+    enabled with or without the fused step and the linear layers)."""
+    was, had_step, had_linear = _enabled, fused_step_enabled(), linear_enabled()
+    enable(fused_step, linear)
     try:
         yield
     finally:
         if was:
-            enable(had_step)
+            enable(had_step, had_linear)
         else:
             disable()

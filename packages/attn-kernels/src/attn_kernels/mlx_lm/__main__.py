@@ -8,10 +8,12 @@ Everything after the command name is mlx-lm's own options, passed through unchan
 `python -m attn_kernels.mlx_lm generate --help`, which is mlx-lm's). Decode steps the guard
 accepts run fused: llama, mistral, qwen2 and qwen3 models as one attention_step per layer (norms,
 RoPE, cache write, attention), other models' attention calls as the DecodeAttention op; prefill
-and every other call run mlx-lm's attention. `server` is mlx_lm.server (its OpenAI-style API):
+and every other call run mlx-lm's attention. On a CPU the decode steps' linear layers run
+decode_linear (reading each weight once, over every core). `server` is mlx_lm.server (its OpenAI-style API):
 concurrent requests are batched by mlx-lm's BatchGenerator, and every batched decode step runs
 fused over its batch cache, each request at its own position. After the command (a server: once
-it is stopped, Ctrl-C), one line on stderr says how many attention calls took each path.
+it is stopped, Ctrl-C), one line on stderr says how many attention calls took each path, and
+how many linear-layer calls ran decode_linear.
 """
 
 from __future__ import annotations
@@ -52,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"[attn_kernels] attention calls: {counts['fused_step']} fused steps, "
         f"{counts['fused']} fused, {counts['fused_quantized']} fused over a quantized cache, "
-        f"{counts['mlx_lm']} through mlx-lm's attention",
+        f"{counts['mlx_lm']} through mlx-lm's attention; {counts['linear']} linear-layer calls "
+        "through decode_linear",
         file=sys.stderr,
     )
     return 0

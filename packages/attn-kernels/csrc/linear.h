@@ -1,0 +1,52 @@
+// DecodeLinear: out = x @ W^T (+ bias) for a decode step's few rows of x, W dense or in
+// mx.quantize's affine layout, read once by the CPU linear kernel (cpu_linear_body.h). On the CPU
+// only: GPUs keep MLX's own matmuls (attn_kernels.linear calls them on a GPU stream).
+#pragma once
+
+#include <optional>
+#include <vector>
+
+#include "mlx/ops.h"
+#include "mlx/primitives.h"
+
+#include "linear_problem.h"
+
+namespace attn_kernels {
+
+namespace mx = mlx::core;
+
+// x (..., K) float32/float16/bfloat16. Dense (bits 0): weight (N, K) in x's dtype. Quantized
+// (bits 4 or 8): weight uint32 codes (N, K * bits / 32), scales and biases (N, K / group_size)
+// in x's dtype, group_size 32, 64 or 128. bias (N,) in x's dtype or none. Returns (..., N) in x's
+// dtype, accumulated in float32. Made for a few rows (up to 8 per pass over W); more rows are
+// served in passes of 8.
+mx::array decode_linear(
+    const mx::array& x,
+    const mx::array& weight,
+    const std::optional<mx::array>& scales,
+    const std::optional<mx::array>& biases,
+    const std::optional<mx::array>& bias,
+    int group_size,
+    int bits,
+    mx::StreamOrDevice s = {});
+
+class DecodeLinear : public mx::Primitive {
+ public:
+  // Inputs: x, weight, then scales and biases where bits > 0, then the bias where has_bias.
+  DecodeLinear(mx::Stream stream, int bits, int group_size, bool has_bias)
+      : mx::Primitive(stream), bits_(bits), group_size_(group_size), has_bias_(has_bias) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+
+  const char* name() const override { return "DecodeLinear"; }
+  bool is_equivalent(const mx::Primitive& other) const override;
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override;
+
+ private:
+  int bits_;
+  int group_size_;
+  bool has_bias_;
+};
+
+}  // namespace attn_kernels

@@ -1,0 +1,73 @@
+// The CPU linear kernel's dispatcher: prepares the rows of x once (cpu_linear_body.h), then splits
+// the weight's rows over the attention kernels' thread pool (each task a run of whole rows, so
+// every weight byte is read by one thread, once).
+#include <algorithm>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "cpu_linear.h"
+#include "thread_pool.h"
+
+namespace attn_kernels {
+namespace {
+
+using namespace cpu;
+
+LinearKernel linear_kernel_for(CpuPath path) {
+  switch (path) {
+#if defined(ATTN_CPU_X86)
+    case CpuPath::avx512: return linear_kernel_avx512();
+    case CpuPath::avx2: return linear_kernel_avx2();
+    case CpuPath::portable: return linear_kernel_portable();
+#elif defined(ATTN_CPU_ARM64)
+    case CpuPath::neon: return linear_kernel_neon();
+#else
+    case CpuPath::portable: return linear_kernel_portable();
+#endif
+    default: break;
+  }
+  throw std::logic_error(std::string("CPU linear path not built: ") + cpu_path_name(path));
+}
+
+// Tasks per thread: the pool hands tasks out first come, so late-waking threads take fewer.
+constexpr int kTasksPerThread = 8;
+// Weight rows per task at least (a multiple of every path's row tile, 4).
+constexpr int kMinTaskRows = 16;
+
+size_t element_size(ElementType t) {
+  return t == ElementType::float32 ? 4 : 2;
+}
+
+}  // namespace
+
+void linear_cpu(const LinearProblem& problem, CpuPath path) {
+  const LinearKernel kernel = linear_kernel_for(path);
+  const size_t row_floats = kernel.prepared_floats(problem);
+  std::vector<float> prepared(row_floats * kLinearRows);
+  const size_t elem = element_size(problem.dtype);
+  for (int r0 = 0; r0 < problem.rows; r0 += kLinearRows) {
+    LinearProblem p = problem;
+    p.rows = std::min(kLinearRows, problem.rows - r0);
+    p.x = static_cast<const char*>(problem.x) + r0 * problem.x_row_stride * elem;
+    p.out = static_cast<char*>(problem.out) + int64_t{r0} * problem.outputs * elem;
+    kernel.prepare(p, prepared.data());
+    const int threads =
+        cpu_threads_for(int64_t{p.rows} * p.outputs * p.inputs);
+    const int per_task = std::max(
+        kMinTaskRows,
+        (p.outputs + threads * kTasksPerThread - 1) / (threads * kTasksPerThread) / 4 * 4);
+    const int tasks = (p.outputs + per_task - 1) / per_task;
+    auto task = [&](int t) {
+      kernel.columns(p, prepared.data(), t * per_task, std::min(p.outputs, (t + 1) * per_task));
+    };
+    if (threads <= 1 || tasks <= 1) {
+      for (int t = 0; t < tasks; ++t) task(t);
+    } else {
+      cpu_pool().parallel_for(tasks, threads, task);
+    }
+  }
+}
+
+}  // namespace attn_kernels

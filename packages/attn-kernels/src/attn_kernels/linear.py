@@ -1,0 +1,126 @@
+"""Linear layers for decode on the CPU: `x @ weight.T (+ bias)` for a few rows of x.
+
+A decode step multiplies one row of activations per token by every weight of the model, so it
+reads all the weights to do 1-8 multiply-adds with each: bound by memory, where MLX 0.32's CPU
+matmul reads bf16 weights at ~2 GB/s and quantized ones at ~0.1 GB/s. `DecodeLinear` reads each
+weight once, widened or dequantised in registers, over the CPU kernels' thread pool
+(docs/cpu-linear.md). Weights are dense (N, K) or mlx-lm's quantized layout (`mx.quantize`
+triples: `nn.QuantizedLinear`'s weight, scales and biases) read as stored. On a GPU stream these
+functions call MLX's own ops: GPUs keep MLX's matmuls.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from attn_kernels import _ext
+
+Stream = mx.Stream | mx.Device | None
+
+
+def _on_cpu(stream: Stream) -> bool:
+    device = (
+        mx.default_device()
+        if stream is None
+        else stream.device
+        if isinstance(stream, mx.Stream)
+        else stream
+    )
+    return device.type == mx.cpu
+
+
+def _check_arrays(**arrays) -> None:
+    for name, a in arrays.items():
+        if a is not None and not isinstance(a, mx.array):
+            raise TypeError(f"{name} must be an mx.array, got {type(a).__name__}")
+
+
+def decode_linear(
+    x: mx.array, weight: mx.array, bias: mx.array | None = None, *, stream: Stream = None
+) -> mx.array:
+    """x @ weight.T + bias as `nn.Linear` computes it, for decode on the CPU.
+
+    x: (..., K) float32, float16 or bfloat16; weight: (N, K) and bias: (N,) in x's dtype (no
+    silent promotion). Returns (..., N) in x's dtype, accumulated in float32. Made for a few rows
+    of x (a decode step's tokens: each pass over the weights serves up to 8); more rows are
+    served in passes of 8. Bad shapes or dtypes raise ValueError naming the argument.
+    """
+    _check_arrays(x=x, weight=weight, bias=bias)
+    if not _on_cpu(stream):
+        out = x @ weight.T
+        return out if bias is None else out + bias
+    return _ext.decode_linear(x, weight, None, None, bias, 64, 0, stream=stream)
+
+
+def decode_linear_quantized(
+    x: mx.array,
+    weight: mx.array,
+    scales: mx.array,
+    biases: mx.array,
+    bias: mx.array | None = None,
+    *,
+    group_size: int = 64,
+    bits: int = 4,
+    stream: Stream = None,
+) -> mx.array:
+    """x @ W.T + bias with W = scales * codes + biases per group (`mx.quantize`'s affine mode), as
+    `nn.QuantizedLinear` computes it, reading the codes as stored.
+
+    x: (..., K) float32, float16 or bfloat16; weight: uint32 codes (N, K * bits / 32); scales,
+    biases: (N, K / group_size) in x's dtype; bias: (N,) or None. bits 4 or 8, group_size 32, 64
+    or 128 (mlx-lm's default: 4 and 64). Returns (..., N) in x's dtype.
+    """
+    _check_arrays(x=x, weight=weight, scales=scales, biases=biases, bias=bias)
+    if not _on_cpu(stream):
+        out = mx.quantized_matmul(
+            x, weight, scales, biases, transpose=True, group_size=group_size, bits=bits
+        )
+        return out if bias is None else out + bias
+    return _ext.decode_linear(x, weight, scales, biases, bias, group_size, bits, stream=stream)
+
+
+# (weight, scales, biases, bias, group_size, bits) of a linear layer; bits 0: dense weight.
+LayerWeights = tuple[mx.array, mx.array | None, mx.array | None, mx.array | None, int, int]
+
+
+def layer_weights(layer) -> LayerWeights | None:
+    """The arrays of mlx.nn's Linear, QuantizedLinear (affine mode), Embedding or
+    QuantizedEmbedding (an embedding as a linear layer: a tied LM head's as_linear); None for
+    any other layer, subclasses included (their forward may differ)."""
+    import mlx.nn as nn
+
+    kind = type(layer)
+    if kind in (nn.QuantizedLinear, nn.QuantizedEmbedding):
+        if layer.mode != "affine" or "biases" not in layer:
+            return None
+        return (layer.weight, layer.scales, layer.biases, layer.get("bias"), layer.group_size,
+                layer.bits)  # fmt: skip
+    if kind in (nn.Linear, nn.Embedding):
+        return layer.weight, None, None, layer.get("bias"), 0, 0
+    return None
+
+
+def guarded_linear(x: mx.array, weights: LayerWeights | None) -> mx.array | None:
+    """x @ W.T (+ bias) through decode_linear or decode_linear_quantized where attn_kernels.guard
+    has measured them to beat MLX's matmul (use_linear: the rows of x, their dtype, the format
+    and group size, the default device's backend) and the arrays share x's dtype; None elsewhere
+    (the caller runs MLX's own)."""
+    if weights is None or x.ndim == 0 or x.shape[-1] == 0:
+        return None
+    from attn_kernels import guard
+
+    weight, scales, biases, bias, group_size, bits = weights
+    rows = x.size // x.shape[-1]
+    if not guard.use_linear(rows, x.dtype, bits, group_size):
+        return None
+    floats = (weight,) if not bits else (scales, biases)
+    if any(a.dtype != x.dtype for a in (*floats, *(() if bias is None else (bias,)))):
+        return None
+    try:
+        if bits:
+            return decode_linear_quantized(
+                x, weight, scales, biases, bias, group_size=group_size, bits=bits
+            )
+        return decode_linear(x, weight, bias)
+    except ValueError:
+        return None  # a layout the op does not take (a width or packing it rejects)

@@ -1,0 +1,193 @@
+// The CPU linear kernel without MLX or Python, against a float64 reference: every path this CPU
+// runs (or those named on the command line), dense weights in every float dtype and mx.quantize's
+// affine codes (4 and 8 bits, groups of 32, 64 and 128), 1 to 11 rows of x (the 1/2/4/8 loops,
+// their zero-padded rows, and a second chunk of rows), widths that are and are not multiples of
+// the vector steps, strided rows of x, with and without a bias, on a pool of 4 threads whose calls
+// take all or 2 of them. Exit status 0 when every case passes. `make test-cpu-kernel` runs it
+// natively, `make test-arm64` cross-compiled under qemu-user (NEON). Usage:
+// cpu_linear_check [--seeds N] [PATH...].
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "cpu_check.h"
+#include "cpu_linear.h"
+
+using namespace attn_kernels;
+using namespace attn_kernels::check;
+
+namespace {
+
+struct Case {
+  ElementType dtype;
+  int rows, outputs, inputs;
+  int bits = 0;  // 0: dense
+  int group_size = 64;
+  bool bias = true;
+  int x_stride_extra = 0;  // x rows this many elements longer than inputs
+};
+
+const char* dtype_name(ElementType t) {
+  return t == ElementType::float32 ? "f32" : t == ElementType::float16 ? "f16" : "bf16";
+}
+
+// Runs one case on every path; adds 1 to failed[n] when path n mismatches (printing the first).
+void run_case(const Case& c, const std::vector<CpuPath>& paths, uint32_t seed,
+              std::vector<int>& failed) {
+  Random rng(seed);
+  const int M = c.rows, N = c.outputs, K = c.inputs, stride = K + c.x_stride_extra;
+  Tensor x(c.dtype, size_t(M) * stride), bias(c.dtype, N), out(c.dtype, size_t(M) * N);
+  for (size_t i = 0; i < x.values.size(); ++i) x.set(i, rng.normal());
+  for (int n = 0; n < N; ++n) bias.set(n, rng.normal());
+  // The weights as the reference sees them, and their storage.
+  std::vector<double> w(size_t(N) * K);
+  Tensor dense(c.dtype, c.bits ? 0 : size_t(N) * K);
+  const int groups = c.bits ? K / c.group_size : 0;
+  Tensor scales(c.dtype, size_t(N) * groups), biases(c.dtype, size_t(N) * groups);
+  std::vector<uint32_t> codes(c.bits ? size_t(N) * K * c.bits / 32 : 0);
+  if (c.bits == 0) {
+    for (size_t i = 0; i < w.size(); ++i) dense.set(i, rng.normal() / std::sqrt(double(K)));
+    w = dense.values;
+  } else {
+    const uint32_t top = (1u << c.bits) - 1, per_word = 32 / c.bits;
+    for (int n = 0; n < N; ++n) {
+      for (int g = 0; g < groups; ++g) {
+        const size_t at = size_t(n) * groups + g;
+        scales.set(at, (0.5 + rng.uniform()) / (top * std::sqrt(double(K))));
+        biases.set(at, -0.5 * top * scales.values[at] + 0.1 * rng.normal() / std::sqrt(double(K)));
+        for (int k = g * c.group_size; k < (g + 1) * c.group_size; ++k) {
+          const uint32_t code = static_cast<uint32_t>(rng() % (top + 1));
+          codes[(size_t(n) * K + k) / per_word] |= code << (c.bits * (k % per_word));
+          w[size_t(n) * K + k] = scales.values[at] * code + biases.values[at];
+        }
+      }
+    }
+  }
+  LinearProblem p{};
+  p.rows = M;
+  p.outputs = N;
+  p.inputs = K;
+  p.dtype = c.dtype;
+  p.bits = c.bits;
+  p.group_size = c.group_size;
+  p.x = x.bytes.data();
+  p.x_row_stride = stride;
+  p.weight = c.bits ? static_cast<const void*>(codes.data()) : dense.bytes.data();
+  p.scales = scales.bytes.data();
+  p.biases = biases.bytes.data();
+  p.bias = c.bias ? bias.bytes.data() : nullptr;
+  p.out = out.bytes.data();
+  // The output is rounded to the dtype once: allow that rounding plus float32 accumulation.
+  const double rounding = c.dtype == ElementType::float32 ? 0x1p-23
+                          : c.dtype == ElementType::float16 ? 0x1p-10
+                                                            : 0x1p-7;
+  for (size_t n = 0; n < paths.size(); ++n) {
+    // x86's vector paths take 4-bit codes against x rounded to int8 for half-precision x.
+    const bool int8_x = c.bits == 4 && c.dtype != ElementType::float32 &&
+                        (paths[n] == CpuPath::avx2 || paths[n] == CpuPath::avx512);
+    std::fill(out.bytes.begin(), out.bytes.end(), uint8_t{0xff});  // NaN in every dtype
+    linear_cpu(p, paths[n]);
+    bool ok = true;
+    for (int m = 0; m < M && ok; ++m) {
+      for (int o = 0; o < N && ok; ++o) {
+        double ref = c.bias ? bias.values[o] : 0.0, magnitude = std::abs(ref);
+        for (int k = 0; k < K; ++k) {
+          const double term = x.values[size_t(m) * stride + k] * w[size_t(o) * K + k];
+          ref += term;
+          magnitude += std::abs(term);
+        }
+        const double got = out.get_output(size_t(m) * N + o);
+        double tol = rounding * std::abs(ref) + 1e-5 * magnitude + 1e-30;
+        if (int8_x) {  // x rounded to int8, a scale per 32 values: |error| <= scale / 2 each
+          for (int k = 0; k < K; k += 32) {
+            double top = 0.0, weight = 0.0;
+            for (int i = k; i < std::min(K, k + 32); ++i) {
+              top = std::max(top, std::abs(x.values[size_t(m) * stride + i]));
+              weight += std::abs(w[size_t(o) * K + i]);
+            }
+            tol += weight * top / 254.0 * (1.0 + 1e-6);
+          }
+        }
+        if (!(std::abs(got - ref) <= tol)) {
+          if (failed[n] == 0) {
+            std::printf("FAIL %s %s M=%d N=%d K=%d bits=%d group=%d bias=%d stride+%d seed=%u: "
+                        "out[%d][%d] = %.8g, expected %.8g (tolerance %.3g)\n",
+                        cpu_path_name(paths[n]), dtype_name(c.dtype), M, N, K, c.bits,
+                        c.group_size, int(c.bias), c.x_stride_extra, seed, m, o, got, ref, tol);
+          }
+          ok = false;
+        }
+      }
+    }
+    failed[n] += ok ? 0 : 1;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  setenv("ATTN_KERNELS_NUM_THREADS", "4", 0);  // before the pool is made
+  std::vector<CpuPath> paths;
+  uint32_t seeds = 2;
+  for (int a = 1; a < argc; ++a) {
+    if (argv[a] == std::string("--seeds") && a + 1 < argc) {
+      seeds = static_cast<uint32_t>(std::atoi(argv[++a]));
+      continue;
+    }
+    bool found = false;
+    for (CpuPath path : cpu_paths_supported()) {
+      if (argv[a] == std::string(cpu_path_name(path))) paths.push_back(path), found = true;
+    }
+    if (!found) {
+      std::fprintf(stderr, "error: path %s is unknown or not supported by this CPU\n", argv[a]);
+      return 2;
+    }
+  }
+  if (paths.empty()) paths = cpu_paths_supported();
+
+  std::vector<Case> cases;
+  const ElementType dtypes[] = {ElementType::float32, ElementType::float16, ElementType::bfloat16};
+  for (ElementType t : dtypes) {
+    // Dense: K around the vector steps (8 to 32 values), N around the row tiles, every row loop.
+    for (int M : {1, 2, 3, 4, 5, 8, 11}) {
+      for (int K : {1, 31, 32, 33, 100, 256}) cases.push_back({t, M, 13, K});
+    }
+    cases.push_back({t, 2, 37, 64, 0, 64, false, 5});      // no bias, strided rows of x
+    cases.push_back({t, 1, 1024, 2048, 0, 64, true});      // split over the pool's threads
+    cases.push_back({t, 3, 2051, 1000, 0, 64, true, 3});  // an odd split, strided
+    // Quantized: every bit width and group size, K a few groups (blocks of 16 to 128 values whole
+    // and cut), N around the tiles.
+    for (int bits : {4, 8}) {
+      for (int group : {32, 64, 128}) {
+        for (int M : {1, 2, 3, 5, 9}) {
+          for (int groups : {1, 3, 4}) cases.push_back({t, M, 7, groups * group, bits, group});
+        }
+        cases.push_back({t, 2, 33, 4 * group, bits, group, false, 7});
+      }
+      cases.push_back({t, 1, 1024, 2560, bits, 64});  // Qwen3-4B's width, split over threads
+      cases.push_back({t, 4, 515, 1024, bits, 32});
+    }
+  }
+
+  std::vector<int> failed(paths.size());
+  for (size_t n = 0; n < cases.size(); ++n) {
+    setenv("ATTN_KERNELS_CALL_THREADS", n % 2 == 0 ? "" : "2", 1);  // all threads, or 2
+    cpu_path_from_env();  // applies it, as an op's evaluation does
+    for (uint32_t seed = 1; seed <= seeds; ++seed) {
+      run_case(cases[n], paths, seed + 7 * uint32_t(n), failed);
+    }
+  }
+  int total = 0;
+  for (size_t n = 0; n < paths.size(); ++n) {
+    const size_t runs = cases.size() * seeds;
+    std::printf("%s: %zu linear cases passed, %d failed\n", cpu_path_name(paths[n]),
+                runs - failed[n], failed[n]);
+    total += failed[n];
+  }
+  return total == 0 ? 0 : 1;
+}

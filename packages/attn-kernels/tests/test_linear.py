@@ -1,0 +1,190 @@
+"""decode_linear and decode_linear_quantized (the CPU linear kernel through MLX) against float64
+on random inputs: every CPU path this machine runs, every dtype, 1 to 17 rows of x in leading
+dimensions of any shape, widths that are not multiples of the vector steps, both bit widths and
+every group size, strided and transposed inputs, NaN, and the argument errors."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from attn_kernels import _ext, decode_linear, decode_linear_quantized
+from reference import to_numpy
+
+DTYPES = [mx.float32, mx.float16, mx.bfloat16]
+# One rounding of the output to its dtype, plus float32 accumulation over K terms.
+ROUNDING = {mx.float32: 2**-23, mx.float16: 2**-10, mx.bfloat16: 2**-7}
+
+
+@pytest.fixture(params=_ext.cpu_paths())
+def path(request, monkeypatch):
+    monkeypatch.setenv("ATTN_KERNELS_CPU_PATH", request.param)
+    return request.param
+
+
+def int8_rounding(x, w):
+    """The most x rounded to int8 (a scale per 32 values of a row, |error| <= scale / 2 each)
+    can move x @ w.T: sum over blocks of max|x in the block| / 254 * sum |w in the block|."""
+    k = x.shape[-1]
+    blocks = -(-k // 32)
+    pad = blocks * 32 - k
+    top = np.abs(np.pad(x, ((0, 0), (0, pad)))).reshape(len(x), blocks, 32).max(axis=-1)
+    weight = np.abs(np.pad(w, ((0, 0), (0, pad)))).reshape(len(w), blocks, 32).sum(axis=-1)
+    return top @ weight.T / 254.0 * (1 + 1e-6)
+
+
+def rounds_x_to_int8(path, dtype, bits):
+    """x86's vector paths take 4-bit codes against x rounded to int8 for half-precision x."""
+    return bits == 4 and dtype != mx.float32 and path in ("avx2", "avx512")
+
+
+def check(got: mx.array, x, w, bias, dtype, int8_x=False):
+    """got against float64 x @ w.T + bias (x, w, bias as float64 arrays of the rounded inputs)."""
+    expected = x @ w.T + (0.0 if bias is None else bias)
+    magnitude = np.abs(x) @ np.abs(w).T + (0.0 if bias is None else np.abs(bias))
+    tol = ROUNDING[dtype] * np.abs(expected) + 1e-5 * magnitude + 1e-30
+    if int8_x:
+        tol += int8_rounding(x, w)
+    err = np.abs(to_numpy(got) - expected)
+    worst = np.unravel_index(np.argmax(err - tol), err.shape)
+    assert (err <= tol).all(), f"error {err[worst]:.3g} > tolerance {tol[worst]:.3g} at {worst}"
+
+
+def dequantized(codes: mx.array, scales: mx.array, biases: mx.array, bits: int, group: int):
+    """The float64 weights the codes stand for, unpacked independently of MLX."""
+    words = np.array(codes).astype(np.uint64)
+    per_word = 32 // bits
+    shifts = np.arange(per_word, dtype=np.uint64) * bits
+    values = (words[..., None] >> shifts) & ((1 << bits) - 1)
+    values = values.reshape(words.shape[0], -1).astype(np.float64)
+    s = np.repeat(to_numpy(scales), group, axis=-1)
+    b = np.repeat(to_numpy(biases), group, axis=-1)
+    return s * values + b
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    ("lead", "k", "n"),
+    [((1,), 33, 13), ((3,), 100, 37), ((2, 4), 256, 21), ((9,), 31, 5), ((17, 1), 64, 40)],
+)
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_dense_matches_float64(path, dtype, lead, k, n, with_bias):
+    keys = mx.random.split(mx.random.key(k + n + len(lead)), 3)
+    x = mx.random.normal((*lead, k), key=keys[0]).astype(dtype)
+    w = (mx.random.normal((n, k), key=keys[1]) / k**0.5).astype(dtype)
+    bias = mx.random.normal((n,), key=keys[2]).astype(dtype) if with_bias else None
+    got = decode_linear(x, w, bias)
+    assert got.shape == (*lead, n) and got.dtype == dtype
+    check(got, to_numpy(x), to_numpy(w), None if bias is None else to_numpy(bias), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("group", [32, 64, 128])
+@pytest.mark.parametrize(("rows", "groups"), [(1, 3), (2, 4), (5, 1), (8, 5)])
+def test_quantized_matches_float64(path, dtype, bits, group, rows, groups):
+    k, n = group * groups, 19
+    keys = mx.random.split(mx.random.key(bits + group + rows), 3)
+    w = (mx.random.normal((n, k), key=keys[0]) / k**0.5).astype(dtype)
+    codes, scales, biases = mx.quantize(w, group_size=group, bits=bits)
+    x = mx.random.normal((rows, 1, k), key=keys[1]).astype(dtype)
+    bias = mx.random.normal((n,), key=keys[2]).astype(dtype)
+    got = decode_linear_quantized(x, codes, scales, biases, bias, group_size=group, bits=bits)
+    assert got.shape == (rows, 1, n) and got.dtype == dtype
+    wq = dequantized(codes, scales, biases, bits, group)
+    x64 = to_numpy(x).reshape(rows, k)
+    int8_x = rounds_x_to_int8(path, dtype, bits)
+    check(got.reshape(rows, n), x64, wq, to_numpy(bias), dtype, int8_x)
+    # No farther from float64 than MLX's own quantized matmul on the same triples (on the CPU
+    # it accumulates half-precision inputs less exactly: up to ~0.1 off here in bf16), beyond
+    # the int8 rounding where x is rounded.
+    theirs = mx.quantized_matmul(
+        x, codes, scales, biases, transpose=True, group_size=group, bits=bits
+    )
+    exact = x64 @ wq.T + to_numpy(bias)
+    ours_err = np.abs(to_numpy(got).reshape(rows, n) - exact).max()
+    theirs_err = np.abs(to_numpy(theirs + bias).reshape(rows, n) - exact).max()
+    sums = np.abs(x64) @ np.abs(wq).T  # float32 accumulation error
+    allowed = theirs_err + ROUNDING[dtype] * np.abs(exact).max() + 1e-5 * sums.max()
+    assert ours_err <= allowed + (int8_rounding(x64, wq).max() if int8_x else 0.0)
+
+
+def test_strided_and_transposed_inputs(path):
+    """x rows a slice apart (read in place) and a transposed weight (copied first)."""
+    keys = mx.random.split(mx.random.key(5), 2)
+    x = mx.random.normal((4, 3, 72), key=keys[0])[:, 1]
+    w = mx.random.normal((72, 30), key=keys[1]).T
+    check(decode_linear(x, w), to_numpy(x), to_numpy(w), None, mx.float32)
+    codes, scales, biases = mx.quantize(mx.random.normal((24, 128)), group_size=64, bits=8)
+    got = decode_linear_quantized(mx.ones((2, 128)), codes.T.T[:, :], scales.T.T, biases, bits=8)
+    check(got, np.ones((2, 128)), dequantized(codes, scales, biases, 8, 64), None, mx.float32)
+
+
+def test_nan_and_empty_rows(path):
+    x = mx.array([[1.0, float("nan"), 2.0], [1.0, 2.0, 3.0]])
+    out = np.array(decode_linear(x, mx.ones((4, 3))))
+    assert np.isnan(out[0]).all() and (out[1] == 6.0).all()
+    empty = decode_linear(mx.zeros((0, 3)), mx.ones((4, 3)))
+    assert empty.shape == (0, 4)
+
+
+def test_one_pass_serves_many_rows():
+    """Rows past 8 run in further passes over W: 20 rows equal each row alone."""
+    keys = mx.random.split(mx.random.key(2), 2)
+    x = mx.random.normal((20, 96), key=keys[0]).astype(mx.bfloat16)
+    w = mx.random.normal((50, 96), key=keys[1]).astype(mx.bfloat16)
+    together = np.array(decode_linear(x, w).astype(mx.float32))
+    # Each row alone runs the 1-row loop; together they run the 8-row loop: the same sums in a
+    # different order, so equal to float32 rounding, then bf16.
+    alone = np.concatenate(
+        [np.array(decode_linear(x[i : i + 1], w).astype(mx.float32)) for i in range(20)]
+    )
+    np.testing.assert_allclose(together, alone, rtol=2**-7, atol=1e-2)
+
+
+@pytest.mark.skipif(not mx.is_available(mx.gpu), reason="no GPU")
+def test_gpu_streams_take_mlx_matmuls():
+    x = mx.random.normal((2, 64)).astype(mx.bfloat16)
+    w = mx.random.normal((8, 64)).astype(mx.bfloat16)
+    got = decode_linear(x, w, stream=mx.gpu)
+    np.testing.assert_array_equal(np.array(got), np.array(mx.matmul(x, w.T, stream=mx.gpu)))
+
+
+BAD = [
+    (dict(x=mx.zeros((2, 8)), weight=mx.zeros((4, 8), mx.float16)), "weight must have x's dtype"),
+    (dict(x=mx.zeros((2, 8)), weight=mx.zeros((4, 9))), "weight must have shape (4, 8)"),
+    (
+        dict(x=mx.zeros((2, 8)), weight=mx.zeros((4, 8)), bias=mx.zeros((5,))),
+        "bias must have shape (4,)",
+    ),
+    (dict(x=mx.zeros((2, 8), mx.int32), weight=mx.zeros((4, 8))), "x must be float32"),
+    (dict(x=mx.zeros((2, 8)), weight=mx.zeros((8,))), "weight must have 2 dimensions"),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "message"), BAD)
+def test_dense_errors_name_the_argument(kwargs, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        decode_linear(**kwargs)
+
+
+BAD_QUANTIZED = [
+    (dict(bits=3), "bits must be 0 (dense), 4 or 8"),
+    (dict(group_size=48), "group_size must be 32, 64 or 128"),
+    (dict(x=mx.zeros((1, 96))), "group_size 64 does not divide x's K = 96"),
+    (dict(weight=mx.zeros((6, 16))), "a quantized weight must be uint32"),
+    (dict(bits=8), "weight must have shape (6, 32)"),
+    (dict(scales=mx.zeros((6, 1))), "scales must have shape (6, 2)"),
+    (dict(biases=mx.zeros((6, 2), mx.float16)), "biases must have x's dtype"),
+]
+
+
+@pytest.mark.parametrize(("changes", "message"), BAD_QUANTIZED)
+def test_quantized_errors_name_the_argument(changes, message):
+    codes, scales, biases = mx.quantize(mx.zeros((6, 128)), group_size=64, bits=4)
+    kwargs = dict(x=mx.zeros((1, 128)), weight=codes, scales=scales, biases=biases) | changes
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        decode_linear_quantized(**kwargs)
+
+
+def test_non_arrays_are_type_errors():
+    with pytest.raises(TypeError, match=r"weight must be an mx\.array"):
+        decode_linear(mx.zeros((1, 4)), np.zeros((2, 4)))
