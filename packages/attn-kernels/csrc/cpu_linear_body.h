@@ -88,7 +88,9 @@ ATTN_ALWAYS_INLINE void store_row_sums(const LinearProblem& p, int n, int r, int
                                        const float* sums, int stride) {
   T* out = static_cast<T*>(p.out);
   const float bias = p.bias ? to_float(static_cast<const T*>(p.bias)[n + r]) : 0.0f;
-  for (int m = 0; m < rows; ++m) store(out + int64_t{m} * p.outputs + n + r, sums[m * stride] + bias);
+  for (int m = 0; m < rows; ++m) {
+    store(out + int64_t{m} * p.outputs + n + r, sums[m * stride] + bias);
+  }
 }
 
 // ---- Dense weights -------------------------------------------------------------------------
@@ -182,8 +184,8 @@ ATTN_ALWAYS_INLINE Vec block_scales(const T* scales) {
 // block (against x in natural order, unscaled, at x + m * row_floats), the biases against the
 // group sums of x (at + K), the bias; stored.
 template <typename T, int BITS, int GS, int M, int R>
-ATTN_ALWAYS_INLINE void quantized_tail(const LinearProblem& p, const float* x, int row_floats, int n,
-                                       int main, const Vec (&acc)[R][M]) {
+ATTN_ALWAYS_INLINE void quantized_tail(const LinearProblem& p, const float* x, int row_floats,
+                                       int n, int main, const Vec (&acc)[R][M]) {
   constexpr int P = kPerWord<BITS>;
   const int K = p.inputs, groups = K / GS, words = K / P;
   const uint32_t* codes = static_cast<const uint32_t*>(p.weight) + int64_t{n} * words;
@@ -261,10 +263,10 @@ ATTN_ALWAYS_INLINE void quantized_rows_s8(const LinearProblem& p, const float* x
       const Bits even = block & 0x0f0f0f0fu, odd = (block >> 4) & 0x0f0f0f0fu;
       const Vec scale = block_scales<T, 4, GS>(scales + int64_t{r} * groups + c / GS);
       for (int m = 0; m < M; ++m) {
-        const float* lanes = x + m * row_floats + K + groups + c / 8;
-        const auto* bytes = reinterpret_cast<const uint8_t*>(x + m * row_floats + K + groups + main / 8) + c;
+        const float* lanes = x + m * row_floats + K + groups;  // then the bytes
+        const auto* bytes = reinterpret_cast<const uint8_t*>(lanes + main / 8) + c;
         const Ints dot = dot_codes_s8(even, load<Bits>(bytes), odd, load<Bits>(bytes + 4 * W));
-        acc[r][m] += __builtin_convertvector(dot, Vec) * (scale * load<Vec>(lanes));
+        acc[r][m] += __builtin_convertvector(dot, Vec) * (scale * load<Vec>(lanes + c / 8));
       }
     }
   }
@@ -294,7 +296,8 @@ ATTN_ALWAYS_INLINE void quantized_rows(const LinearProblem& p, const float* x, i
       const Bits block = load<Bits>(codes + int64_t{r} * words + c / P);
       const Vec scale = block_scales<T, BITS, GS>(scales + int64_t{r} * groups + c / GS);
       for (int m = 0; m < M; ++m) {
-        const Vec inner = block_dot<BITS>(block, x + m * row_floats + c, std::make_index_sequence<P>{});
+        const Vec inner =
+            block_dot<BITS>(block, x + m * row_floats + c, std::make_index_sequence<P>{});
         acc[r][m] += scale * inner;
       }
     }
@@ -335,7 +338,9 @@ void prepare_s8(const LinearProblem& p, const T* x, float* lanes, uint8_t* bytes
   for (int c = 0; c < main; c += 8 * W) {
     for (int b = 0; b < 8 * W / kS8Block; ++b) {
       float top = 0.0f;
-      for (int k = 0; k < kS8Block; ++k) top = __builtin_fmaxf(top, __builtin_fabsf(to_float(x[c + b * kS8Block + k])));
+      for (int k = 0; k < kS8Block; ++k) {
+        top = __builtin_fmaxf(top, __builtin_fabsf(to_float(x[c + b * kS8Block + k])));
+      }
       const float d = top > 0.0f ? top / 127.0f : 1.0f;
       block_scale[b] = d;
       for (int k = 0; k < kS8Block; ++k) {
@@ -353,7 +358,9 @@ void prepare_block(const T* x, float* dst, std::index_sequence<J...>) {
   constexpr int P = kPerWord<BITS>;
   ((
        [&] {
-         for (int l = 0; l < W; ++l) dst[J * W + l] = to_float(x[P * l + J]) * code_scale<BITS, J>();
+         for (int l = 0; l < W; ++l) {
+           dst[J * W + l] = to_float(x[P * l + J]) * code_scale<BITS, J>();
+         }
        }()),
    ...);
 }

@@ -70,7 +70,8 @@ ATTN_ALWAYS_INLINE Vec halves_to_floats(Shorts h) {
 #if defined(__F16C__) && ATTN_CPU_WIDTH == 8
   return (Vec)_mm256_cvtph_ps((__m128i)h);
 #elif defined(__AVX512F__) && ATTN_CPU_WIDTH == 16
-  return (Vec)_mm512_maskz_cvtph_ps(0xffff, (__m256i)h);  // the unmasked form warns: -Wmaybe-uninitialized
+  // The unmasked form warns (-Wmaybe-uninitialized) in GCC 12.
+  return (Vec)_mm512_maskz_cvtph_ps(0xffff, (__m256i)h);
 #elif defined(__aarch64__) && ATTN_CPU_WIDTH == 4
   return vcvt_f32_f16(vreinterpret_f16_u16((uint16x4_t)h));
 #else
