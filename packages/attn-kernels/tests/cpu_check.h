@@ -4,9 +4,13 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
+#include "cpu_kernel.h"
 #include "cpu_scalar.h"
 #include "decode_problem.h"
 
@@ -77,5 +81,30 @@ struct Random {
     return (uniform() + uniform() + uniform() + uniform() - 2.0) * 1.7320508075688772;
   }
 };
+
+// The checks' command line: [--seeds N] [PATH...] (default: every path this CPU runs). False
+// (after a message) for a path that is unknown or not supported here.
+struct Options {
+  std::vector<CpuPath> paths;
+  uint32_t seeds = 2;
+};
+inline bool parse_options(int argc, char** argv, Options& options) {
+  for (int a = 1; a < argc; ++a) {
+    if (argv[a] == std::string("--seeds") && a + 1 < argc) {
+      options.seeds = static_cast<uint32_t>(std::atoi(argv[++a]));
+      continue;
+    }
+    bool found = false;
+    for (CpuPath path : cpu_paths_supported()) {
+      if (argv[a] == std::string(cpu_path_name(path))) options.paths.push_back(path), found = true;
+    }
+    if (!found) {
+      std::fprintf(stderr, "error: path %s is unknown or not supported by this CPU\n", argv[a]);
+      return false;
+    }
+  }
+  if (options.paths.empty()) options.paths = cpu_paths_supported();
+  return true;
+}
 
 }  // namespace attn_kernels::check

@@ -200,23 +200,10 @@ int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   setenv("ATTN_KERNELS_NUM_THREADS", "4", 0);  // before the pool is made: more threads than tasks
                                                // at times, and calls on part of the pool
-  std::vector<CpuPath> paths;
-  uint32_t seeds = 2;
-  for (int a = 1; a < argc; ++a) {
-    if (argv[a] == std::string("--seeds") && a + 1 < argc) {
-      seeds = static_cast<uint32_t>(std::atoi(argv[++a]));
-      continue;
-    }
-    bool found = false;
-    for (CpuPath path : cpu_paths_supported()) {
-      if (argv[a] == std::string(cpu_path_name(path))) paths.push_back(path), found = true;
-    }
-    if (!found) {
-      std::fprintf(stderr, "error: path %s is unknown or not supported by this CPU\n", argv[a]);
-      return 2;
-    }
-  }
-  if (paths.empty()) paths = cpu_paths_supported();
+  Options options;
+  if (!parse_options(argc, argv, options)) return 2;
+  const std::vector<CpuPath>& paths = options.paths;
+  const uint32_t seeds = options.seeds;
 
   std::vector<Case> cases;
   const ElementType dtypes[] = {ElementType::float32, ElementType::float16, ElementType::bfloat16};
