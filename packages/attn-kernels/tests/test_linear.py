@@ -22,7 +22,9 @@ def path(request, monkeypatch):
 
 def int8_rounding(x, w):
     """The most x rounded to int8 (a scale per 32 values of a row, |error| <= scale / 2 each)
-    can move x @ w.T: sum over blocks of max|x in the block| / 254 * sum |w in the block|."""
+    can move x @ w.T: sum over blocks of max|x in the block| / 254 * sum |w in the block|, w the
+    weights the rounded x meets (scale * code: cpu_linear_check.cpp emulates the rounding
+    exactly)."""
     k = x.shape[-1]
     blocks = -(-k // 32)
     pad = blocks * 32 - k
@@ -36,28 +38,31 @@ def rounds_x_to_int8(path, dtype, bits):
     return bits == 4 and dtype != mx.float32 and path in ("avx2", "avx512")
 
 
-def check(got: mx.array, x, w, bias, dtype, int8_x=False):
-    """got against float64 x @ w.T + bias (x, w, bias as float64 arrays of the rounded inputs)."""
+def check(got: mx.array, x, w, bias, dtype, int8_w=None):
+    """got against float64 x @ w.T + bias (x, w, bias as float64 arrays of the rounded inputs);
+    int8_w: the weights x rounded to int8 meets, where it is rounded."""
     expected = x @ w.T + (0.0 if bias is None else bias)
     magnitude = np.abs(x) @ np.abs(w).T + (0.0 if bias is None else np.abs(bias))
     tol = ROUNDING[dtype] * np.abs(expected) + 1e-5 * magnitude + 1e-30
-    if int8_x:
-        tol += int8_rounding(x, w)
+    if int8_w is not None:
+        tol += int8_rounding(x, int8_w)
     err = np.abs(to_numpy(got) - expected)
     worst = np.unravel_index(np.argmax(err - tol), err.shape)
     assert (err <= tol).all(), f"error {err[worst]:.3g} > tolerance {tol[worst]:.3g} at {worst}"
 
 
-def dequantized(codes: mx.array, scales: mx.array, biases: mx.array, bits: int, group: int):
-    """The float64 weights the codes stand for, unpacked independently of MLX."""
+def dequantized(codes: mx.array, scales: mx.array, biases, bits: int, group: int):
+    """The float64 weights the codes stand for, unpacked independently of MLX (biases None:
+    scale * code alone)."""
     words = np.array(codes).astype(np.uint64)
     per_word = 32 // bits
     shifts = np.arange(per_word, dtype=np.uint64) * bits
     values = (words[..., None] >> shifts) & ((1 << bits) - 1)
     values = values.reshape(words.shape[0], -1).astype(np.float64)
     s = np.repeat(to_numpy(scales), group, axis=-1)
-    b = np.repeat(to_numpy(biases), group, axis=-1)
-    return s * values + b
+    if biases is None:
+        return s * values
+    return s * values + np.repeat(to_numpy(biases), group, axis=-1)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -91,8 +96,10 @@ def test_quantized_matches_float64(path, dtype, bits, group, rows, groups):
     assert got.shape == (rows, 1, n) and got.dtype == dtype
     wq = dequantized(codes, scales, biases, bits, group)
     x64 = to_numpy(x).reshape(rows, k)
-    int8_x = rounds_x_to_int8(path, dtype, bits)
-    check(got.reshape(rows, n), x64, wq, to_numpy(bias), dtype, int8_x)
+    int8_w = None
+    if rounds_x_to_int8(path, dtype, bits):
+        int8_w = dequantized(codes, scales, None, bits, group)
+    check(got.reshape(rows, n), x64, wq, to_numpy(bias), dtype, int8_w)
     # No farther from float64 than MLX's own quantized matmul on the same triples (on the CPU
     # it accumulates half-precision inputs less exactly: up to ~0.1 off here in bf16), beyond
     # the int8 rounding where x is rounded.
@@ -104,7 +111,7 @@ def test_quantized_matches_float64(path, dtype, bits, group, rows, groups):
     theirs_err = np.abs(to_numpy(theirs + bias).reshape(rows, n) - exact).max()
     sums = np.abs(x64) @ np.abs(wq).T  # float32 accumulation error
     allowed = theirs_err + ROUNDING[dtype] * np.abs(exact).max() + 1e-5 * sums.max()
-    assert ours_err <= allowed + (int8_rounding(x64, wq).max() if int8_x else 0.0)
+    assert ours_err <= allowed + (0.0 if int8_w is None else int8_rounding(x64, int8_w).max())
 
 
 def test_strided_and_transposed_inputs(path):
