@@ -107,4 +107,16 @@ inline bool parse_options(int argc, char** argv, Options& options) {
   return true;
 }
 
+// Prints each path's passed and failed runs ("<path>: N <what>passed, F failed"); the exit status.
+inline int report(const Options& options, const std::vector<int>& failed, size_t runs,
+                  const char* what) {
+  int total = 0;
+  for (size_t n = 0; n < options.paths.size(); ++n) {
+    std::printf("%s: %zu %spassed, %d failed\n", cpu_path_name(options.paths[n]),
+                runs - failed[n], what, failed[n]);
+    total += failed[n];
+  }
+  return total == 0 ? 0 : 1;
+}
+
 }  // namespace attn_kernels::check

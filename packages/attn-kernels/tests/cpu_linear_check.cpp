@@ -177,12 +177,5 @@ int main(int argc, char** argv) {
       run_case(cases[n], paths, seed + 7 * uint32_t(n), failed);
     }
   }
-  int total = 0;
-  for (size_t n = 0; n < paths.size(); ++n) {
-    const size_t runs = cases.size() * seeds;
-    std::printf("%s: %zu linear cases passed, %d failed\n", cpu_path_name(paths[n]),
-                runs - failed[n], failed[n]);
-    total += failed[n];
-  }
-  return total == 0 ? 0 : 1;
+  return report(options, failed, cases.size() * seeds, "linear cases ");
 }
