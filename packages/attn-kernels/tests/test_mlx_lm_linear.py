@@ -110,6 +110,18 @@ def test_linear_false_and_disable_keep_mlx_matmuls():
     assert again == theirs and max_difference(again_logits, their_logits) == 0
 
 
+def test_no_routing_where_the_guard_has_no_linear_limits(monkeypatch):
+    """enable() installs the routing only where the default device's backend has linear limits
+    (a GPU's calls would pay its Python for nothing); linear=True installs it anyway."""
+    monkeypatch.setitem(guard.LINEAR_LIMITS, "cpu", (0, ()))
+    mlx_call = nn.Linear.__call__
+    kernel.enable()
+    assert not kernel.linear_enabled() and nn.Linear.__call__ is mlx_call
+    kernel.disable()
+    kernel.enable(linear=True)
+    assert kernel.linear_enabled()
+
+
 def test_what_the_guard_leaves_keeps_mlx_matmuls(monkeypatch):
     """Rows past the guard's limit, a format it has no record for (f16 codes), a subclass of
     nn.Linear (its forward may differ), a non-affine quantization and a GPU backend's limits."""

@@ -122,5 +122,8 @@ def test_attention_only_variant(tmp_path, monkeypatch, capsys):
     assert results["first_divergence_attention_only"] is None
     assert "vs_mlx_lm" in results["medians"]["mlx-lm+kernel-attention-only"]
     out = capsys.readouterr().out
-    assert "mlx-lm+kernel-attention-only: calls per request (attention, linear layers): fused 12" in out
+    assert (
+        "mlx-lm+kernel-attention-only: calls per request (attention, linear layers): fused 12"
+        in out
+    )
     assert "mlx-lm+kernel: calls per request (attention, linear layers): fused 0" in out

@@ -32,7 +32,10 @@ enable() also runs the linear layers of decode steps through `decode_linear` whe
 measured it to beat MLX's matmul (guard.use_linear: the CPU, up to 8 rows of x, bf16/f16/f32
 weights and bf16 4- and 8-bit affine codes): `nn.Linear`, `nn.QuantizedLinear` and the embeddings'
 `as_linear` (a tied LM head) of every mlx-lm model; other rows, formats, devices and layer
-subclasses keep MLX's. enable(linear=False) keeps MLX's matmuls everywhere.
+subclasses keep MLX's. The routing is installed only where the guard has linear limits for the
+default device's backend when enable() runs (a wrapped layer costs ~7 µs of Python a call, which
+a GPU's decode step would pay 250 times for nothing); enable(linear=False) keeps MLX's matmuls,
+enable(linear=True) installs it anyway.
 
 enable() also folds a batched decode step's rows into positions in MLX's quantized layers
 (nn.QuantizedLinear, QuantizedEmbedding.as_linear): an input (B, 1, K) with B > 1 runs as
@@ -50,6 +53,7 @@ from collections.abc import Iterator
 
 import mlx.core as mx
 
+from attn_kernels import guard
 from attn_kernels.attention import decode_attention_custom
 from attn_kernels.guard import use_fused, use_fused_quantized
 from attn_kernels.linear import guarded_linear, layer_weights
@@ -159,7 +163,7 @@ def _rebind(old, new) -> int:
     return count
 
 
-def enable(fused_step: bool = True, linear: bool = True) -> None:
+def enable(fused_step: bool = True, linear: bool | None = None) -> None:
     """Send mlx-lm's decode attention through the fused kernel (idempotent). Starts calls()
     from zero when it was disabled.
 
@@ -168,7 +172,8 @@ def enable(fused_step: bool = True, linear: bool = True) -> None:
     where the guard accepts them. False leaves mlx-lm's attention methods as they are (only
     the attention function is replaced), or puts them back if an earlier call replaced them.
     linear: also run decode-sized calls of mlx.nn's linear layers through decode_linear where
-    the guard accepts them (the CPU); False keeps (or puts back) MLX's matmuls."""
+    the guard accepts them; None (default): where the guard has linear limits for the default
+    device's backend (the CPU); False keeps (or puts back) MLX's matmuls."""
     global _enabled, _original, _rotating
     base, cache = _mlx_lm_modules()
     with _lock:
@@ -185,7 +190,7 @@ def enable(fused_step: bool = True, linear: bool = True) -> None:
             cache.KVCache, cache.QuantizedKVCache, cache.BatchKVCache, cache.BatchRotatingKVCache
         )
         _set_fused_step(fused_step, types)
-        _route_linear(linear)
+        _route_linear(guard.LINEAR_LIMITS[guard.backend()][0] > 0 if linear is None else linear)
 
 
 def _set_fused_step(on: bool, types: step.CacheTypes | None = None) -> None:
@@ -285,7 +290,7 @@ def calls() -> dict[str, int]:
 
 
 @contextlib.contextmanager
-def enabled(fused_step: bool = True, linear: bool = True) -> Iterator[None]:
+def enabled(fused_step: bool = True, linear: bool | None = None) -> Iterator[None]:
     """enable(fused_step, linear) for the block; afterwards the state before it (disabled, or
     enabled with or without the fused step and the linear layers)."""
     was, had_step, had_linear = _enabled, fused_step_enabled(), linear_enabled()
