@@ -131,3 +131,21 @@ def test_quantized_step_region():
     assert not guard.use_step_quantized(1, max_context + 1, 128, None, "cpu", dtype=bf16)
     assert not guard.use_step_quantized(1, 4096, 128, None, "metal", dtype=bf16, group_size=64)
     assert set(guard.QUANTIZED_STEP_BACKENDS) <= set(guard.QUANTIZED_LIMITS)
+
+
+def test_linear_limits():
+    """decode_linear on the CPU only: 1-8 rows, the measured formats and group sizes; GPUs keep
+    MLX's matmuls (linear_rows 0 lets callers skip the question there)."""
+    rows = guard.linear_rows("cpu")
+    assert rows == 8 and guard.linear_rows("cuda") == guard.linear_rows("metal") == 0
+    for dtype in (mx.bfloat16, mx.float16, mx.float32):
+        assert guard.use_linear(1, dtype, backend="cpu")
+        assert not guard.use_linear(1, dtype, backend="cuda")
+    assert guard.use_linear(rows, mx.bfloat16, 4, 64, backend="cpu")
+    assert guard.use_linear(3, mx.bfloat16, 8, 128, backend="cpu")
+    assert not guard.use_linear(rows + 1, mx.bfloat16, backend="cpu")
+    assert not guard.use_linear(0, mx.bfloat16, backend="cpu")
+    assert not guard.use_linear(1, mx.float16, 4, 64, backend="cpu")  # no record for f16 codes
+    assert not guard.use_linear(1, mx.bfloat16, 4, 16, backend="cpu")  # a group size MLX lacks
+    with pytest.raises(ValueError, match="unknown backend 'tpu'"):
+        guard.use_linear(1, mx.bfloat16, backend="tpu")

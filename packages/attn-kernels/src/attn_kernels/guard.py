@@ -245,6 +245,12 @@ def use_step_quantized(
     )
 
 
+def linear_rows(backend: str | None = None) -> int:
+    """The most rows of x decode_linear runs for on `backend` (default: the default device's);
+    0 where it has no record (GPUs): callers skip the rest of the question there."""
+    return LINEAR_LIMITS[_default_backend() if backend is None else backend][0]
+
+
 def use_linear(
     rows: int,
     dtype: mx.Dtype,

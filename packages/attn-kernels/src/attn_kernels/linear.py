@@ -12,8 +12,9 @@ functions call MLX's own ops: GPUs keep MLX's matmuls.
 from __future__ import annotations
 
 import mlx.core as mx
+import mlx.nn as nn
 
-from attn_kernels import _ext
+from attn_kernels import _ext, guard
 
 Stream = mx.Stream | mx.Device | None
 
@@ -87,8 +88,6 @@ def layer_weights(layer) -> LayerWeights | None:
     """The arrays of mlx.nn's Linear, QuantizedLinear (affine mode), Embedding or
     QuantizedEmbedding (an embedding as a linear layer: a tied LM head's as_linear); None for
     any other layer, subclasses included (their forward may differ)."""
-    import mlx.nn as nn
-
     kind = type(layer)
     if kind in (nn.QuantizedLinear, nn.QuantizedEmbedding):
         if layer.mode != "affine" or "biases" not in layer:
@@ -107,8 +106,6 @@ def guarded_linear(x: mx.array, weights: LayerWeights | None) -> mx.array | None
     (the caller runs MLX's own)."""
     if weights is None or x.ndim == 0 or x.shape[-1] == 0:
         return None
-    from attn_kernels import guard
-
     weight, scales, biases, bias, group_size, bits = weights
     rows = x.size // x.shape[-1]
     if not guard.use_linear(rows, x.dtype, bits, group_size):

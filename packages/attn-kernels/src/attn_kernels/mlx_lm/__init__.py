@@ -190,7 +190,7 @@ def enable(fused_step: bool = True, linear: bool | None = None) -> None:
             cache.KVCache, cache.QuantizedKVCache, cache.BatchKVCache, cache.BatchRotatingKVCache
         )
         _set_fused_step(fused_step, types)
-        _route_linear(guard.LINEAR_LIMITS[guard.backend()][0] > 0 if linear is None else linear)
+        _route_linear(guard.linear_rows() > 0 if linear is None else linear)
 
 
 def _set_fused_step(on: bool, types: step.CacheTypes | None = None) -> None:
