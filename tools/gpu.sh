@@ -14,6 +14,10 @@
 #   serve    bench-serve: Qwen3-4B 4-bit, 32 requests of 256-2048 prompt tokens + 64 each,
 #            slots 8 and 32: mlx-lm's BatchGenerator, with enable(), and ours; then what a
 #            decode step of ours is made of at each (--anatomy)
+#   cpu-host the 16-core host's CPU through the kit's MLX (its CPU backend): bench-linear on
+#            Qwen3-4B's projections (decode_linear against MLX's matmuls, bf16 / 4-bit / 8-bit,
+#            one row), then bench --device cpu, Qwen3-4B 4-bit, ours alone (mlx-lm's CPU path
+#            decodes 4-bit at ~0.1 GB/s: its per-layer ratio is in the bench-linear record)
 # Set LLM_EVAL_GIT_SHA (and LLM_EVAL_GIT_DIRTY) to the workstation's: the device's copy of the
 # tree carries a stale .git. ROUNDS (default 2) sets bench-serve's rounds.
 set -uo pipefail
@@ -49,9 +53,18 @@ serve() {
     --output "$OUT/h200-qwen3-4b-4bit-serve.json" 2>&1 | grep -v '^\[#'
 }
 
+cpu_host() {
+  python3 -m llm_eval.linear --model qwen3-4b --format bf16 --format q4 --format q8 --rows 1 \
+    --iterations 2 --output "$OUT/h200-host-qwen3-4b-linear.json" 2>&1 | grep -v '^\['
+  python3 -m llm_eval.bench --device cpu --model qwen3-4b --quantize 4bit --input-len 8 \
+    --output-len 17 --rounds 3 --variant decode-attention \
+    --output "$OUT/h200-host-qwen3-4b-4bit-bench.json" 2>&1 | grep -v '^\['
+}
+
 for target in "$@"; do
   case "$target" in
     tests | ragged | serve) echo "== $target"; "$target" ;;
-    *) echo "tools/gpu.sh: unknown target $target (tests, ragged, serve)" >&2 ;;
+    cpu-host) echo "== $target"; cpu_host ;;
+    *) echo "tools/gpu.sh: unknown target $target (tests, ragged, serve, cpu-host)" >&2 ;;
   esac
 done
