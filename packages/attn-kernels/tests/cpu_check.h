@@ -83,12 +83,16 @@ struct Random {
 };
 
 // The checks' command line: [--seeds N] [PATH...] (default: every path this CPU runs). False
-// (after a message) for a path that is unknown or not supported here.
+// (after a message) for a path that is unknown or not supported here. Also what every check
+// sets first: line-buffered output, and a pool of 4 threads (made on first use: more threads
+// than tasks at times, and calls on part of the pool).
 struct Options {
   std::vector<CpuPath> paths;
   uint32_t seeds = 2;
 };
 inline bool parse_options(int argc, char** argv, Options& options) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  setenv("ATTN_KERNELS_NUM_THREADS", "4", 0);
   for (int a = 1; a < argc; ++a) {
     if (argv[a] == std::string("--seeds") && a + 1 < argc) {
       options.seeds = static_cast<uint32_t>(std::atoi(argv[++a]));

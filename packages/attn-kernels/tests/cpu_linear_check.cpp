@@ -138,8 +138,6 @@ void run_case(const Case& c, const std::vector<CpuPath>& paths, uint32_t seed,
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::setvbuf(stdout, nullptr, _IOLBF, 0);
-  setenv("ATTN_KERNELS_NUM_THREADS", "4", 0);  // before the pool is made
   Options options;
   if (!parse_options(argc, argv, options)) return 2;
   const std::vector<CpuPath>& paths = options.paths;
