@@ -199,9 +199,9 @@ def run(args, progress: Progress | None = None) -> dict:
         key, wkey, xkey = mx.random.split(key, 3)
         first = Weights(n, k, fmt, args.group_size, wkey)
         copies = max(2, min(64, (args.weights_mb << 20) // first.nbytes))
+        copy_keys = mx.random.split(wkey, copies)
         sets = [first] + [
-            Weights(n, k, fmt, args.group_size, mx.random.split(wkey, copies)[i])
-            for i in range(1, copies)
+            Weights(n, k, fmt, args.group_size, copy_keys[i]) for i in range(1, copies)
         ]
         x = mx.random.normal((rows, k), key=xkey).astype(FORMATS[fmt][0])
         mx.eval(x)

@@ -1,0 +1,49 @@
+"""bench-linear on small shapes on the CPU: every (shape, format, rows) case times ours and MLX's
+matmul with every sample kept and the orders rotated, the record validates, and bad arguments
+are refused before anything runs."""
+
+import json
+
+import pytest
+from llm_eval import linear
+from llm_eval.record import validate
+
+
+def test_small_shapes_record(tmp_path, capsys):
+    out = tmp_path / "linear.json"
+    argv = ["--shape", "40x64", "--shape", "24x96", "--format", "bf16", "--format", "q4"]
+    argv += ["--format", "q8", "--rows", "1", "--rows", "3", "--group-size", "32"]
+    linear.main([*argv, "--iterations", "4", "--weights-mb", "1", "--output", str(out)])
+    record = json.loads(out.read_text())
+    validate(record)
+    cases = record["results"]["cases"]
+    assert len(cases) == 2 * 3 * 2
+    for name, case in cases.items():
+        assert set(case["samples_us"]) == {"ours", "mlx"}, name
+        assert all(len(s) == 4 for s in case["samples_us"].values())
+        assert case["copies"] >= 2
+        summary = case["summary"]
+        assert summary["ours"]["vs_ours"] == 1.0 and summary["mlx"]["gbs"] > 0
+        assert 0 < summary["ours"]["floor_fraction"]
+    orders = [tuple(o["order"]) for o in record["execution_order"]]
+    assert set(orders) == {("ours", "mlx"), ("mlx", "ours")}  # rotated within each case
+    table = capsys.readouterr().out
+    assert "| 40x64 | 40 x 64 | q4 | 3 |" in table and f"wrote {out}" in table
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--shape", "40by64"], "expected NxK"),
+        (["--shape", "0x64"], "must be positive"),
+        (["--model", "qwen3-0.6b", "--shape", "8x64"], "not both"),
+        (["--shape", "8x48", "--format", "q4"], "must divide every K"),
+        (["--iterations", "3"], "multiple of 2"),
+        (["--implementations", "ours,numpy"], "unknown ['numpy']"),
+        (["--rows", "0"], "--rows must be >= 1"),
+    ],
+)
+def test_bad_arguments(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        linear.parse_args(argv)
+    assert message in capsys.readouterr().err
