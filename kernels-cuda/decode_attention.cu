@@ -421,15 +421,15 @@ Plan plan_mma(const DecodeProblem& p) {
   const int tiles = (p.group * p.query_len + kMmaVectors - 1) / kMmaVectors;
   // A merge costs ~2-3 µs on the H200 (the arrival atomic and L2 round trips): more than the
   // steps it saves while the context is at most kMmaUnsplitSteps block steps, where one chunk is
-  // faster (kernels-cuda/dev/h200-bench_attend-mma-min-steps.txt). Re-measured with the cheaper
+  // faster (benchmark_results/raw/h200-bench_attend-mma-min-steps.txt). Re-measured with the cheaper
   // merge: 2 steps wins kernel-only by 0.2-0.8 µs at S = 192/256, 4 wins through MLX, where K/V
-  // stay in L2 and calls overlap (kernels-cuda/dev/h200-mlx-workspace-ab.txt).
+  // stay in L2 and calls overlap (benchmark_results/raw/h200-mlx-workspace-ab.txt).
   constexpr int kStep = kMmaWarps * kMmaStep, kMmaUnsplitSteps = 4;
   // Split for two blocks per SM, not the three it holds: a sweep of split counts (K/V from HBM,
   // calls in sequence) had its lowest latency near 256 blocks at most shapes from S = 2048 on;
   // filling all 396 slots was 2-11% slower at L=1/2 S >= 8192 and L=4/8 S = 2048-8192
   // (L=4 S=16384 is 2% faster that way), probably because the merge's extra chunks cost more
-  // than the added warps bring (not profiled; kernels-cuda/dev/h200-bench_attend-split-sweep.txt).
+  // than the added warps bring (not profiled; benchmark_results/raw/h200-bench_attend-split-sweep.txt).
   constexpr int kMmaSplitBlocksPerSM = 2;
   int splits = 1;
   if (p.context > kMmaUnsplitSteps * kStep) {
@@ -445,7 +445,7 @@ Plan plan_mma(const DecodeProblem& p) {
 
 Plan plan(const DecodeProblem& p, Schedule schedule) {
   if (schedule == Schedule::automatic) {
-    // Kernel-only latency on the H200 (kernels-cuda/dev/h200-bench_attend-*.txt): split-mma is
+    // Kernel-only latency on the H200 (benchmark_results/raw/h200-bench_attend-*.txt): split-mma is
     // the fastest from S = 64 on for every L (chapter-16: 5.30/6.70/12.5 µs at S = 64/128/256,
     // split-mma 5.22/5.96/8.19); `split` (one block per query vector, no split) up to 32 positions
     // at L = 1. Through MLX the short contexts are at its per-op floor either way

@@ -22,7 +22,7 @@
 
 // ATTN_BLOCKS_PER_SM, ATTN_MMA_PREFETCH and ATTN_MMA_BLOCKS_PER_SM are knobs for
 // kernels-cuda/dev/bench_attend.cu; ATTN_MMA_MAX_SPLITS caps split-mma's split count for builds
-// timed through MLX (kernels-cuda/dev/h200-mlx-split-cap.txt). ATTN_TILE: decode_attention.cu.
+// timed through MLX (benchmark_results/raw/h200-mlx-split-cap.txt). ATTN_TILE: decode_attention.cu.
 #ifndef ATTN_BLOCKS_PER_SM
 #define ATTN_BLOCKS_PER_SM 2
 #endif
@@ -386,7 +386,7 @@ __device__ void merge_chunks_with(const Problem& p, float* smem, const float* pa
 // 16-32 chunks (L=1 S=1024/2048/4096: 8.91/11.37/13.23 -> 8.33/10.50/12.36 µs kernel-only). The
 // tensor-core kernel (8 vectors, 168 registers) has room for 32 in flight, which pays past 16
 // chunks only: below, the loads past the last chunk repeat it (S=512/1024 +0.2 µs, S=2048/4096
-// -0.36; dev/h200-bench_attend-merge32.txt). The SIMT kernels' 128-register cap would spill
+// -0.36; ../benchmark_results/raw/h200-bench_attend-merge32.txt). The SIMT kernels' 128-register cap would spill
 // (WIDE false: the quantized kernels, sized for 2-4 blocks per SM, take 16).
 template <typename T, int VPB, bool WIDE, int STAGE_FLOATS, typename Problem>
 __device__ void merge_chunks(const Problem& p, float* smem, const float* partials, int kv_row,

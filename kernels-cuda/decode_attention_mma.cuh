@@ -155,7 +155,7 @@ __device__ __forceinline__ void attend_mma_body(const DecodeProblem& p, float* p
   // 64w + 8g .. 64w + 8g + 7 (w < D/64) of its V rows: one 16-byte load instruction then reads
   // whole 32-byte sectors of a row (4 lanes x 16 B of Q/K, 8 lanes x 16 B of V) instead of half of
   // each of twice as many (the mma only needs Q and K to share a mapping; V's sets O^T's rows):
-  // 0.1-0.35 µs less per call, 1.1-1.5 at L=4/8 S=4096 (dev/h200-bench_attend-coalesced.txt).
+  // 0.1-0.35 µs less per call, 1.1-1.5 at L=4/8 S=4096 (benchmark_results/raw/h200-bench_attend-coalesced.txt).
   if constexpr (!kFold) {
     if (real) load_words<4>(q, static_cast<const T*>(p.queries) + p.q_offset(row, i) + c * 8);
   }
@@ -167,7 +167,7 @@ __device__ __forceinline__ void attend_mma_body(const DecodeProblem& p, float* p
   // first waits on HBM again. In an unsplit call of 3-4 block steps (S = 129..256: 8-32 blocks,
   // HBM mostly idle) the copy engine pulls the rest of the chunk into L2 meanwhile: 0.2-0.65 µs
   // less kernel-only. Split calls fill the GPU, and there the same prefetch cost 1.5 µs at
-  // S=4096 and 18% at 131072 (dev/h200-bench_attend-prefetch.txt). Rows of one head are
+  // S=4096 and 18% at 131072 (benchmark_results/raw/h200-bench_attend-prefetch.txt). Rows of one head are
   // contiguous in MLX's caches; other strides go without.
   const int ahead = begin + warps * kMmaStep;
   if (threadIdx.x == 0 && splits == 1 && ahead + warps * kMmaStep < end &&

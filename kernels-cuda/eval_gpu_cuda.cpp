@@ -19,7 +19,7 @@ void DecodeAttention::eval_gpu(
   // own ops use, is not exported); it returns CUDA managed memory (kernels-cuda/README.md).
   // A split call's (max, denominator, accumulator) per context chunk, merged inside the same
   // launch, live behind the output (256-byte aligned) in its allocation: a workspace array of
-  // its own cost 0.5-1.5 µs more per split call (kernels-cuda/dev/h200-mlx-workspace-ab.txt).
+  // its own cost 0.5-1.5 µs more per split call (benchmark_results/raw/h200-mlx-workspace-ab.txt).
   const size_t partials_at = (out.nbytes() + 255) / 256 * 256;
   const mx::array& q = inputs[0];
   if (plan.splits == 1 && q.is_donatable() && q.flags().row_contiguous && q.size() == out.size()) {

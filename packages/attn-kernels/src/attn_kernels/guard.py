@@ -44,7 +44,7 @@ cpu: cpu-2core-qwen3-4b-attention-quantized-{8,4}-bit-mlx-0.32.4.json: L=1, S = 
     every pass won against the dequantise-then-readable path (7.4-23x), mlx-lm's quantized path
     (22-36x) and mx.fast on bf16 K/V (4.7-8.2x), which the dequantise-then-mx.fast fallback
     cannot beat; L > 1 not measured.
-cuda: kernels-cuda/dev/h200-quantized-merge-split.txt (c139b75, the default kernel mmat4 with the
+cuda: benchmark_results/raw/h200-quantized-merge-split.txt (c139b75, the default kernel mmat4 with the
     context split for two blocks per SM): L=1, group 64, 8 / 4 bits, S = 4096, 32768, 131072:
     16.0 / 16.1, 32.0 / 26.3, 83.1 / 56.8 µs against 32-48 (4096, 32768) and 136 for mx.fast on
     bf16 K/V (chained calls: 27.1 / 28.7, 47.9 / 43.2, 98.4 / 76.4 against 41-59 and 145-147),
