@@ -10,7 +10,8 @@ PACKAGES := attn-kernels qwen3-model llm-eval
 # network that inspects TLS with its own CA (a company's, or this build machine's) then works.
 export UV_SYSTEM_CERTS ?= 1
 
-.PHONY: test test-cpu-kernel test-arm64 bench bench-operators bench-cpu-kernel bench-linear-kernel lint format build uv
+.PHONY: test test-grids test-full check-evidence test-cpu-kernel test-arm64 bench bench-operators \
+  bench-operators-records bench-cpu-kernel bench-linear-kernel lint format build uv
 
 # uv goes into a virtual environment of its own under .tools/, never into the system Python:
 # Debian and Ubuntu refuse `pip install` there (PEP 668, externally managed), and a venv needs
@@ -36,9 +37,24 @@ uv: $(if $(filter $(LOCAL_UV),$(UV)),$(LOCAL_UV))
 build: uv
 	$(UV) sync --all-packages --frozen
 
-# Each package's tests on their own, so a package cannot lean on another's fixtures.
-test: build
-	@set -e; for p in $(PACKAGES); do echo "== $$p"; $(UV) run --frozen pytest -q packages/$$p/tests; done
+# Two tiers (docs/contributing.md). `make test`: every behaviour once (each dtype, backend path
+# and bad input, the oracle comparisons on ragged shapes), a few minutes. `make test-full` adds
+# the grids (tests marked `full`: the same checks over every shape, schedule and split) and the
+# CPU kernels' own checks. Each package's tests run on their own, so a package cannot lean on
+# another's fixtures.
+test: build check-evidence
+	@set -e; for p in $(PACKAGES); do echo "== $$p"; \
+	  $(UV) run --frozen pytest -q -m "not full" packages/$$p/tests; done
+
+test-grids: build
+	@set -e; for p in $(PACKAGES); do echo "== $$p (grids)"; \
+	  $(UV) run --frozen pytest -q -m full packages/$$p/tests; done
+
+test-full: test test-grids test-cpu-kernel
+
+# Every record and raw log a doc cites exists, and every one there is cited.
+check-evidence:
+	@python3 tools/check_evidence.py
 
 # The CPU kernels alone (no MLX, no Python) against a float64 reference, every path this CPU
 # runs: attention (cpu_kernel_check) and linear layers (cpu_linear_check), the kernel files
@@ -114,6 +130,28 @@ bench: build
 bench-operators: build
 	$(UV) run --frozen --package llm-eval bench-operators --device cpu \
 	  --context 128 --context 1024 --context 4096 --context 16384 --context-repeats 2
+
+# This CPU's operator records and their charts (docs/results-cpu.md; ~10 minutes on 2 cores).
+# RECORDS names their folder and prefix.
+RECORDS ?= benchmark_results/cpu-2core-qwen3-4b-attention
+OPS = $(UV) run --frozen --package llm-eval bench-operators --device cpu --force
+bench-operators-records: build
+	$(OPS) --context 32 --context 128 --context 256 --context 1024 --context 4096 \
+	  --context 16384 --context-repeats 4 --json-output $(RECORDS)-L1-mlx-0.32.4.json
+	$(OPS) --context 256 --context 1024 --context 4096 --context 16384 --calls-per-eval 8 \
+	  --context-repeats 2 --json-output $(RECORDS)-L1-8-calls-per-eval-mlx-0.32.4.json
+	$(OPS) --query-length 2 --query-length 4 --query-length 8 --attention-mask causal \
+	  --context 32 --context 128 --context 256 --context 1024 --context 4096 --context 16384 \
+	  --context-repeats 2 --json-output $(RECORDS)-L2-L8-causal-mlx-0.32.4.json
+	$(OPS) --context 32 --context 128 --context 160 --context 192 --context 256 \
+	  --context-repeats 6 --json-output $(RECORDS)-context-sweep-mlx-0.32.4.json
+	$(OPS) --context 128 --query-length 1 --query-length 2 --query-length 4 --query-length 8 \
+	  --attention-mask causal --context-repeats 6 --json-output $(RECORDS)-query-sweep-mlx-0.32.4.json
+	$(OPS) --gqa-ratio 1 --context 128 --context 1024 --context-repeats 2 \
+	  --json-output $(RECORDS)-gqa1-mlx-0.32.4.json
+	$(OPS) --attention-mask explicit --context 128 --context 1024 --context-repeats 2 \
+	  --json-output $(RECORDS)-explicit-mask-mlx-0.32.4.json
+	$(UV) run --frozen --package llm-eval plot $(RECORDS)-*.json
 
 lint: build
 	$(UV) run --frozen ruff check .

@@ -2,69 +2,208 @@
 # The device runs, named after what they measure. On the H200 (the device tool), from the
 # repository root:
 #
-#   source .gpu-kit/activate.sh && bash tools/gpu.sh TARGET [TARGET ...]
+#   source .gpu-kit/activate.sh && bash tools/gpu.sh TARGET[:PART] [TARGET ...]
 #
 # Builds attn-kernels against the kit's CUDA MLX once per machine (tools/h200.sh; REUSE_EXT=1
-# keeps a warm machine's build), then runs each target, writing under $OUT (the device tool
-# returns at most 8 files, no "+" in their names):
-#   tests    every package's GPU cases (attn-kernels: -k gpu, every schedule), gpu-tests.txt
-#   ragged   bench-operators: a decode step of B rows, each of its own length (--ragged: the
-#            fused op reads each row's range, mx.fast takes the mask), and the same B rows all
-#            full (no ranges, no mask), B = 8 and 32, S = 512 / 2048 / 8192, L = 1 causal
-#   serve    bench-serve: Qwen3-4B 4-bit, 32 requests of 256-2048 prompt tokens + 64 each,
-#            slots 8 and 32: mlx-lm's BatchGenerator, with enable(), and ours; then what a
-#            decode step of ours is made of at each (--anatomy)
-#   cpu-host the 16-core host's CPU through the kit's MLX (its CPU backend): bench-linear on
-#            Qwen3-4B's projections (decode_linear against MLX's matmuls, bf16 / 4-bit / 8-bit,
-#            one row), then bench --device cpu, Qwen3-4B 4-bit, ours alone (mlx-lm's CPU path
-#            decodes 4-bit at ~0.1 GB/s: its per-layer ratio is in the bench-linear record)
+# keeps a warm machine's build), then runs each target. Records go to $OUT/records/ and leave as
+# one archive, $OUT/records.tar, under the names benchmark_results/ gives them (the device tool
+# returns at most 8 files, none with "+" in its name); logs stay beside it. Each target fits one device call (600 s) unless noted.
+#   tests       every package's GPU cases (attn-kernels: -k gpu, every schedule), gpu-tests.txt
+#   operators   bench-operators, the records of docs/results-h200.md; PART picks one (two calls
+#               for all): kernels (every schedule over S = 1..131072, L = 1; L = 2/4/8 causal),
+#               grid (the chapter's grid, context/query sweeps, GQA 1, explicit masks, fresh
+#               inputs), short (L = 1 to S = 4096, independent and chained calls), long (chained
+#               calls from S = 4096: the honest bandwidth figure, independent calls share K/V in L2)
+#   ragged      bench-operators: a decode step of B rows, each of its own length (--ragged), and
+#               the same B rows all full, B = 8 and 32, S = 512 / 2048 / 8192, L = 1 causal
+#   model       whole-model decode, fresh processes (progression: Qwen3-4B bf16 and 4-bit at
+#               32+97 and 128+129) and one process (ab-decode at 8192+65 and 32768+65)
+#   step        the fused step: its GPU tests, bench-step (kernels per step; fused step, mlx-lm
+#               and composition through generate_step, bf16 and 4-bit, 32+97 1024+65 8192+65),
+#               bench-host-cost at both levels, mlx-lm-decode with and without enable()
+#               (Qwen3-4B and a Llama-3-8B-shaped config, 4-bit, 32+97 and 8192+65)
+#   quantized   the quantized-cache op (4 and 8 bits, independent and chained calls), its GPU
+#               tests, bench-accuracy, and ab-decode with a 4-bit cache at 32768+65 against
+#               mlx-lm's kv_bits=4
+#   serve       bench-serve: Qwen3-4B 4-bit, 32 requests of 256-2048 prompt tokens + 64 each,
+#               slots 8 and 32: mlx-lm's BatchGenerator, with enable(), and ours (--anatomy)
+#   cpu-host    the 16-core host's CPU through the kit's MLX (its CPU backend): the kernel alone
+#               (make bench-cpu-kernel), bench-operators --device cpu per x86 path,
+#               bench-eval-overhead, bench-linear on Qwen3-4B's projections, bench --device cpu
+#               Qwen3-4B 4-bit
 # Set LLM_EVAL_GIT_SHA (and LLM_EVAL_GIT_DIRTY) to the workstation's: the device's copy of the
-# tree carries a stale .git. ROUNDS (default 2) sets bench-serve's rounds.
+# tree carries a stale .git. ROUNDS sets the whole-model targets' rounds.
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"
 source tools/h200.sh
 set +e  # h200.sh sets -e: one target's failure must not skip the others
 export PYTHONUNBUFFERED=1
+R="$OUT/records"
+mkdir -p "$R"
+V=mlx-0.32.4
+quiet() { grep -v -E '^\[(#| )' || true; }  # progress bars; never fails the pipeline
+ops() { python3 -m llm_eval.operators --device gpu --force "$@" 2>&1 | quiet; }
+CONTEXTS_LONG=(--context 4096 --context 16384 --context 32768 --context 131072)
 
 tests() {
   python3 -m pytest -q -p no:cacheprovider packages/attn-kernels/tests -k gpu 2>&1 |
     tail -40 > "$OUT/gpu-tests.txt"
   for p in qwen3-model llm-eval; do
-    python3 -m pytest -q -p no:cacheprovider "packages/$p/tests" -k gpu 2>&1 | tail -5 \
-      >> "$OUT/gpu-tests.txt"
+    python3 -m pytest -q -p no:cacheprovider "packages/$p/tests" -k "gpu or cuda" 2>&1 |
+      tail -5 >> "$OUT/gpu-tests.txt"
   done
   tail -3 "$OUT/gpu-tests.txt"
+}
+
+operators() {
+  local part="$1" f="$R/h200-qwen3-4b-attention"
+  if [ "$part" = all ] || [ "$part" = kernels ]; then
+    ops --context 1 --context 32 --context 128 --context 256 --context 1024 "${CONTEXTS_LONG[@]}" \
+      --schedule auto --schedule split-gqa --schedule split --schedule chapter-8 \
+      --schedule chapter-16 --schedule chapter-32 --implementations readable,mlx \
+      --context-repeats 2 --json-output "$f-L1-$V.json"
+    ops --query-length 2 --query-length 4 --query-length 8 --attention-mask causal \
+      --context 32 --context 128 --context 256 --context 1024 "${CONTEXTS_LONG[@]}" \
+      --context-repeats 2 --json-output "$f-L2-L8-causal-$V.json"
+  fi
+  if [ "$part" = all ] || [ "$part" = grid ]; then
+    ops --context 1 --context 31 --context 32 --context 127 --context 128 --context 129 \
+      --context 255 --context 256 --context-repeats 2 --json-output "$f-grid-L1-$V.json"
+    ops --query-length 8 --attention-mask causal --context 8 --context 31 --context 32 \
+      --context 127 --context 128 --context 129 --context 255 --context 256 --context-repeats 2 \
+      --json-output "$f-grid-L8-causal-$V.json"
+    ops --context 32 --context 128 --context 160 --context 192 --context 256 --context-repeats 6 \
+      --json-output "$f-context-sweep-$V.json"
+    ops --context 128 --query-length 1 --query-length 2 --query-length 4 --query-length 8 \
+      --attention-mask causal --context-repeats 6 --json-output "$f-query-sweep-$V.json"
+    ops --gqa-ratio 1 --context 128 --context 1024 --context 4096 --context 16384 \
+      --context-repeats 2 --json-output "$f-gqa1-$V.json"
+    ops --attention-mask explicit --query-length 1 --query-length 2 --context 128 \
+      --context 1024 --context 4096 --context-repeats 2 --json-output "$f-explicit-mask-$V.json"
+    ops --fresh-inputs --implementations custom,mlx --context 1 --context 128 --context 1024 \
+      "${CONTEXTS_LONG[@]}" --iterations 12 --context-repeats 2 \
+      --json-output "$f-fresh-inputs-$V.json"
+  fi
+  if [ "$part" = all ] || [ "$part" = short ]; then
+    for mode in independent chained; do
+      ops --context 1 --context 32 --context 64 --context 128 --context 192 --context 256 \
+        --context 512 --context 1024 --context 4096 --schedule auto --schedule split-mma \
+        --schedule chapter-16 --schedule split --implementations mlx --context-repeats 2 \
+        $([ $mode = chained ] && echo --chain) --json-output "$f-L1-short-$mode-$V.json"
+    done
+    ops --query-length 2 --query-length 8 --attention-mask causal --context 32 --context 256 \
+      --context 1024 --context 4096 --implementations custom,mlx --context-repeats 2 \
+      --json-output "$f-L2-L8-short-$V.json"
+  fi
+  if [ "$part" = all ] || [ "$part" = long ]; then
+    ops "${CONTEXTS_LONG[@]}" --schedule auto --implementations mlx --context-repeats 2 --chain \
+      --json-output "$f-L1-long-chained-$V.json"
+    ops --query-length 2 --query-length 4 --query-length 8 --attention-mask causal \
+      "${CONTEXTS_LONG[@]}" --implementations custom,mlx --context-repeats 2 --chain \
+      --json-output "$f-L2-L8-long-chained-$V.json"
+  fi
 }
 
 ragged() {
   local common=(--attention-mask causal --context 512 --context 2048 --context 8192
     --implementations custom,mlx --context-repeats 2 --iterations 4)
   for b in 8 32; do
-    python3 -m llm_eval.operators "${common[@]}" --batch "$b" --ragged \
-      --json-output "$OUT/h200-qwen3-4b-attention-B$b-ragged.json" 2>&1 | grep -v '^\[#'
-    python3 -m llm_eval.operators "${common[@]}" --batch "$b" \
-      --json-output "$OUT/h200-qwen3-4b-attention-B$b-full.json" 2>&1 | grep -v '^\[#'
+    ops "${common[@]}" --batch "$b" --ragged --json-output "$R/h200-qwen3-4b-attention-B$b-ragged.json"
+    ops "${common[@]}" --batch "$b" --json-output "$R/h200-qwen3-4b-attention-B$b-full.json"
   done
+}
+
+model() {
+  for quantize in 4bit none; do
+    local tag=$([ $quantize = 4bit ] && echo 4bit || echo bf16)
+    for w in 32+97 128+129; do
+      python3 -m llm_eval.progression --device gpu --model qwen3-4b --quantize "$quantize" \
+        --input-len "${w%+*}" --output-len "${w#*+}" --repeats "${ROUNDS:-4}" --force \
+        --json-output "$R/h200-qwen3-4b-$tag-progression-$w-$V.json" 2>&1 | quiet | tail -4
+    done
+    for w in 8192+65 32768+65; do
+      python3 -m llm_eval.ab_decode --quantize "$quantize" --input-len "${w%+*}" \
+        --output-len "${w#*+}" --rounds "${ROUNDS:-4}" --variants decode-attention,mlx-lm --force \
+        --json-output "$R/h200-qwen3-4b-$tag-ab-decode-$w-$V.json" 2>&1 | quiet | tail -5
+    done
+  done
+}
+
+step() {
+  python3 -m pytest -q -p no:cacheprovider packages/attn-kernels/tests/test_attention_step.py \
+    packages/attn-kernels/tests/test_mlx_lm.py -k gpu 2>&1 | tail -5 | tee "$OUT/step-tests.txt"
+  python3 -m llm_eval.step --count-kernels /tmp/graphs --quantize none 4bit --workloads 1024+9 \
+    --count-steps 2 --force --json-output "$R/h200-qwen3-4b-kernels-per-step-$V.json" 2>&1 | quiet
+  python3 -m llm_eval.step --quantize none 4bit --workloads 32+97 1024+65 8192+65 \
+    --rounds "${ROUNDS:-2}" --anatomy-steps 8 --force \
+    --json-output "$R/h200-qwen3-4b-step-bench-$V.json" 2>&1 | quiet
+  python3 -m llm_eval.host_cost --context 1 --context 128 --context 1024 --rounds 60 --force \
+    --json-output "$R/h200-host-cost-$V.json" | tail -9
+  python3 -m llm_eval.host_cost --level mlx-lm-attention --force \
+    --json-output "$R/h200-qwen3-4b-mlx-lm-step-host-cost-$V.json" | tail -3
+  python3 -m llm_eval.mlx_lm_decode --model qwen3-4b --model llama-3-8b --quantize 4bit \
+    --workload 32+97 --workload 8192+65 --rounds "${ROUNDS:-3}" --output "$R" 2>&1 | quiet
+}
+
+quantized() {
+  local f="$R/h200-qwen3-4b-attention-quantized"
+  python3 -m pytest -q -p no:cacheprovider packages/attn-kernels/tests/test_quantized.py -k gpu \
+    2>&1 | tail -5 | tee "$OUT/quantized-tests.txt"
+  for bits in 8 4; do
+    ops --implementations mlx,custom-quantized,mlx-lm-quantized,readable-quantized \
+      --kv-bits $bits --context 1024 "${CONTEXTS_LONG[@]}" --json-output "$f-$bits-bit.json"
+    ops --implementations mlx,custom-quantized,mlx-lm-quantized --kv-bits $bits \
+      --context 32768 --context 131072 --chain --json-output "$f-$bits-bit-chained.json"
+  done
+  python3 -m llm_eval.accuracy --device gpu --context 1000 --context 4133 --context 32768 --force \
+    --json-output "$f-accuracy-$V.json" | tail -1
+  python3 -m llm_eval.ab_decode --model qwen3-4b --quantize 4bit --kv-bits 4 --kv-group-size 64 \
+    --mlx-lm-kv-bits none --input-len 32768 --output-len 65 --rounds "${ROUNDS:-4}" \
+    --variants decode-attention,mlx-lm --force \
+    --json-output "$R/h200-qwen3-4b-4bit-kv4-ab-decode-32768+65-$V.json" 2>&1 | quiet | tail -8
 }
 
 serve() {
   python3 -m llm_eval.serve --model qwen3-4b --quantize 4bit --requests 32 --prompt-min 256 \
     --prompt-max 2048 --new-tokens 64 --slots 8 --slots 32 --rounds "${ROUNDS:-2}" --anatomy \
-    --output "$OUT/h200-qwen3-4b-4bit-serve.json" 2>&1 | grep -v '^\[#'
+    --output "$R/h200-qwen3-4b-4bit-serve-32x256-2048+64-$V.json" 2>&1 | quiet
 }
 
 cpu_host() {
+  local f="$R/h200-host-cpu"
+  {
+    echo "nproc $(nproc); cgroup cpu.max: $(cat /sys/fs/cgroup/cpu.max 2>/dev/null || echo none)"
+    lscpu | grep -E "Model name|^CPU\(s\)|Thread|Core|Socket|L3"
+    grep -o -w -E "avx512f|avx512bw|avx512_bf16|avx512_vnni|avx2|fma|f16c" /proc/cpuinfo |
+      sort | uniq -c
+  } | tee "$OUT/cpu.txt"
+  make -j8 bench-cpu-kernel 2>&1 | grep -v -E "^(/|g\+\+|c\+\+)" | tee "$OUT/bench-cpu-kernel.txt"
+  for path in avx512 avx2; do
+    ATTN_KERNELS_CPU_PATH=$path python3 -m llm_eval.operators --device cpu --force \
+      --implementations custom,mlx --iterations 10 --context 1024 --context 4096 \
+      --context 16384 --context 65536 --context-repeats 3 \
+      --json-output "$f-qwen3-4b-attention-L1-$path-$V.json" 2>&1 | quiet | tail -8
+  done
+  python3 -m llm_eval.eval_overhead --rounds 8 --force \
+    --json-output "$f-eval-overhead-$V.json" 2>&1 | grep -v '^round'
   python3 -m llm_eval.linear --model qwen3-4b --format bf16 --format q4 --format q8 --rows 1 \
-    --iterations 2 --output "$OUT/h200-host-qwen3-4b-linear.json" 2>&1 | grep -v '^\['
+    --iterations 2 --force --output "$f-qwen3-4b-linear-$V.json" 2>&1 | quiet
   python3 -m llm_eval.bench --device cpu --model qwen3-4b --quantize 4bit --input-len 8 \
-    --output-len 17 --rounds 3 --variant decode-attention \
-    --output "$OUT/h200-host-qwen3-4b-4bit-bench.json" 2>&1 | grep -v '^\['
+    --output-len 17 --rounds 3 --variant decode-attention --force \
+    --output "$f-qwen3-4b-4bit-bench-$V.json" 2>&1 | quiet
 }
 
 for target in "$@"; do
-  case "$target" in
-    tests | ragged | serve) echo "== $target"; "$target" ;;
-    cpu-host) echo "== $target"; cpu_host ;;
-    *) echo "tools/gpu.sh: unknown target $target (tests, ragged, serve, cpu-host)" >&2 ;;
+  name="${target%%:*}" part="all"
+  [ "$name" = "$target" ] || part="${target#*:}"
+  echo "== $target $(date -u +%T)"
+  case "$name" in
+    operators) operators "$part" ;;
+    tests | ragged | model | step | quantized | serve) "$name" ;;
+    cpu-host) cpu_host ;;
+    *) echo "tools/gpu.sh: unknown target $target (tests, operators[:kernels|grid|short|long]," \
+      "ragged, model, step, quantized, serve, cpu-host)" >&2 ;;
   esac
 done
+tar -C "$OUT" -cf "$OUT/records.tar" records && rm -rf "$R"
+echo "== done $(date -u +%T); records: $(tar -tf "$OUT/records.tar" | grep -c json)"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the H200 (device tool), after `source .gpu-kit/activate.sh`: build attn-kernels against the
 # kit's CUDA MLX and put the packages on PYTHONPATH; source it, then run the GPU tests
-# (`python3 -m pytest packages/attn-kernels/tests -k gpu`) or tools/h200_operators.sh.
+# (`python3 -m pytest packages/attn-kernels/tests -k gpu`) or a measurement; tools/gpu.sh sources it.
 #   source tools/h200.sh        build log under $OUT (or /tmp/out)
 set -euo pipefail
 OUT="${OUT:-/tmp/out}"

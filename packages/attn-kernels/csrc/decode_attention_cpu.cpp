@@ -115,8 +115,8 @@ constexpr int64_t kMinParallelWork = int64_t{1} << 22;
 // How long the pool's workers poll for the next call before they sleep
 // (ATTN_KERNELS_POOL_SPIN_US overrides it). 0, sleep at once, until a measurement shows polling
 // helps: on 2 vCPUs 50 µs was within the noise, and polling
-// workers take cores from the ops that follow attention in a decode step (docs/cpu-kernel.md;
-// tools/h200_cpu_overhead.sh compares 0, 50 and 200 µs on 16 cores).
+// workers take cores from the ops that follow attention in a decode step (docs/cpu-kernel.md,
+// with the 16-core host's 0, 50 and 200 µs).
 constexpr std::chrono::nanoseconds kDefaultWorkerSpin = std::chrono::microseconds(0);
 // Context chunks are at least this long, so merging stays negligible.
 constexpr int kMinChunk = 256;
@@ -324,7 +324,7 @@ int cpu_threads_for(int64_t multiply_adds) {
 // once and the pool's first-come hand-out evens out late starters. In-process A/B, Qwen3-4B
 // shapes, 2 threads, 8 vs 4 units per thread: 0.95/0.89 of the time at S = 1024, 0.97/0.98 at
 // 4096; 16 per thread: 1.05/1.03 at 1024. (16 threads, 8 KV heads: 16 chunks, 256 positions
-// each at S = 4096; tools/h200_cpu16_sweep.sh sweeps the 8.)
+// each at S = 4096; bench-eval-overhead --call-threads sweeps it.)
 int cpu_context_chunks(int kv_rows, int context, int threads) {
   const int per_thread = units_per_thread.load(std::memory_order_relaxed);
   if (threads <= 1 || kv_rows >= per_thread * threads) return 1;

@@ -106,8 +106,8 @@ def collect_metadata(device: str) -> dict:
     dirty = os.environ.get("LLM_EVAL_GIT_DIRTY")
     if not sha:
         sha = _git("rev-parse", "HEAD")
-        # Records written earlier in the same session (tools/cpu_operators.sh writes six) are
-        # not code: only changes outside benchmark_results/ make a measurement dirty.
+        # Records written earlier in the same run (make bench-operators-records writes seven)
+        # are not code: only changes outside benchmark_results/ make a measurement dirty.
         dirty = _git(
             "status",
             "--porcelain",

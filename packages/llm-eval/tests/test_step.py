@@ -1,26 +1,15 @@
-"""tools/step_bench.py on the CPU at the tiny config: it runs against the current bench and model
-APIs (it broke once when bench.py changed), drives the fused step through mlx-lm's
-generate_step without copying a cache, and counts graph nodes by kind."""
+"""bench-step on the CPU at the tiny config: it runs against the current bench and model APIs,
+drives the fused step through mlx-lm's generate_step without copying a cache, and counts graph
+nodes by kind."""
 
 import dataclasses
-import importlib.util
 import json
-from pathlib import Path
 
 import mlx.core as mx
 import pytest
 import qwen3_model.model as model_module
 from attn_kernels import guard
-
-TOOL = Path(__file__).resolve().parents[3] / "tools" / "step_bench.py"
-
-
-@pytest.fixture(scope="module")
-def step_bench():
-    spec = importlib.util.spec_from_file_location("step_bench", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from llm_eval import step as bench_step
 
 
 def widen_guard(monkeypatch, head_dim):
@@ -34,8 +23,8 @@ def widen_guard(monkeypatch, head_dim):
     monkeypatch.setattr(guard, "LIMITS", wide)
 
 
-def test_cpu_smoke_run(step_bench, tmp_path, monkeypatch):
-    widen_guard(monkeypatch, step_bench.qwen3_model.CONFIGS["qwen3-tiny"].head_dim)
+def test_cpu_smoke_run(tmp_path, monkeypatch):
+    widen_guard(monkeypatch, bench_step.qwen3_model.CONFIGS["qwen3-tiny"].head_dim)
     steps, rules = [], []
     step = model_module.attention_step
 
@@ -45,10 +34,10 @@ def test_cpu_smoke_run(step_bench, tmp_path, monkeypatch):
         return step(*a, **k)
 
     monkeypatch.setattr(model_module, "attention_step", counted)  # pick() sets it per variant
-    monkeypatch.setattr(step_bench, "FUSED_STEP", counted)
+    monkeypatch.setattr(bench_step, "FUSED_STEP", counted)
     out = tmp_path / "step.json"
-    variants = step_bench.VARIANTS
-    step_bench.main(
+    variants = bench_step.VARIANTS
+    bench_step.main(
         [
             "--model", "qwen3-tiny", "--device", "cpu", "--workloads", "20+6", "250+9",
             "--rounds", "2", "--anatomy-steps", "3", "--variants", *variants,
@@ -75,14 +64,14 @@ def test_cpu_smoke_run(step_bench, tmp_path, monkeypatch):
     assert set(rules) == {True, False}
 
 
-def test_bad_workloads(step_bench, capsys):
+def test_bad_workloads(capsys):
     for bad in (["--workloads", "20"], ["--workloads", "20+1"], ["--workloads", "a+b"]):
         with pytest.raises(SystemExit):
-            step_bench.parse_args(bad)
+            bench_step.parse_args(bad)
         assert "--workloads" in capsys.readouterr().err
 
 
-def test_count_nodes(step_bench, tmp_path):
+def test_count_nodes(tmp_path):
     """Nodes by kind in DOT files laid out as cudaGraphDebugDotPrint writes them."""
     dot = tmp_path / "graph_1.dot"
     dot.write_text(
@@ -95,4 +84,4 @@ def test_count_nodes(step_bench, tmp_path):
         '"graph_1_node_4"[style="solid" shape="circle" label="4\nEMPTY"];\n'
         '"graph_1_node_0" -> "graph_1_node_1";\n}\n}\n'
     )
-    assert step_bench.count_nodes([dot]) == {"kernel": 2, "memset": 1, "memcpy": 1, "empty": 1}
+    assert bench_step.count_nodes([dot]) == {"kernel": 2, "memset": 1, "memcpy": 1, "empty": 1}

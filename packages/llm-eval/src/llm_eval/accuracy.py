@@ -1,31 +1,44 @@
-"""Accuracy of attention over a quantized KV cache: decode_attention_quantized and mlx-lm's
-quantized_scaled_dot_product_attention on the same codes, both against float64 attention over
-the original (unquantized) bf16 K/V. Qwen3-4B shapes (Hq 32, Hkv 8, D 128), random normal inputs,
-causal; RMS and largest absolute error over every output value.
-
-    python tools/quantized_accuracy.py --device cpu|gpu --json-output PATH
+"""bench-accuracy: the accuracy of attention over a quantized KV cache. decode_attention_quantized
+and mlx-lm's quantized_scaled_dot_product_attention on the same codes, both against float64
+attention over the original (unquantized) bf16 K/V. Qwen3-4B shapes (Hq 32, Hkv 8, D 128),
+random normal inputs, causal; RMS and largest absolute error over every output value.
 
 A second figure separates faithfulness from luck: each path's error against float64 attention
 over the dequantized codes (scale * code + bias in float32), the function both paths compute.
 
-On a GPU, ATTN_QUANTIZED_VARIANT picks the CUDA kernel (mmat4 by default; the variants are
-listed in tools/quantized_variants.py) and the record names it. --bits and --group-size narrow the grid.
+--bits, --group-size and --context narrow the grid; L is 1 and 4 (causal).
+
+    bench-accuracy --device gpu --context 1000 --context 4133 --context 32768 \\
+        --json-output benchmark_results/h200-qwen3-4b-attention-quantized-accuracy-mlx-0.32.4.json
 """
 
 import argparse
-import os
-import sys
 from functools import partial
 from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
 from attn_kernels import decode_attention_quantized
-from llm_eval.record import SCHEMA_VERSION, collect_metadata, write_record
 from mlx_lm.models.base import quantized_scaled_dot_product_attention
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "packages/attn-kernels/tests"))
-from reference import attention_f64, to_numpy
+from llm_eval.record import SCHEMA_VERSION, collect_metadata, refuse_overwrite, write_record
+
+
+def to_numpy(a: mx.array) -> np.ndarray:
+    return np.array(a.astype(mx.float32)).astype(np.float64)
+
+
+def attention_f64(q, k, v) -> np.ndarray:
+    """Causal attention in float64: q (B, Hq, L, D) at the last L of k/v's S positions."""
+    q, k, v = to_numpy(q), to_numpy(k), to_numpy(v)
+    length, s_len = q.shape[2], k.shape[2]
+    group = q.shape[1] // k.shape[1]
+    k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
+    scores = np.einsum("bhld,bhsd->bhls", q, k) / np.sqrt(q.shape[-1])
+    keep = np.arange(s_len)[None, :] <= np.arange(s_len - length, s_len)[:, None]
+    scores = np.where(keep, scores, -np.inf)
+    weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    return np.einsum("bhls,bhsd->bhld", weights / weights.sum(axis=-1, keepdims=True), v)
 
 
 def kq_f32(triple):
@@ -34,15 +47,22 @@ def kq_f32(triple):
     return codes, scales.astype(mx.float32), biases.astype(mx.float32)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(
+        prog="bench-accuracy", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
     p.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
-    p.add_argument("--context", type=int, action="append", help="S (repeatable)")
-    p.add_argument("--bits", type=int, choices=[4, 8], action="append", help="(repeatable)")
-    p.add_argument("--group-size", type=int, choices=[32, 64, 128], action="append")
-    p.add_argument("--json-output", type=Path)
-    p.add_argument("--force", action="store_true")
-    args = p.parse_args()
+    p.add_argument("--context", type=int, action="append", help="S (repeatable; 1000 and 4133)")
+    p.add_argument("--bits", type=int, choices=[4, 8], action="append", help="(default 8 and 4)")
+    p.add_argument(
+        "--group-size", type=int, choices=[32, 64, 128], action="append", help="(default all)"
+    )
+    p.add_argument("--json-output", type=Path, help="write the record here")
+    p.add_argument("--force", action="store_true", help="replace an existing --json-output")
+    args = p.parse_args(argv)
+    if any(c < 4 for c in args.context or []):
+        p.error("--context must be >= 4 (the causal L = 4 rows)")
+    refuse_overwrite(p, args.json_output, args.force)
     mx.set_default_device(mx.gpu if args.device == "gpu" else mx.cpu)
     contexts = args.context or [1000, 4133]
     rows = []
@@ -60,10 +80,10 @@ def main() -> None:
                     v = mx.random.normal((1, 8, s, 128), key=keys[2]).astype(mx.bfloat16)
                     kq = mx.quantize(k, group_size=group_size, bits=bits)
                     vq = mx.quantize(v, group_size=group_size, bits=bits)
-                    exact = attention_f64(q, k, v, mask="causal")
+                    exact = attention_f64(q, k, v)
                     k_codes = mx.dequantize(*kq_f32(kq), group_size=group_size, bits=bits)
                     v_codes = mx.dequantize(*kq_f32(vq), group_size=group_size, bits=bits)
-                    exact_codes = attention_f64(q, k_codes, v_codes, mask="causal")
+                    exact_codes = attention_f64(q, k_codes, v_codes)
                     row = {
                         "bits": bits,
                         "group_size": group_size,
@@ -117,10 +137,6 @@ def main() -> None:
                 "device": args.device,
                 "contexts": contexts,
                 "dtype": "bfloat16",
-                # the CUDA kernel's variant (kernels-cuda/decode_attention_quantized.cu)
-                "cuda_variant": os.environ.get("ATTN_QUANTIZED_VARIANT", "mmat4")
-                if args.device == "gpu"
-                else None,
             },
             "execution_order": [],
             "results": rows,

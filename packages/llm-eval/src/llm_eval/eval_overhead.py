@@ -22,7 +22,7 @@ and p10-p90 per eval and per call; --json-output writes them with every sample a
 of llm-eval's records. --busy-companion keeps one other process spinning throughout (on a VM
 whose idle vCPUs halt, part of a wake-up is the hypervisor's). Usage (repository root):
 
-    uv run --package llm-eval python tools/cpu_eval_overhead.py [--rounds 12] [--block 5] \\
+    uv run --package llm-eval bench-eval-overhead [--rounds 12] [--block 5] \\
         [--context 1024 ...] [--calls 1 --calls 8] [--spin-us 0 --spin-us 50] \\
         [--path avx512 ...] [--call-threads 8 ...] [--units-per-thread 4 ...] \\
         [--kv hot --kv cold] [--json-output FILE]
@@ -216,7 +216,11 @@ def format_table(results: dict) -> str:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="bench-eval-overhead",
+        description=__doc__,
+        formatter_class=argparse.RawTextHelpFormatter,
+    )
     p.add_argument("--rounds", type=int, default=12, help="rotations over every case (default 12)")
     p.add_argument("--block", type=int, default=5, help="evals per case and round (default 5)")
     p.add_argument("--context", type=int, action="append", help="S (default 1024, 4096, 16384)")

@@ -1,12 +1,12 @@
-"""step_bench: whole-model decode of decode-attention (fused step), mlx-lm and composition in ONE
+"""bench-step: whole-model decode of decode-attention (fused step), mlx-lm and composition in ONE
 process on the same weights, every model driven by mlx-lm's own `generate_step` (pipelined with
 mx.async_eval), rounds rotated; plus what a step is made of and, with --count-kernels, the
 kernels each variant launches per decode step (counted in the CUDA graphs MLX writes with
 MLX_SAVE_CUDA_GRAPHS_DOT_FILE).
 
-    python3 tools/step_bench.py --quantize none 4bit --workloads 32+97 1024+65 8192+65 \\
-        --rounds 3 --json-output benchmark_results/h200-...json
-    python3 tools/step_bench.py --count-kernels DIR --quantize none --workloads 1024+9
+    bench-step --quantize none 4bit --workloads 32+97 1024+65 8192+65 --rounds 3 \\
+        --json-output benchmark_results/h200-qwen3-4b-step-bench-mlx-0.32.4.json
+    bench-step --count-kernels DIR --quantize none --workloads 1024+9
 
 Per request: prefill time (prompt through generate_step to its first token) and decode tok/s
 (tokens after the first over the time between the first and the last). Per workload and
@@ -18,7 +18,7 @@ caches the fused op had to copy (per request; 0 in a decode loop, docs/fused-ste
 attention_step_folds() the steps it ran as one kernel (CUDA's fold: every layer's decode
 steps under decode-attention-fold).
 
-    python3 tools/step_bench.py --model qwen3-tiny --device cpu --workloads 20+6   # a smoke run
+    bench-step --model qwen3-tiny --device cpu --workloads 20+6   # a smoke run
 """
 
 from __future__ import annotations
@@ -43,9 +43,11 @@ import mlx.core as mx
 import qwen3_model
 import qwen3_model.model as model_module
 from attn_kernels import attention_step_cache_copies, attention_step_folds
-from llm_eval import bench
-from llm_eval.record import SCHEMA_VERSION, collect_metadata, write_record
 from mlx_lm.generate import generate_step, generation_stream
+
+from llm_eval import bench
+from llm_eval.progress import Progress
+from llm_eval.record import SCHEMA_VERSION, collect_metadata, refuse_overwrite, write_record
 
 # decode-attention-unfused: the decode-attention checkpoint before the fused step (separate
 # projections, norm/RoPE/slice-update ops, DecodeAttention): Model.set_fused_step(False).
@@ -77,7 +79,7 @@ def step_under_mlx_rule(*args, **kwargs):
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="bench-step", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument(
         "--model",
@@ -95,8 +97,10 @@ def parse_args(argv=None):
     p.add_argument("--count-kernels", metavar="DIR", help="count kernels per step (graphs to DIR)")
     p.add_argument("--count-steps", type=int, default=4)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json-output", type=Path)
+    p.add_argument("--json-output", type=Path, help="write the record here")
+    p.add_argument("--force", action="store_true", help="replace an existing --json-output")
     args = p.parse_args(argv)
+    refuse_overwrite(p, args.json_output, args.force)
     try:
         args.workloads = [tuple(int(n) for n in w.split("+")) for w in args.workloads]
     except ValueError:
@@ -277,10 +281,15 @@ def run(args):
         "results": results,
     }
 
+    written = []  # after the first write, later ones replace this run's own record
+
     def save():  # after every workload: a run cut short keeps what it finished
         if args.json_output:
-            return write_record(record, args.json_output, force=True)
+            written.append(write_record(record, args.json_output, args.force or bool(written)))
+            return written[-1]
 
+    per_workload = 1 if args.count_kernels else args.rounds * len(args.variants)
+    progress = Progress(len(args.quantize) * len(args.workloads) * per_workload)
     for quantize in args.quantize:
         ours, make_ours, twin, make_twin = build(args, quantize)
         for input_len, output_len in args.workloads:
@@ -300,6 +309,7 @@ def run(args):
                         stream,
                     )
                     print(quantize, input_len, v, entry["kernels"][v]["nodes_per_step"], flush=True)
+                progress.step(f"{quantize} {input_len}+{output_len} kernels counted")
                 results.append(entry)
                 save()
                 continue
@@ -314,6 +324,7 @@ def run(args):
                     model, make = pick(v, ours, make_ours, twin, make_twin)
                     sample = request(model, make, prompt, output_len, stream)
                     samples[v].append({"round": r, **sample})
+                    progress.step(f"{quantize} {input_len}+{output_len} round {r + 1} {v}")
             entry["samples"] = samples
             entry["medians"] = {
                 v: {
@@ -327,6 +338,7 @@ def run(args):
                 model, make = pick(v, ours, make_ours, twin, make_twin)
                 entry["anatomy"][v] = anatomy(model, make, prompt, args.anatomy_steps, stream)
             results.append(entry)
+            progress.close()
             print(f"{quantize} {input_len}+{output_len}:", flush=True)
             reference = entry["medians"].get("mlx-lm", {}).get("decode_tok_s")
             theirs = [s["token_ids"] for s in samples.get("mlx-lm", [])]
