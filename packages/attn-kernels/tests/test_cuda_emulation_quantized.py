@@ -19,6 +19,7 @@ import pytest
 from attn_kernels import range_mask
 from emulation import CSRC, KERNELS_CUDA, build_runner
 from reference import assert_matches_nonfinite, attention_f64
+from tiers import few, few_rows
 
 
 @pytest.fixture(scope="session")
@@ -72,14 +73,22 @@ MMA_CASES = [
 KERNEL_CASES = [("8x2", c) for c in CASES] + [
     (kind, c) for kind in ("mmat", "mmat4") for c in MMA_CASES
 ]
+# The quick tier: each kernel on a small causal GQA case with a split, and a mask on two of them.
+KERNEL_QUICK = [
+    ("8x2", CASES[2]),
+    ("8x2", CASES[6]),
+    ("mmat", MMA_CASES[2]),
+    ("mmat4", MMA_CASES[2]),
+    ("mmat4", MMA_CASES[6]),
+]
 
 
-@pytest.mark.parametrize(("kind", "case"), KERNEL_CASES)
+@pytest.mark.parametrize(("kind", "case"), few_rows(KERNEL_CASES, *KERNEL_QUICK))
 def test_cuda_quantized_kernel_under_emulation(emulator, tmp_path, kind, case):
     run_case(emulator, tmp_path, case, kind=kind)
 
 
-@pytest.mark.parametrize(("bits", "q_scale"), [(4, 1000.0), (8, 15000.0)])
+@pytest.mark.parametrize(("bits", "q_scale"), few_rows([(4, 1000.0), (8, 15000.0)], (4, 1000.0)))
 def test_cuda_quantized_kernel_with_large_queries(emulator, tmp_path, bits, q_scale):
     """Queries whose f16 operands would overflow (|q| up to ~4000 at 4 bits, where the slots
     facing even nibbles carry a factor 16, and ~50000 at 8 bits) are scaled down by a power of two
@@ -100,8 +109,8 @@ def test_cuda_quantized_kernel_nan_query(emulator, tmp_path, kind):
     assert np.isfinite(np.delete(out[0], 5, axis=0)).all()
 
 
-@pytest.mark.parametrize("kind", ["8x2", "mmat", "mmat4"])
-@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("kind", few(["8x2", "mmat", "mmat4"], "mmat4"))
+@pytest.mark.parametrize("causal", few([False, True], True))
 def test_cuda_quantized_kernel_row_ranges(emulator, tmp_path, kind, causal):
     """Per-row ranges: rows starting inside a 16-position sub-step (the mmat kernel copies whole
     ones and scores the positions before the start -inf), one empty (zeros), rows ending inside

@@ -20,6 +20,7 @@ from conftest import TOLERANCE
 from emulation import CSRC, KERNELS_CUDA, build_runner
 from quantize_reference import mlx_quantize
 from step_reference import make_step, ragged_step_f64, rope_angles, step_f64
+from tiers import few_rows
 
 EPS, BASE = 1e-6, 1_000_000.0  # as the runner sets them
 STEP = 64  # the mma kernel's block step: chunks are multiples of it
@@ -82,7 +83,7 @@ def run_step(emulator, tmp_path, config: str, inputs, hq: int, **int32_files):
 
 @pytest.mark.parametrize(
     ("b", "hq", "hkv", "length", "d", "dtype", "splits", "chunk", "qk_norm"),
-    CASES,
+    few_rows(CASES, CASES[2], CASES[11]),  # quick tier: bf16 with norms, f16 without
     ids=[
         f"B{c[0]}-hq{c[1]}-hkv{c[2]}-L{c[3]}-D{c[4]}-{str(c[5]).split('.')[-1]}-s{c[6]}"
         + ("" if c[8] else "-nonorm")
@@ -126,7 +127,9 @@ def test_folded_step_under_emulation(
 RAGGED_CASES = [(3, 8, 2, 1, 128, 1), (4, 16, 2, 2, 64, 3), (2, 8, 8, 8, 128, 2)]
 
 
-@pytest.mark.parametrize(("b", "hq", "hkv", "length", "d", "splits"), RAGGED_CASES)
+@pytest.mark.parametrize(
+    ("b", "hq", "hkv", "length", "d", "splits"), few_rows(RAGGED_CASES, RAGGED_CASES[0])
+)
 def test_ragged_rows_under_emulation(emulator, tmp_path, b, hq, hkv, length, d, splits):
     """Per-row starts and write positions (mlx-lm's left padding, rows of different lengths):
     each row rotated at its own position, written at its own place and attending to its own range,

@@ -15,6 +15,7 @@ from conftest import TOLERANCE
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from reference import attention_f64, to_numpy
+from tiers import few, few_rows
 
 DTYPES = [mx.float32, mx.float16, mx.bfloat16]
 
@@ -102,8 +103,19 @@ GRID = [
 ]
 
 
+# The quick tier: each L, GQA and mask kind, at contexts shorter than, equal to and between
+# multiples of 32.
+GRID_QUICK = [
+    (1, (32, 8), 129, "none"),
+    (8, (8, 2), 31, "causal"),
+    (1, (4, 4), 255, "explicit"),
+    (8, (32, 8), 128, "explicit"),
+    (1, (8, 2), 1, "causal"),
+]
+
+
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize(("length", "heads", "s", "mask_kind"), GRID)
+@pytest.mark.parametrize(("length", "heads", "s", "mask_kind"), few_rows(GRID, *GRID_QUICK))
 def test_reference_grid(device, length, heads, s, mask_kind):
     hq, hkv = heads
     batch = 2 if hq == 4 else 1
@@ -122,7 +134,9 @@ def test_reference_grid(device, length, heads, s, mask_kind):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("s", [4096, 32768, pytest.param(131072, marks=pytest.mark.gpu_only)])
+@pytest.mark.parametrize(
+    "s", few([4096, 32768, pytest.param(131072, marks=pytest.mark.gpu_only)], 4096)
+)
 @pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16])
 def test_long_context(device, s, dtype):
     q, k, v, _ = make_inputs(s, 1, 8, 2, 1, s, 128, dtype, "none")
