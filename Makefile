@@ -42,13 +42,16 @@ build: uv
 # the grids (tests marked `full`: the same checks over every shape, schedule and split) and the
 # CPU kernels' own checks. Each package's tests run on their own, so a package cannot lean on
 # another's fixtures.
+# TEST_WORKERS: pytest-xdist processes, one test file each at a time (a file's emulators and
+# subprocess servers stay in one process); `TEST_WORKERS=0` runs in this process.
+TEST_WORKERS ?= auto
+PYTEST = $(UV) run --frozen pytest -q -n $(TEST_WORKERS) --dist loadfile
+
 test: build check-evidence
-	@set -e; for p in $(PACKAGES); do echo "== $$p"; \
-	  $(UV) run --frozen pytest -q -m "not full" packages/$$p/tests; done
+	@set -e; for p in $(PACKAGES); do echo "== $$p"; $(PYTEST) -m "not full" packages/$$p/tests; done
 
 test-grids: build
-	@set -e; for p in $(PACKAGES); do echo "== $$p (grids)"; \
-	  $(UV) run --frozen pytest -q -m full packages/$$p/tests; done
+	@set -e; for p in $(PACKAGES); do echo "== $$p (grids)"; $(PYTEST) -m full packages/$$p/tests; done
 
 test-full: test test-grids test-cpu-kernel
 

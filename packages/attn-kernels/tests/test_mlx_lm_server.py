@@ -26,7 +26,8 @@ from test_mlx_lm import ARCHS, LAYERS, VOCAB, tiny_model
 # The kernel's server process: the guard widened as the in-process tests widen it (the tiny model
 # is float32; the records cover bf16), then the command itself.
 KERNEL_SERVER = """
-import dataclasses, sys
+import dataclasses, faulthandler, signal, sys
+faulthandler.register(signal.SIGUSR1)  # every thread's stack on stderr, for a server that hangs
 from attn_kernels import guard
 from attn_kernels.attention import FLOAT_DTYPES, MAX_HEAD_DIM
 guard.LIMITS["cpu"] = dataclasses.replace(
@@ -36,6 +37,7 @@ from attn_kernels.mlx_lm.__main__ import main
 sys.exit(main(sys.argv[1:]))
 """
 STARTUP_SECONDS, REQUEST_SECONDS = 120, 60
+STOP_SECONDS = 60  # one CI run saw a server not stopped after 20 s (cause not found)
 
 
 def model_folder(path):
@@ -97,6 +99,19 @@ def server(command, folder, log):
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+
+
+def stop(process, log, seconds=STOP_SECONDS):
+    """Wait for a server sent SIGINT to exit; if it does not, its threads' stacks (SIGUSR1,
+    faulthandler) and the end of its log in the failure."""
+    try:
+        process.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGUSR1)
+        time.sleep(1)
+        process.kill()
+        process.wait()
+        pytest.fail(f"server still running {seconds} s after SIGINT: {log.read_text()[-6000:]}")
 
 
 def post(url, path, body: bytes):
@@ -164,7 +179,7 @@ def test_server_answers_as_mlx_lms_own(tmp_path):
         # the servers still answer after the malformed request
         assert answer(*post(ours, *REQUESTS_AFTER)) == answer(*post(theirs, *REQUESTS_AFTER))
         proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=20)
+        stop(proc, ours_log)
     assert our_texts == their_texts
     assert all(len(t.split()) >= 1 for t in our_texts)
     assert our_error[0] == their_error[0] == 400
