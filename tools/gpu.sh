@@ -14,6 +14,8 @@
 #               grid (the chapter's grid, context/query sweeps, GQA 1, explicit masks, fresh
 #               inputs), short (L = 1 to S = 4096, independent and chained calls), long (chained
 #               calls from S = 4096: the honest bandwidth figure, independent calls share K/V in L2)
+#   coverage    bench-coverage: ours against mx.fast over head dims 64-256, bf16/f16/f32, groups
+#               1-8, L = 1/4/8, S = 128..131072 (issue 40's sweep; the guard's CUDA shapes)
 #   ragged      bench-operators: a decode step of B rows, each of its own length (--ragged), and
 #               the same B rows all full, B = 8 and 32, S = 512 / 2048 / 8192, L = 1 causal
 #   model       whole-model decode, fresh processes (progression: Qwen3-4B bf16 and 4-bit at
@@ -102,6 +104,12 @@ operators() {
       "${CONTEXTS_LONG[@]}" --implementations custom,mlx --context-repeats 2 --chain \
       --json-output "$f-L2-L8-long-chained-$V.json"
   fi
+}
+
+coverage() {
+  python3 -m llm_eval.coverage --device gpu --context 128 --context 1024 --context 8192 \
+    --context 32768 --context 131072 --force --json-output "$R/h200-attention-coverage-$V.json" \
+    2>&1 | quiet | tail -60
 }
 
 ragged() {
@@ -199,10 +207,10 @@ for target in "$@"; do
   echo "== $target $(date -u +%T)"
   case "$name" in
     operators) operators "$part" ;;
-    tests | ragged | model | step | quantized | serve) "$name" ;;
+    tests | coverage | ragged | model | step | quantized | serve) "$name" ;;
     cpu-host) cpu_host ;;
     *) echo "tools/gpu.sh: unknown target $target (tests, operators[:kernels|grid|short|long]," \
-      "ragged, model, step, quantized, serve, cpu-host)" >&2 ;;
+      "coverage, ragged, model, step, quantized, serve, cpu-host)" >&2 ;;
   esac
 done
 tar -C "$OUT" -cf "$OUT/records.tar" records && rm -rf "$R"

@@ -47,12 +47,32 @@ def test_head_dim_dtype_and_mask_kind(where):
     d = lim.head_dims[0]
     assert not use_fused(1, 1, 2 * d + 1, None, where)
     assert use_fused(1, 1, d, None, where, dtype=lim.dtypes[0])
-    unmeasured = [t for t in (mx.float32, mx.float16, mx.bfloat16) if t not in lim.dtypes]
+    unmeasured = [
+        t
+        for t in (mx.float32, mx.float16, mx.bfloat16)
+        if t not in lim.dtypes and lim.region(d, t) is None
+    ]
     for t in unmeasured:
         assert not use_fused(1, 1, d, None, where, dtype=t)
     assert not use_fused(1, 1, d, "sliding", where)
     assert not use_fused(0, 1, d, None, where)  # nothing to attend
     assert not use_fused(2, 1, d, "causal", where)  # L > S
+
+
+@pytest.mark.parametrize("where", BACKENDS)
+def test_further_shapes(where):
+    """Limits.shapes: each (head dim, dtype) inside its own region, mask None or "causal" and one
+    row only; a head dim no record covers never."""
+    lim = LIMITS[where]
+    for d, t, max_query, max_context in lim.shapes:
+        assert lim.region(d, t) == (max_query, max_context)
+        assert use_fused(max_query, max_context, d, "causal", where, dtype=t)
+        assert use_fused(1, 1, d, None, where, dtype=t)
+        assert not use_fused(max_query + 1, max_context, d, "causal", where, dtype=t)
+        assert not use_fused(1, max_context + 1, d, None, where, dtype=t)
+        assert not use_fused(1, 100, d, mx.zeros((1, 1, 1, 100)), where, dtype=t)
+        assert not use_fused(1, 100, d, "causal", where, dtype=t, batch=2)
+    assert all(lim.region(48, t) is None for t in (mx.float32, mx.float16, mx.bfloat16))
 
 
 @pytest.mark.parametrize("where", BACKENDS)

@@ -127,3 +127,30 @@ def test_attention_only_variant(tmp_path, monkeypatch, capsys):
         in out
     )
     assert "mlx-lm+kernel: calls per request (attention, linear layers): fused 0" in out
+
+
+def test_speculative_decoding(tmp_path, monkeypatch, capsys):
+    """--draft-layers 1: both variants decode speculatively with the model's first layer as the
+    draft; the kernel variant's verify steps (L = 4) run fused; the same tokens; the record names
+    the draft and counts its accepted tokens."""
+    monkeypatch.setitem(mlx_lm_decode.MODELS, "tiny", TINY)
+    argv = ["--model", "tiny", "--quantize", "none", "--device", "cpu", "--rounds", "1"]
+    argv += ["--bandwidth-gbs", "10", "--output", str(tmp_path), "--workload", "12+9"]
+    mlx_lm_decode.main([*argv, "--draft-layers", "1", "--num-draft-tokens", "3"])
+    (path,) = tmp_path.glob("cpu-*core-tiny-bf16-mlx-lm-decode-speculative-12+9-*.json")
+    record = json.loads(path.read_text())
+    validate(record)
+    assert record["config"]["draft_layers"] == 1 and record["config"]["num_draft_tokens"] == 3
+    samples = record["results"]["samples"]
+    assert samples["mlx-lm"][0]["tokens"] == samples["mlx-lm+kernel"][0]["tokens"]
+    assert all(0 <= s[0]["tokens_from_draft"] < 9 for s in samples.values())
+    assert samples["mlx-lm+kernel"][0]["attention_calls"]["fused_step"] > 0
+    assert "speculative (1-layer draft, 3 tokens a step)" in capsys.readouterr().out
+
+
+def test_draft_arguments(capsys):
+    for argv, named in ((["--draft-layers", "0"], "--draft-layers"),
+                        (["--num-draft-tokens", "0"], "--num-draft-tokens")):  # fmt: skip
+        with pytest.raises(SystemExit):
+            mlx_lm_decode.parse_args(argv)
+        assert named in capsys.readouterr().err

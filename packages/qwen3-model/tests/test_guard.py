@@ -110,9 +110,14 @@ def test_explicit_mask(calls, monkeypatch, where):
         assert calls[-1] == ("mx.fast", s)
 
 
-def test_unmeasured_dtype_falls_back(calls):
+def test_unmeasured_dtype_falls_back(calls, monkeypatch):
+    """float32 on CUDA has no record (the CPU's coverage record admits it)."""
+    on_backend(monkeypatch, "cuda")
     mx.eval(run_layer(10, 1, dtype=mx.float32))
     assert calls[-1] == ("mx.fast", 11)
+    on_backend(monkeypatch, "cpu")
+    mx.eval(run_layer(10, 1, dtype=mx.float32))
+    assert calls[-1] == ("step", 11)
 
 
 def test_composition_never_dispatches(calls):

@@ -44,8 +44,8 @@ cpu: cpu-2core-qwen3-4b-attention-quantized-{8,4}-bit-mlx-0.32.4.json: L=1, S = 
     every pass won against the dequantise-then-readable path (7.4-23x), mlx-lm's quantized path
     (22-36x) and mx.fast on bf16 K/V (4.7-8.2x), which the dequantise-then-mx.fast fallback
     cannot beat; L > 1 not measured.
-cuda: benchmark_results/raw/h200-quantized-merge-split.txt (c139b75, the default kernel mmat4 with the
-    context split for two blocks per SM): L=1, group 64, 8 / 4 bits, S = 4096, 32768, 131072:
+cuda: benchmark_results/raw/h200-quantized-merge-split.txt (c139b75, the default kernel mmat4
+    with the context split for two blocks per SM): L=1, group 64, 8 / 4 bits, S = 4096, 32768, 131072:
     16.0 / 16.1, 32.0 / 26.3, 83.1 / 56.8 µs against 32-48 (4096, 32768) and 136 for mx.fast on
     bf16 K/V (chained calls: 27.1 / 28.7, 47.9 / 43.2, 98.4 / 76.4 against 41-59 and 145-147),
     which the dequantise-then-mx.fast fallback cannot beat; groups 32 and 128 at S = 131072:
@@ -54,8 +54,14 @@ cuda: benchmark_results/raw/h200-quantized-merge-split.txt (c139b75, the default
     is mx.fast's, and the fallback adds the dequantisation).
 metal: no record yet: always the fallback.
 
-Head dim and dtype: every record is D=128 bf16 (Qwen3); other values run the same kernels but
-were not measured against mx.fast, so they take the fallback until they are.
+Head dims and dtypes (Limits.shapes; the reference shape above is D=128 bf16, Qwen3's), mask None
+or "causal", B = 1, against mx.fast, Hq = 32 and groups (Hq / Hkv) 1, 2, 4 and 8:
+cpu (2-vCPU AMD EPYC, Zen 3, AVX2): cpu-2core-attention-coverage-mlx-0.32.4.json (bench-coverage):
+    D in {64, 80, 96, 128, 256} x bf16 / f16 / f32 x L in {1, 4, 8} x S in {32 .. 16384}, 900
+    points: ours won every pass at every point, 1.8x (S=32, f32, L=1) to 41x; each (D, dtype) is
+    admitted to L <= 8, S <= 16384, the largest measured (llm-eval's test_coverage derives these
+    regions from the record and checks them against this table).
+cuda, metal: D=128 bf16 only until the sweep runs there (tools/gpu.sh coverage).
 
 Linear layers of a decode step (decode_linear, decode_linear_quantized; LINEAR_LIMITS), against
 MLX's own matmuls (x @ W.T, mx.quantized_matmul), on the CPU only (GPUs keep MLX's):
@@ -87,10 +93,36 @@ class Limits:
     # generation runs), up to max_batch_context positions.
     max_batch: int = 1
     max_batch_context: int = 0
+    # Further (head dim, dtype, max_query, max_context) regions, mask None or "causal", B = 1:
+    # the coverage sweep's (bench-coverage), where head_dims x dtypes above is the reference
+    # shape whose masks and batches were measured too.
+    shapes: tuple[tuple[int, mx.Dtype, int, int], ...] = ()
+
+    def region(self, head_dim: int, dtype: mx.Dtype) -> tuple[int, int] | None:
+        """(max_query, max_context) of a further shape, None where it has none."""
+        for d, t, max_query, max_context in self.shapes:
+            if (d, t) == (head_dim, dtype):
+                return max_query, max_context
+        return None
 
 
 LIMITS: dict[str, Limits] = {
-    "cpu": Limits(8, 16384, (128,), (mx.bfloat16,), 1, 1024, 32, 4096),
+    "cpu": Limits(
+        8,
+        16384,
+        (128,),
+        (mx.bfloat16,),
+        1,
+        1024,
+        32,
+        4096,
+        shapes=tuple(
+            (d, t, 8, 16384)
+            for d in (64, 80, 96, 128, 256)
+            for t in (mx.bfloat16, mx.float16, mx.float32)
+            if (d, t) != (128, mx.bfloat16)
+        ),
+    ),
     "cuda": Limits(8, 131072, (128,), (mx.bfloat16,), 2, 4096, 32, 8192),
     "metal": Limits(2, 256, (128,), (mx.bfloat16,), 0, 0),
 }
@@ -154,13 +186,17 @@ def use_fused(
     if where not in LIMITS:
         raise ValueError(f"unknown backend {where!r}: use one of {', '.join(LIMITS)}")
     limits = LIMITS[where]
-    if head_dim not in limits.head_dims or (dtype is not None and dtype not in limits.dtypes):
-        return False
-    if batch > 1 and (batch > limits.max_batch or context > limits.max_batch_context):
-        return False
     if query_len < 1 or context < query_len:
         return False
-    if mask is None or (isinstance(mask, str) and mask == "causal"):
+    plain = mask is None or (isinstance(mask, str) and mask == "causal")
+    if head_dim not in limits.head_dims or (dtype is not None and dtype not in limits.dtypes):
+        region = limits.region(head_dim, mx.bfloat16 if dtype is None else dtype)
+        if region is None or batch > 1 or not plain:
+            return False
+        return query_len <= region[0] and context <= region[1]
+    if batch > 1 and (batch > limits.max_batch or context > limits.max_batch_context):
+        return False
+    if plain:
         return query_len <= limits.max_query and context <= limits.max_context
     if isinstance(mask, mx.array):
         return query_len <= limits.max_masked_query and context <= limits.max_masked_context

@@ -17,6 +17,12 @@ call alone). --attention-only adds a third, mlx-lm+kernel-attention-only:
 enable(fused_step=False), the attention call alone through the fused op (what enable() did
 before the fused step became its default).
 
+--draft-layers N decodes speculatively, as `mlx_lm.generate --draft-model` does: the draft is the
+model's first N layers (the same weights; random weights make a draft of fewer layers disagree
+with the model on nearly every token, and one of all its layers agree on every one), proposing
+--num-draft-tokens tokens a step that the model verifies in one call of that many + 1 positions
+(causal); the record counts the tokens the draft proposed.
+
 One record per model and workload, under benchmark_results/ (the nearest such folder upwards) or
 --output DIR, named like bench's records.
 """
@@ -25,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import importlib
 import time
 from pathlib import Path
@@ -43,6 +50,7 @@ BASELINE, KERNEL, ATTENTION_ONLY = "mlx-lm", "mlx-lm+kernel", "mlx-lm+kernel-att
 VARIANTS = [BASELINE, KERNEL]
 # mlx-lm config.json values of the published checkpoints (random weights here).
 MODELS = {
+    "qwen3-0.6b": qwen3_model.CONFIGS["qwen3-0.6b"].to_dict(),
     "qwen3-4b": qwen3_model.CONFIGS["qwen3-4b"].to_dict(),
     "llama-3-8b": dict(
         model_type="llama",
@@ -104,12 +112,29 @@ def parse_args(argv=None) -> argparse.Namespace:
         f"(the attention call alone through the fused op; {KERNEL} also fuses norms, RoPE and "
         "the cache write of llama, qwen2 and qwen3 into one attention_step)",
     )
+    p.add_argument(
+        "--draft-layers",
+        type=int,
+        metavar="N",
+        help="speculative decoding with the model's first N layers as the draft model",
+    )
+    p.add_argument(
+        "--num-draft-tokens",
+        type=int,
+        default=3,
+        metavar="K",
+        help="tokens the draft proposes a step (default 3; mlx_lm.generate's default is 2)",
+    )
     args = p.parse_args(argv)
     args.variants = [*VARIANTS, ATTENTION_ONLY] if args.attention_only else list(VARIANTS)
     args.model = list(dict.fromkeys(args.model or ["qwen3-4b"]))
     args.workload = list(dict.fromkeys(args.workload or [(32, 97)]))
     if args.rounds < 1:
         p.error("--rounds must be >= 1")
+    if args.draft_layers is not None and args.draft_layers < 1:
+        p.error("--draft-layers must be >= 1")
+    if args.num_draft_tokens < 1:
+        p.error("--num-draft-tokens must be >= 1")
     if args.output and args.output.exists() and not args.output.is_dir():
         p.error(f"--output {args.output}: not a folder")
     return args
@@ -127,6 +152,16 @@ def build(name: str, quantize: str, seed: int):
         nn.quantize(model, group_size=64, bits=4)
     mx.eval(model.parameters())
     return model
+
+
+def draft_of(model, layers: int):
+    """The model's first `layers` layers as a model of its own, sharing the weights."""
+    if layers > len(model.layers):
+        raise ValueError(f"--draft-layers {layers}: the model has {len(model.layers)} layers")
+    draft = copy.copy(model)
+    draft.model = copy.copy(model.model)
+    draft.model.layers = model.model.layers[:layers]
+    return draft
 
 
 def word_tokenizer(vocab_size: int):
@@ -148,8 +183,19 @@ def kv_bytes_per_position(config: dict) -> int:
     return 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * head_dim * 2
 
 
-def request(model, tokenizer, prompt: mx.array, generated: int, variant: str) -> dict:
-    """One stream_generate request, timed as bench times its loops."""
+def noting_drafts(responses, proposed: list):
+    """(token, None) of each response, as bench.timed takes them; whether the draft proposed it
+    appended to `proposed`."""
+    for r in responses:
+        proposed.append(r.from_draft)
+        yield r.token, None
+
+
+def request(
+    model, tokenizer, prompt: mx.array, generated: int, variant: str, draft=None, drafts: int = 3
+) -> dict:
+    """One stream_generate request (speculative with a `draft` model), timed as bench times its
+    loops."""
     import attn_kernels.mlx_lm as attention
     from mlx_lm.generate import generation_stream, stream_generate
 
@@ -160,17 +206,22 @@ def request(model, tokenizer, prompt: mx.array, generated: int, variant: str) ->
         if kernel
         else contextlib.nullcontext()
     )
+    speculative = {"draft_model": draft, "num_draft_tokens": drafts} if draft is not None else {}
+    proposed = []
     with context:
-        responses = stream_generate(model, tokenizer, prompt, max_tokens=generated)
-        steps = ((r.token, None) for r in responses)
-        sample = bench.timed(steps, prompt.size, generated, (generation_stream,))
+        responses = stream_generate(model, tokenizer, prompt, max_tokens=generated, **speculative)
+        sample = bench.timed(noting_drafts(responses, proposed), prompt.size, generated,
+                             (generation_stream,))  # fmt: skip
+        if draft is not None:
+            sample["tokens_from_draft"] = sum(proposed)
         if kernel:
             sample["attention_calls"] = attention.calls()
     return sample
 
 
-def run_workload(args, name, model, tokenizer, w, progress: Progress) -> dict:
+def run_workload(args, name, model, tokenizer, w, progress: Progress, draft=None) -> dict:
     prompt_len, generated = w
+    options = {"draft": draft, "drafts": args.num_draft_tokens}
     prompt = bench.prompt_ids(model.args.vocab_size, prompt_len, mx.random.key(args.seed))
     config = MODELS[name]
     weight_bytes = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
@@ -178,7 +229,7 @@ def run_workload(args, name, model, tokenizer, w, progress: Progress) -> dict:
     variants = args.variants
     progress.restart(len(variants))
     for v in variants:  # compilation, allocator: the prompt and one decode step
-        request(model, tokenizer, prompt, 2, v)
+        request(model, tokenizer, prompt, 2, v, **options)
         progress.step(f"{name} {prompt_len}+{generated} warm-up {v}")
     samples = {v: [] for v in variants}
     order_log = []
@@ -187,7 +238,7 @@ def run_workload(args, name, model, tokenizer, w, progress: Progress) -> dict:
         order = bench.variant_order(variants, r)
         order_log.append({"round": r, "order": order})
         for v in order:
-            sample = {"round": r, **request(model, tokenizer, prompt, generated, v)}
+            sample = {"round": r, **request(model, tokenizer, prompt, generated, v, **options)}
             bench.add_reads(sample, weight_bytes, kv_per_position, args.bandwidth_gbs)
             samples[v].append(sample)
             progress.step(
@@ -216,6 +267,8 @@ def run_workload(args, name, model, tokenizer, w, progress: Progress) -> dict:
             "bandwidth_gbs": args.bandwidth_gbs,
             "variants": variants,
             "loop": "mlx_lm.stream_generate (greedy; tokenizer: word-level, no EOS)",
+            "draft_layers": args.draft_layers,
+            "num_draft_tokens": args.num_draft_tokens if draft is not None else None,
         },
         "execution_order": order_log,
         "results": {
@@ -241,8 +294,14 @@ def first_divergence(theirs: dict, ours: dict) -> int | None:
 def format_table(record: dict) -> str:
     c, res = record["config"], record["results"]
     lines = [
-        f"{c['model']} {c['quantize']} {c['input_len']}+{c['output_len']}: medians of "
-        f"{c['rounds']} rounds (min–max)",
+        f"{c['model']} {c['quantize']} {c['input_len']}+{c['output_len']}"
+        + (
+            f", speculative ({c['draft_layers']}-layer draft, "
+            f"{c['num_draft_tokens']} tokens a step)"
+            if c.get("draft_layers")
+            else ""
+        )
+        + f": medians of {c['rounds']} rounds (min–max)",
         "| variant | decode tok/s | vs mlx-lm (rounds ≥) | median step ms | weight+KV GB/s |",
         "|---|---|---|---|---|",
     ]
@@ -278,7 +337,8 @@ def record_path(args, record: dict) -> Path:
     c = record["config"]
     stem = (
         f"{bench.machine_tag(args.device)}-{c['model']}-{c['quantize'].replace('none', 'bf16')}-"
-        f"mlx-lm-decode-{c['input_len']}+{c['output_len']}-mlx-{mx.__version__}"
+        f"mlx-lm-decode{'-speculative' if c.get('draft_layers') else ''}-"
+        f"{c['input_len']}+{c['output_len']}-mlx-{mx.__version__}"
     )
     return bench.unique_path(args.output or bench.find_results_dir(), stem)
 
@@ -297,9 +357,10 @@ def main(argv=None) -> None:
         started = time.perf_counter()
         model = build(name, args.quantize, args.seed)
         tokenizer = word_tokenizer(model.args.vocab_size)
+        draft = draft_of(model, args.draft_layers) if args.draft_layers else None
         progress.say(f"{name} ({args.quantize}) built in {time.perf_counter() - started:.1f} s")
         for w in args.workload:
-            record = run_workload(args, name, model, tokenizer, w, progress)
+            record = run_workload(args, name, model, tokenizer, w, progress, draft)
             progress.close()
             print(format_table(record), flush=True)
             if not args.no_record:

@@ -20,10 +20,10 @@ K and V head dims that differ). A QuantizedKVCache's decode steps run
 S <= 32768, the measured head dim and dtype), mlx-lm's quantized path elsewhere. docs/mlx-lm.md has the table and the
 records. mlx-lm itself is optional: this module imports without it, enable() needs it.
 
-enable() also replaces `Attention.__call__` of mlx-lm's llama (and so mistral), qwen2 and qwen3
-modules (step.STEP_MODELS): decode steps the guard accepts (guard.use_step) with a plain KVCache
-and plain RoPE run q/k norm (Qwen3), RoPE, the cache write and attention as one `attention_step`
-on the cache's buffers (step.py), and with a QuantizedKVCache (guard.use_step_quantized: head dim
+enable() also replaces `Attention.__call__` of mlx-lm's llama (and so mistral), qwen2, qwen3 and
+qwen3_moe modules (step.STEP_MODELS): decode steps the guard accepts (guard.use_step) with a
+plain KVCache and plain RoPE run q/k norm (Qwen3), RoPE, the cache write and attention as one
+`attention_step` on the cache's buffers (step.py), and with a QuantizedKVCache (guard.use_step_quantized: head dim
 a multiple of 64) one `attention_step_quantized` on its triples; everything else runs mlx-lm's
 method. enable(fused_step=False)
 leaves those methods alone: only the attention function is replaced.

@@ -1,6 +1,6 @@
 """mlx-lm's attention with the fused step: `enable()` puts `fused_call`'s method in place of
 `Attention.__call__` of mlx-lm's llama (also mistral, which mlx-lm loads through llama.py),
-qwen2 and qwen3 modules (STEP_MODELS).
+qwen2, qwen3 and qwen3_moe modules (STEP_MODELS).
 
 A decode step that attn_kernels.guard.use_step accepts (the question qwen3_model's attention
 asks) with mlx-lm's plain KVCache runs q/k RMSNorm (Qwen3 only: Llama and Qwen2 have none),
@@ -35,6 +35,7 @@ STEP_MODELS: dict[str, tuple[str, str] | None] = {
     "llama": None,
     "qwen2": None,
     "qwen3": ("q_norm", "k_norm"),
+    "qwen3_moe": ("q_norm", "k_norm"),  # Qwen3's attention; the experts are in the MLP
 }
 
 

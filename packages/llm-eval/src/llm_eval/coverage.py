@@ -1,0 +1,231 @@
+"""bench-coverage: our attention against mx.fast over the shapes other models use, and the guard
+region that follows from it.
+
+For every head dim D (--head-dim), dtype (--dtype), group G (query heads per KV head, --group;
+Hq = --heads, Hkv = Hq / G), query length L (--query-length; causal) and context S (--context),
+bench-operators' protocol times `decode_attention_custom` and `mx.fast.scaled_dot_product_attention`
+interleaved (both orders equally often, passes forward then backward, every sample kept). One
+record holds every point: both medians, the ratio, the passes ours won, GB/s and the fraction of
+the read floor. Then, per (D, dtype), the region the guard takes from it (`derive_regions`): the
+largest L and S such that ours won every pass at every swept point with L' <= L and S' <= S, over
+every group. attn_kernels.guard.LIMITS names the record its regions came from; llm-eval's tests
+check that they agree.
+
+    bench-coverage --device cpu --json-output benchmark_results/cpu-2core-attention-coverage-mlx-0.32.4.json
+    bench-coverage --head-dim 96 --group 1 --context 8192 --query-length 1   # one question
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import statistics
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+from attn_kernels import _ext
+
+from llm_eval import operators
+from llm_eval.progress import Progress
+from llm_eval.record import SCHEMA_VERSION, collect_metadata, refuse_overwrite, write_record
+
+HEAD_DIMS = (64, 80, 96, 128, 256)
+DTYPES = ("bfloat16", "float16", "float32")
+GROUPS = (1, 2, 4, 8)
+QUERY_LENGTHS = (1, 4, 8)
+CONTEXTS = (32, 128, 1024, 4096, 16384)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="bench-coverage",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--head-dim", type=int, action="append", help=f"D (default {HEAD_DIMS})")
+    p.add_argument("--dtype", choices=DTYPES, action="append", help=f"(default {DTYPES})")
+    p.add_argument("--group", type=int, action="append", help=f"Hq / Hkv (default {GROUPS})")
+    p.add_argument("--query-length", type=int, action="append", help=f"L (default {QUERY_LENGTHS})")
+    p.add_argument("--context", type=int, action="append", help=f"S (default {CONTEXTS})")
+    p.add_argument("--heads", type=int, default=32, help="query heads Hq (default 32)")
+    p.add_argument("--passes", type=int, default=2, help="passes over each (D, dtype, group)")
+    p.add_argument("--iterations", type=int, default=2, help="samples per pass (both orders)")
+    p.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json-output", type=Path, help="write the record here")
+    p.add_argument("--force", action="store_true", help="replace an existing --json-output")
+    args = p.parse_args(argv)
+    args.head_dim = args.head_dim or list(HEAD_DIMS)
+    args.dtype = args.dtype or list(DTYPES)
+    args.group = args.group or list(GROUPS)
+    args.query_length = sorted(args.query_length or QUERY_LENGTHS)
+    args.context = sorted(args.context or CONTEXTS)
+    if any(d < 1 or d > 256 for d in args.head_dim):
+        p.error("--head-dim: 1 to 256 (the kernels' limit)")
+    if any(g < 1 or args.heads % g for g in args.group):
+        p.error(f"--group: each must divide --heads {args.heads}")
+    if min(args.query_length) < 1 or min(args.context) < max(args.query_length):
+        p.error("--query-length must be >= 1 and every --context >= every --query-length")
+    if args.passes < 1 or args.iterations < 2 or args.iterations % 2:
+        p.error("--passes >= 1, --iterations a positive multiple of 2 (both orders)")
+    if args.device == "gpu" and mx.default_device() != mx.gpu:
+        p.error("--device gpu: this MLX has no GPU backend")
+    refuse_overwrite(p, args.json_output, args.force)
+    return args
+
+
+def point_key(d: int, dtype: str, group: int, length: int, context: int) -> str:
+    return f"D={d},{dtype},G={group},L={length},S={context}"
+
+
+def sweep_one(args, d: int, dtype: str, group: int, bandwidth: float | None) -> dict:
+    """bench-operators over (L, S) for one (D, dtype, group): its record's results."""
+    argv = ["--device", args.device, "--implementations", "custom,mlx", "--dtype", dtype]
+    argv += ["--head-dim", str(d), "--heads", str(args.heads), "--gqa-ratio", str(group)]
+    argv += ["--attention-mask", "causal", "--seed", str(args.seed)]
+    argv += ["--context-repeats", str(args.passes), "--iterations", str(args.iterations)]
+    argv += [f"--context={s}" for s in args.context]
+    argv += [f"--query-length={q}" for q in args.query_length]
+    if bandwidth:
+        argv += ["--bandwidth-gbs", str(bandwidth)]
+    op_args = operators.parse_args(argv)
+    return operators.run(op_args)["results"]
+
+
+def summarize_point(entry: dict) -> dict:
+    ours, theirs = entry["summary"]["custom"], entry["summary"]["mlx"]
+    wins = sum(p["median_us"]["custom"] < p["median_us"]["mlx"] for p in entry["passes"])
+    return {
+        "ours_us": ours["median_us"],
+        "mx_fast_us": theirs["median_us"],
+        "ratio": theirs["median_us"] / ours["median_us"],
+        "passes_won": wins,
+        "passes": len(entry["passes"]),
+        "ours_gbs": ours["gbs"],
+        "ours_floor_fraction": ours["floor_fraction"],
+        "samples_us": entry["samples_us"],
+    }
+
+
+def derive_regions(points: dict) -> dict[tuple[int, str], tuple[int, int]]:
+    """Per (D, dtype): the (max L, max S) rectangle, anchored at the smallest swept L and S, whose
+    every swept point (every group) ours won in every pass, covering the most points; (0, 0) where
+    none. Points are summarize_point()'s, keyed by point_key's fields."""
+    by_shape: dict[tuple[int, str], dict[tuple[int, int], bool]] = {}
+    for p in points.values():
+        won = p["passes_won"] == p["passes"]
+        cell = by_shape.setdefault((p["head_dim"], p["dtype"]), {})
+        key = (p["query_length"], p["context"])
+        cell[key] = cell.get(key, True) and won
+    regions = {}
+    for shape, cells in by_shape.items():
+        lengths = sorted({q for q, _ in cells})
+        contexts = sorted({s for _, s in cells})
+        best, best_count = (0, 0), 0
+        for lq, ls in itertools.product(lengths, contexts):
+            inside = [(q, s) for q, s in cells if q <= lq and s <= ls]
+            if all(cells[c] for c in inside) and len(inside) > best_count:
+                best, best_count = (lq, ls), len(inside)
+        regions[shape] = best
+    return regions
+
+
+def run(args) -> dict:
+    mx.set_default_device(mx.gpu if args.device == "gpu" else mx.cpu)
+    rates = [] if args.device == "gpu" else [_ext.measure_read_bandwidth(1 << 30, 5) / 1e9]
+    configs = list(itertools.product(args.head_dim, args.dtype, args.group))
+    progress = Progress(len(configs))
+    points, order = {}, []
+    for d, dtype, group in configs:
+        results = sweep_one(args, d, dtype, group, max(rates) if rates else None)
+        order.append({"head_dim": d, "dtype": dtype, "group": group})
+        for entry in results.values():
+            key = point_key(d, dtype, group, entry["query_length"], entry["context"])
+            points[key] = {
+                "head_dim": d,
+                "dtype": dtype,
+                "group": group,
+                "query_length": entry["query_length"],
+                "context": entry["context"],
+                **summarize_point(entry),
+            }
+        progress.step(f"D={d} {dtype} G={group}")
+    if rates:
+        rates.append(_ext.measure_read_bandwidth(1 << 30, 5) / 1e9)
+    regions = derive_regions(points)
+    config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    config["read_rates_gbs"] = rates
+    if args.device == "cpu":
+        config["cpu_kernel_path"], config["cpu_threads"] = _ext.cpu_path(), _ext.cpu_threads()
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "coverage-sweep",
+        "metadata": collect_metadata(args.device),
+        "config": config,
+        "execution_order": order,
+        "results": points,
+        "regions": [
+            {"head_dim": d, "dtype": t, "max_query": q, "max_context": s}
+            for (d, t), (q, s) in sorted(regions.items())
+        ],
+    }
+
+
+def format_tables(record: dict) -> str:
+    """Per (D, dtype): the ratio mx.fast / ours at each (L, S), the lowest over groups, with an
+    asterisk where some group lost a pass; then the regions."""
+    points = record["results"].values()
+    lengths = sorted({p["query_length"] for p in points})
+    contexts = sorted({p["context"] for p in points})
+    lines = ["| D | dtype | L | " + " | ".join(f"S={s}" for s in contexts) + " |"]
+    lines.append("|---:|---|---:|" + "---:|" * len(contexts))
+    shapes = sorted({(p["head_dim"], p["dtype"]) for p in points})
+    for (d, dtype), q in itertools.product(shapes, lengths):
+        cells = []
+        for s in contexts:
+            at = [
+                p
+                for p in points
+                if (p["head_dim"], p["dtype"], p["query_length"], p["context"]) == (d, dtype, q, s)
+            ]
+            if not at:
+                cells.append("")
+                continue
+            lost = any(p["passes_won"] < p["passes"] for p in at)
+            cells.append(f"{min(p['ratio'] for p in at):.1f}x" + ("*" if lost else ""))
+        lines.append(f"| {d} | {dtype} | {q} | " + " | ".join(cells) + " |")
+    ratios = [p["ratio"] for p in points]
+    inside = [
+        p
+        for p in points
+        for r in record["regions"]
+        if (r["head_dim"], r["dtype"]) == (p["head_dim"], p["dtype"])
+        and p["query_length"] <= r["max_query"]
+        and p["context"] <= r["max_context"]
+    ]
+    lines.append("")
+    lines.append(
+        f"{len(ratios)} points; mx.fast / ours median {statistics.median(ratios):.1f}x, "
+        f"lowest {min(ratios):.2f}x; the regions cover {len(inside)} "
+        f"({len(inside) / len(ratios):.0%}), lowest there "
+        f"{min((p['ratio'] for p in inside), default=float('nan')):.2f}x"
+    )
+    for r in record["regions"]:
+        lines.append(
+            f"region D={r['head_dim']} {r['dtype']}: L <= {r['max_query']}, S <= {r['max_context']}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    record = run(args)
+    print(format_tables(record))
+    if args.json_output:
+        print(f"wrote {write_record(record, args.json_output, force=args.force)}")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

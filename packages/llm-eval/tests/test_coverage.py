@@ -1,0 +1,90 @@
+"""bench-coverage: a small sweep's record, the region rule, and the guard's regions against the
+record they name."""
+
+import json
+from pathlib import Path
+
+import mlx.core as mx
+import pytest
+from attn_kernels import guard
+from llm_eval import coverage
+
+RECORD = (
+    Path(__file__).resolve().parents[3]
+    / "benchmark_results"
+    / "cpu-2core-attention-coverage-mlx-0.32.4.json"
+)
+
+
+def test_small_sweep(tmp_path):
+    out = tmp_path / "coverage.json"
+    coverage.main(["--head-dim", "80", "--head-dim", "64", "--dtype", "float16", "--group", "2",
+                   "--group", "1", "--query-length", "3", "--query-length", "1", "--context", "70",
+                   "--context", "35", "--heads", "4", "--json-output", str(out)])  # fmt: skip
+    record = json.loads(out.read_text())
+    assert record["kind"] == "coverage-sweep"
+    points = record["results"]
+    assert len(points) == 2 * 2 * 2 * 2  # D x group x L x S
+    p = points[coverage.point_key(80, "float16", 1, 3, 70)]
+    assert p["passes"] == 2 and 0 <= p["passes_won"] <= 2
+    assert p["ratio"] == pytest.approx(p["mx_fast_us"] / p["ours_us"])
+    assert len(p["samples_us"]["custom"]) == len(p["samples_us"]["mlx"]) == 4
+    assert {(r["head_dim"], r["dtype"]) for r in record["regions"]} == {
+        (64, "float16"),
+        (80, "float16"),
+    }
+
+
+def point(d, length, context, won, group=1, dtype="bfloat16"):
+    return {
+        "head_dim": d,
+        "dtype": dtype,
+        "group": group,
+        "query_length": length,
+        "context": context,
+        "passes_won": 2 if won else 1,
+        "passes": 2,
+    }
+
+
+def test_region_rule():
+    """The largest rectangle from the smallest L and S whose every point won every pass in every
+    group: a lost pass at (L=8, S=16384) in one group leaves L <= 4 at every S or L <= 8 below
+    16384, whichever covers more points; a loss at the smallest point leaves nothing."""
+    grid = [(q, s) for q in (1, 4, 8) for s in (128, 1024, 16384)]
+    points = {}
+    for g in (1, 4):
+        for q, s in grid:
+            lost = g == 4 and (q, s) == (8, 16384)
+            points[f"a{g}{q}{s}"] = point(64, q, s, not lost, group=g)
+            points[f"b{g}{q}{s}"] = point(96, q, s, (q, s) != (1, 128), group=g)
+    regions = coverage.derive_regions(points)
+    assert regions[(64, "bfloat16")] in ((4, 16384), (8, 1024))
+    assert regions[(96, "bfloat16")] == (0, 0)
+
+
+def test_bad_arguments(capsys):
+    for argv, named in (
+        (["--group", "3"], "--group"),
+        (["--iterations", "3"], "--iterations"),
+        (["--head-dim", "300"], "--head-dim"),
+        (["--query-length", "9", "--context", "8"], "--query-length"),
+    ):
+        with pytest.raises(SystemExit):
+            coverage.parse_args(argv)
+        assert named in capsys.readouterr().err
+
+
+def test_guard_regions_are_the_records():
+    """Every further CPU shape of the guard is the region its coverage record derives, and every
+    region the record derives (except the reference shape's own) is in the guard."""
+    record = json.loads(RECORD.read_text())
+    derived = coverage.derive_regions(record["results"])
+    cpu = guard.LIMITS["cpu"]
+    reference = {(d, t) for d in cpu.head_dims for t in cpu.dtypes}
+    expected = {
+        (d, getattr(mx, t), q, s)
+        for (d, t), (q, s) in derived.items()
+        if (d, getattr(mx, t)) not in reference and q > 0
+    }
+    assert set(cpu.shapes) == expected
