@@ -218,6 +218,11 @@ int main(int argc, char** argv) {
     }
     // Odd head dims (scratch path), boolean masks, strided rows, contexts split over threads.
     for (int D : {1, 40, 72, 200, 256}) cases.push_back({t, 1, 6, 3, 3, 77, D, Mask::causal});
+    // The coverage sweep's other head dims (bench-coverage), without GQA and with groups of 8.
+    for (int D : {80, 96}) {
+      cases.push_back({t, 1, 4, 4, 1, 333, D, Mask::none});
+      cases.push_back({t, 1, 16, 2, 8, 333, D, Mask::causal});
+    }
     cases.push_back({t, 1, 8, 2, 2, 300, 64, Mask::boolean});
     cases.push_back({t, 2, 8, 2, 2, 45, 48, Mask::causal, true});
     cases.push_back({t, 1, 8, 2, 2, 300, 128, Mask::additive, true});
