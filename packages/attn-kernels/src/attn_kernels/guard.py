@@ -61,7 +61,11 @@ cpu (2-vCPU AMD EPYC, Zen 3, AVX2): cpu-2core-attention-coverage-mlx-0.32.4.json
     points: ours won every pass at every point, 1.8x (S=32, f32, L=1) to 41x; each (D, dtype) is
     admitted to L <= 8, S <= 16384, the largest measured (llm-eval's test_coverage derives these
     regions from the record and checks them against this table).
-cuda, metal: D=128 bf16 only until the sweep runs there (tools/gpu.sh coverage).
+cuda (H200): h200-attention-coverage-mlx-0.32.4.json (the same sweep to S = 131072): ours won every
+    pass at 546 of 900 points, losing at D 80 and 96 in bf16/f16 (the SIMT schedule) and at
+    D 256 from S = 8192, and tying at the per-call floor at short contexts; no further shape is
+    admitted yet (docs/results-h200.md).
+metal: D=128 bf16 only.
 
 Linear layers of a decode step (decode_linear, decode_linear_quantized; LINEAR_LIMITS), against
 MLX's own matmuls (x @ W.T, mx.quantized_matmul), on the CPU only (GPUs keep MLX's):
