@@ -150,6 +150,7 @@ def test_speculative_decoding(tmp_path, monkeypatch, capsys):
 
 def test_draft_arguments(capsys):
     for argv, named in ((["--draft-layers", "0"], "--draft-layers"),
+                        (["--draft-layers", "29", "--model", "qwen3-0.6b"], "28 layers"),
                         (["--num-draft-tokens", "0"], "--num-draft-tokens")):  # fmt: skip
         with pytest.raises(SystemExit):
             mlx_lm_decode.parse_args(argv)

@@ -133,6 +133,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("--rounds must be >= 1")
     if args.draft_layers is not None and args.draft_layers < 1:
         p.error("--draft-layers must be >= 1")
+    for name in args.model:
+        if (args.draft_layers or 0) > MODELS[name]["num_hidden_layers"]:
+            p.error(f"--draft-layers {args.draft_layers}: {name} has "
+                    f"{MODELS[name]['num_hidden_layers']} layers")  # fmt: skip
     if args.num_draft_tokens < 1:
         p.error("--num-draft-tokens must be >= 1")
     if args.output and args.output.exists() and not args.output.is_dir():
@@ -156,8 +160,6 @@ def build(name: str, quantize: str, seed: int):
 
 def draft_of(model, layers: int):
     """The model's first `layers` layers as a model of its own, sharing the weights."""
-    if layers > len(model.layers):
-        raise ValueError(f"--draft-layers {layers}: the model has {len(model.layers)} layers")
     draft = copy.copy(model)
     draft.model = copy.copy(model.model)
     draft.model.layers = model.model.layers[:layers]
