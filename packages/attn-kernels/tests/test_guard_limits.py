@@ -64,14 +64,16 @@ def test_further_shapes(where):
     """Limits.shapes: each (head dim, dtype) inside its own region, mask None or "causal" and one
     row only; a head dim no record covers never."""
     lim = LIMITS[where]
-    for d, t, max_query, max_context in lim.shapes:
-        assert lim.region(d, t) == (max_query, max_context)
+    for d, t, max_query, min_context, max_context in lim.shapes:
+        assert lim.region(d, t) == (max_query, min_context, max_context)
         assert use_fused(max_query, max_context, d, "causal", where, dtype=t)
-        assert use_fused(1, 1, d, None, where, dtype=t)
+        assert use_fused(1, min_context, d, None, where, dtype=t)
+        if min_context > 1:
+            assert not use_fused(1, min_context - 1, d, None, where, dtype=t)
         assert not use_fused(max_query + 1, max_context, d, "causal", where, dtype=t)
         assert not use_fused(1, max_context + 1, d, None, where, dtype=t)
-        assert not use_fused(1, 100, d, mx.zeros((1, 1, 1, 100)), where, dtype=t)
-        assert not use_fused(1, 100, d, "causal", where, dtype=t, batch=2)
+        assert not use_fused(1, max_context, d, mx.zeros((1, 1, 1, max_context)), where, dtype=t)
+        assert not use_fused(1, max_context, d, "causal", where, dtype=t, batch=2)
     assert all(lim.region(48, t) is None for t in (mx.float32, mx.float16, mx.bfloat16))
 
 

@@ -9,11 +9,13 @@ import pytest
 from attn_kernels import guard
 from llm_eval import coverage
 
-RECORD = (
-    Path(__file__).resolve().parents[3]
-    / "benchmark_results"
-    / "cpu-2core-attention-coverage-mlx-0.32.4.json"
-)
+RESULTS = Path(__file__).resolve().parents[3] / "benchmark_results"
+# Per backend: the coverage records the guard's further shapes come from, and the (D, dtype)
+# pairs each speaks for (None: all it swept); a later record overrides an earlier one.
+RECORDS = {
+    "cpu": [("cpu-2core-attention-coverage-mlx-0.32.4.json", None)],
+    "cuda": [("h200-attention-coverage-mlx-0.32.4.json", None)],
+}
 
 
 def test_small_sweep(tmp_path):
@@ -44,23 +46,33 @@ def point(d, length, context, won, group=1, dtype="bfloat16"):
         "context": context,
         "passes_won": 2 if won else 1,
         "passes": 2,
+        "ratio": 1.5 if won else 0.5,
     }
 
 
 def test_region_rule():
-    """The largest rectangle from the smallest L and S whose every point won every pass in every
-    group: a lost pass at (L=8, S=16384) in one group leaves L <= 4 at every S or L <= 8 below
-    16384, whichever covers more points; a loss at the smallest point leaves nothing."""
+    """The rectangle of L' <= L and S_lo <= S' <= S_hi whose every point, every group, was won or
+    tied, covering the most points: a lost point at (L=8, S=16384) in one group leaves L <= 4 at
+    every S or L <= 8 below 16384, whichever covers more; a lost smallest point moves the
+    region's start up; a tie (a lost pass, medians within TIE) is not a loss; a start at the
+    smallest swept S reaches down to S = 1."""
     grid = [(q, s) for q in (1, 4, 8) for s in (128, 1024, 16384)]
     points = {}
     for g in (1, 4):
         for q, s in grid:
             lost = g == 4 and (q, s) == (8, 16384)
             points[f"a{g}{q}{s}"] = point(64, q, s, not lost, group=g)
-            points[f"b{g}{q}{s}"] = point(96, q, s, (q, s) != (1, 128), group=g)
+            points[f"b{g}{q}{s}"] = point(96, q, s, s != 128, group=g)
+            tied = point(80, q, s, False, group=g)
+            tied["ratio"] = 1 - coverage.TIE / 2 if s == 128 else 1.5
+            points[f"c{g}{q}{s}"] = tied
     regions = coverage.derive_regions(points)
-    assert regions[(64, "bfloat16")] in ((4, 16384), (8, 1024))
-    assert regions[(96, "bfloat16")] == (0, 0)
+    assert regions[(64, "bfloat16")] in ((4, 1, 16384), (8, 1, 1024))
+    assert regions[(96, "bfloat16")] == (8, 1024, 16384)
+    assert regions[(80, "bfloat16")] == (8, 1, 16384)
+    for p in points.values():
+        p["ratio"], p["passes_won"] = 0.5, 0
+    assert coverage.derive_regions(points)[(64, "bfloat16")] == (0, 0, 0)
 
 
 def test_bad_arguments(capsys):
@@ -75,16 +87,21 @@ def test_bad_arguments(capsys):
         assert named in capsys.readouterr().err
 
 
-def test_guard_regions_are_the_records():
-    """Every further CPU shape of the guard is the region its coverage record derives, and every
-    region the record derives (except the reference shape's own) is in the guard."""
-    record = json.loads(RECORD.read_text())
-    derived = coverage.derive_regions(record["results"])
-    cpu = guard.LIMITS["cpu"]
-    reference = {(d, t) for d in cpu.head_dims for t in cpu.dtypes}
+@pytest.mark.parametrize("backend", sorted(RECORDS))
+def test_guard_regions_are_the_records(backend):
+    """Every further shape of the backend's guard is the region its coverage record derives, and
+    every region the records derive (except the reference shape's own) is in the guard."""
+    derived = {}
+    for name, speaks_for in RECORDS[backend]:
+        record = json.loads((RESULTS / name).read_text())
+        for shape, region in coverage.derive_regions(record["results"]).items():
+            if speaks_for is None or shape in speaks_for:
+                derived[shape] = region
+    limits = guard.LIMITS[backend]
+    reference = {(d, t) for d in limits.head_dims for t in limits.dtypes}
     expected = {
-        (d, getattr(mx, t), q, s)
-        for (d, t), (q, s) in derived.items()
+        (d, getattr(mx, t), q, lo, hi)
+        for (d, t), (q, lo, hi) in derived.items()
         if (d, getattr(mx, t)) not in reference and q > 0
     }
-    assert set(cpu.shapes) == expected
+    assert set(limits.shapes) == expected

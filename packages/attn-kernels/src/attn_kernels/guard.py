@@ -61,10 +61,11 @@ cpu (2-vCPU AMD EPYC, Zen 3, AVX2): cpu-2core-attention-coverage-mlx-0.32.4.json
     points: ours won every pass at every point, 1.8x (S=32, f32, L=1) to 41x; each (D, dtype) is
     admitted to L <= 8, S <= 16384, the largest measured (llm-eval's test_coverage derives these
     regions from the record and checks them against this table).
-cuda (H200): h200-attention-coverage-mlx-0.32.4.json (the same sweep to S = 131072): ours won every
-    pass at 546 of 900 points, losing at D 80 and 96 in bf16/f16 (the SIMT schedule) and at
-    D 256 from S = 8192, and tying at the per-call floor at short contexts; no further shape is
-    admitted yet (docs/results-h200.md).
+cuda (H200): h200-attention-coverage-mlx-0.32.4.json (the same sweep, S = 128 .. 131072): ours won
+    every pass at 546 of 900 points. The regions count a point within 5% as a tie (bench-coverage's
+    TIE: the per-call floor at S = 128, the memory floor at G = 1): D 64 bf16/f16 and D 128 f16
+    from S = 1024 (losing or tied at 128: 0.84-0.98x), float32 (the SIMT kernel) where it won;
+    D 80, 96 and 256 in bf16/f16 (the SIMT schedule: 0.1-1.3x) only at the short contexts it won.
 metal: D=128 bf16 only.
 
 Linear layers of a decode step (decode_linear, decode_linear_quantized; LINEAR_LIMITS), against
@@ -97,16 +98,17 @@ class Limits:
     # generation runs), up to max_batch_context positions.
     max_batch: int = 1
     max_batch_context: int = 0
-    # Further (head dim, dtype, max_query, max_context) regions, mask None or "causal", B = 1:
-    # the coverage sweep's (bench-coverage), where head_dims x dtypes above is the reference
-    # shape whose masks and batches were measured too.
-    shapes: tuple[tuple[int, mx.Dtype, int, int], ...] = ()
+    # Further (head dim, dtype, max_query, min_context, max_context) regions, mask None or
+    # "causal", B = 1: the coverage sweep's (bench-coverage), where head_dims x dtypes above is the
+    # reference shape whose masks and batches were measured too. min_context > 1 where shorter
+    # contexts were lost or not measured past a loss.
+    shapes: tuple[tuple[int, mx.Dtype, int, int, int], ...] = ()
 
-    def region(self, head_dim: int, dtype: mx.Dtype) -> tuple[int, int] | None:
-        """(max_query, max_context) of a further shape, None where it has none."""
-        for d, t, max_query, max_context in self.shapes:
+    def region(self, head_dim: int, dtype: mx.Dtype) -> tuple[int, int, int] | None:
+        """(max_query, min_context, max_context) of a further shape, None where it has none."""
+        for d, t, max_query, min_context, max_context in self.shapes:
             if (d, t) == (head_dim, dtype):
-                return max_query, max_context
+                return max_query, min_context, max_context
         return None
 
 
@@ -121,13 +123,37 @@ LIMITS: dict[str, Limits] = {
         32,
         4096,
         shapes=tuple(
-            (d, t, 8, 16384)
+            (d, t, 8, 1, 16384)
             for d in (64, 80, 96, 128, 256)
             for t in (mx.bfloat16, mx.float16, mx.float32)
             if (d, t) != (128, mx.bfloat16)
         ),
     ),
-    "cuda": Limits(8, 131072, (128,), (mx.bfloat16,), 2, 4096, 32, 8192),
+    "cuda": Limits(
+        8,
+        131072,
+        (128,),
+        (mx.bfloat16,),
+        2,
+        4096,
+        32,
+        8192,
+        shapes=(
+            (64, mx.bfloat16, 8, 1024, 131072),
+            (64, mx.float16, 8, 1024, 131072),
+            (64, mx.float32, 4, 8192, 131072),
+            (80, mx.bfloat16, 8, 1, 128),
+            (80, mx.float16, 8, 1, 128),
+            (80, mx.float32, 8, 1, 8192),
+            (96, mx.bfloat16, 1, 1024, 1024),
+            (96, mx.float16, 1, 1024, 1024),
+            (128, mx.float16, 8, 1024, 131072),
+            (128, mx.float32, 4, 8192, 131072),
+            (256, mx.bfloat16, 8, 1, 1024),
+            (256, mx.float16, 8, 1, 1024),
+            (256, mx.float32, 4, 1, 131072),
+        ),
+    ),
     "metal": Limits(2, 256, (128,), (mx.bfloat16,), 0, 0),
 }
 
@@ -197,7 +223,8 @@ def use_fused(
         region = limits.region(head_dim, mx.bfloat16 if dtype is None else dtype)
         if region is None or batch > 1 or not plain:
             return False
-        return query_len <= region[0] and context <= region[1]
+        max_query, min_context, max_context = region
+        return query_len <= max_query and min_context <= context <= max_context
     if batch > 1 and (batch > limits.max_batch or context > limits.max_batch_context):
         return False
     if plain:

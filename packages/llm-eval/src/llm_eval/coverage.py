@@ -7,9 +7,12 @@ bench-operators' protocol times `decode_attention_custom` and `mx.fast.scaled_do
 interleaved (both orders equally often, passes forward then backward, every sample kept). One
 record holds every point: both medians, the ratio, the passes ours won, GB/s and the fraction of
 the read floor. Then, per (D, dtype), the region the guard takes from it (`derive_regions`): the
-largest L and S such that ours won every pass at every swept point with L' <= L and S' <= S, over
-every group. attn_kernels.guard.LIMITS names the record its regions came from; llm-eval's tests
-check that they agree.
+rectangle L' <= L, S_lo <= S' <= S_hi of swept points, every group, that covers the most points
+where none was lost. A point is lost unless ours won every pass or the two medians are within
+TIE (5%): at the per-call floor (~7 µs on the H200) and at the memory floor both kernels wait on
+the same thing, and two passes cannot order them. A region that starts at the smallest swept S
+reaches down to S = 1. attn_kernels.guard.LIMITS names the record its regions came from;
+llm-eval's tests check that they agree.
 
     bench-coverage --device cpu --json-output benchmark_results/cpu-2core-attention-coverage-mlx-0.32.4.json
     bench-coverage --head-dim 96 --group 1 --context 8192 --query-length 1   # one question
@@ -35,6 +38,7 @@ DTYPES = ("bfloat16", "float16", "float32")
 GROUPS = (1, 2, 4, 8)
 QUERY_LENGTHS = (1, 4, 8)
 CONTEXTS = (32, 128, 1024, 4096, 16384)
+TIE = 0.05  # medians this close are a tie (module doc)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -108,27 +112,41 @@ def summarize_point(entry: dict) -> dict:
     }
 
 
-def derive_regions(points: dict) -> dict[tuple[int, str], tuple[int, int]]:
-    """Per (D, dtype): the (max L, max S) rectangle, anchored at the smallest swept L and S, whose
-    every swept point (every group) ours won in every pass, covering the most points; (0, 0) where
-    none. Points are summarize_point()'s, keyed by point_key's fields."""
+def admitted(point: dict) -> bool:
+    """Ours won every pass, or the medians tie (within TIE)."""
+    return point["passes_won"] == point["passes"] or point["ratio"] >= 1 - TIE
+
+
+def derive_regions(points: dict) -> dict[tuple[int, str], tuple[int, int, int]]:
+    """Per (D, dtype): (max L, min S, max S), the rectangle of swept points L' <= max L,
+    min S <= S' <= max S, every group admitted, that covers the most points; min S = 1 where it
+    starts at the smallest swept S; (0, 0, 0) where none. Points are summarize_point()'s, keyed
+    by point_key's fields."""
     by_shape: dict[tuple[int, str], dict[tuple[int, int], bool]] = {}
     for p in points.values():
-        won = p["passes_won"] == p["passes"]
         cell = by_shape.setdefault((p["head_dim"], p["dtype"]), {})
         key = (p["query_length"], p["context"])
-        cell[key] = cell.get(key, True) and won
+        cell[key] = cell.get(key, True) and admitted(p)
     regions = {}
     for shape, cells in by_shape.items():
         lengths = sorted({q for q, _ in cells})
         contexts = sorted({s for _, s in cells})
-        best, best_count = (0, 0), 0
-        for lq, ls in itertools.product(lengths, contexts):
-            inside = [(q, s) for q, s in cells if q <= lq and s <= ls]
-            if all(cells[c] for c in inside) and len(inside) > best_count:
-                best, best_count = (lq, ls), len(inside)
+        best, best_count = (0, 0, 0), 0
+        for lq, lo, hi in itertools.product(lengths, contexts, contexts):
+            inside = [(q, s) for q, s in cells if q <= lq and lo <= s <= hi]
+            if inside and all(cells[c] for c in inside) and len(inside) > best_count:
+                best, best_count = (lq, 1 if lo == contexts[0] else lo, hi), len(inside)
         regions[shape] = best
     return regions
+
+
+def in_region(point: dict, region: dict) -> bool:
+    """Whether a swept point lies in a record's region entry (min_context absent: 1)."""
+    return (
+        (region["head_dim"], region["dtype"]) == (point["head_dim"], point["dtype"])
+        and point["query_length"] <= region["max_query"]
+        and region.get("min_context", 1) <= point["context"] <= region["max_context"]
+    )
 
 
 def run(args) -> dict:
@@ -166,15 +184,15 @@ def run(args) -> dict:
         "execution_order": order,
         "results": points,
         "regions": [
-            {"head_dim": d, "dtype": t, "max_query": q, "max_context": s}
-            for (d, t), (q, s) in sorted(regions.items())
+            {"head_dim": d, "dtype": t, "max_query": q, "min_context": lo, "max_context": hi}
+            for (d, t), (q, lo, hi) in sorted(regions.items())
         ],
     }
 
 
 def format_tables(record: dict) -> str:
     """Per (D, dtype): the ratio mx.fast / ours at each (L, S), the lowest over groups, with an
-    asterisk where some group lost a pass; then the regions."""
+    asterisk where some group's point is lost (admitted()); then the regions."""
     points = record["results"].values()
     lengths = sorted({p["query_length"] for p in points})
     contexts = sorted({p["context"] for p in points})
@@ -192,18 +210,11 @@ def format_tables(record: dict) -> str:
             if not at:
                 cells.append("")
                 continue
-            lost = any(p["passes_won"] < p["passes"] for p in at)
+            lost = not all(admitted(p) for p in at)
             cells.append(f"{min(p['ratio'] for p in at):.1f}x" + ("*" if lost else ""))
         lines.append(f"| {d} | {dtype} | {q} | " + " | ".join(cells) + " |")
     ratios = [p["ratio"] for p in points]
-    inside = [
-        p
-        for p in points
-        for r in record["regions"]
-        if (r["head_dim"], r["dtype"]) == (p["head_dim"], p["dtype"])
-        and p["query_length"] <= r["max_query"]
-        and p["context"] <= r["max_context"]
-    ]
+    inside = [p for p in points for r in record["regions"] if in_region(p, r)]
     lines.append("")
     lines.append(
         f"{len(ratios)} points; mx.fast / ours median {statistics.median(ratios):.1f}x, "
@@ -213,7 +224,8 @@ def format_tables(record: dict) -> str:
     )
     for r in record["regions"]:
         lines.append(
-            f"region D={r['head_dim']} {r['dtype']}: L <= {r['max_query']}, S <= {r['max_context']}"
+            f"region D={r['head_dim']} {r['dtype']}: L <= {r['max_query']}, "
+            f"{r.get('min_context', 1)} <= S <= {r['max_context']}"
         )
     return "\n".join(lines)
 
