@@ -279,6 +279,10 @@ def summarise(samples: dict[str, list[dict]]) -> dict:
     return out
 
 
+def _powers_of_two_below(n: int) -> list[int]:
+    return [1 << i for i in range(n.bit_length()) if 1 << i < n]
+
+
 def _time(fn, repeats: int = 10, calls: int = 1) -> float:
     """Median seconds of one fn() call, `calls` of them evaluated together (a kernel's time, not
     an eval's), after two untimed rounds."""
@@ -385,14 +389,17 @@ def run(args, progress: Progress | None = None) -> dict:
     weight_bytes = qwen3_model.weight_bytes(model)
     kv_per_position = bench.kv_bytes_per_position(model)
     prompts = request_mix(args, model.args.vocab_size)
-    # Every batch size's shapes once untimed: MLX's CUDA backend compiles a quantized matmul's
+    # Every row count a run meets, once untimed: MLX's CUDA backend compiles a quantized matmul's
     # kernel the first time it meets a new tile of rows (seconds each; a first timed run once
-    # spent 48 s there).
+    # spent 48 s there, and mlx-lm's batch shrinking to 16 and 8 rows at the end of the mix paid
+    # 455 and 245 ms in a timed step). Full batches of each slot count and each power of two
+    # below it cover the tiles of every count the batch shrinks through.
     progress.say("warming up")
-    for slots in args.slots:
-        warm = [p[:16] for p in (prompts * slots)[:slots]]
+    counts = sorted({n for slots in args.slots for n in (slots, *_powers_of_two_below(slots))})
+    for rows in counts:
+        warm = [p[:16] for p in (prompts * rows)[:rows]]
         for variant in args.variant:
-            Drive(variant, model, twin, slots, 4).run(warm)
+            Drive(variant, model, twin, rows, 4).run(warm)
     results, order_log = {}, []
     progress.restart(len(args.slots) * args.rounds * len(args.variant))
     for slots in args.slots:
