@@ -25,6 +25,11 @@ namespace {
 // of the mma are mapped onto them (see the comments at each use). A, B, C layouts: PTX ISA,
 // "Matrix fragments for mma.m16n8k16".
 constexpr int kMmaWarps = 4;
+// Blocks an SM must hold at once (the register budget): past D = 128 two, so that a lane keeps
+// its D/4 values of Q and two K rows and its O^T tiles in registers.
+__host__ __device__ constexpr int mma_blocks_per_sm(int D) {
+  return D > 128 ? 2 : ATTN_MMA_BLOCKS_PER_SM;
+}
 constexpr int kMmaStep = 16;  // positions per warp step: the K of the P V mma
 
 using tensor_core::mma16816;
@@ -63,6 +68,67 @@ __device__ __forceinline__ void load_words(uint32_t (&dst)[N], const void* src) 
     dst[4 * x + 3] = u.w;
   }
 }
+
+// Loads N 32-bit words from consecutive addresses, BYTES at a time (the address BYTES-aligned).
+template <int BYTES, int N>
+__device__ __forceinline__ void load_run(uint32_t (&dst)[N], const void* src) {
+  if constexpr (BYTES == 16) {
+    load_words<1>(dst, src);
+  } else if constexpr (BYTES == 8) {
+    const uint2* v = static_cast<const uint2*>(src);
+#pragma unroll
+    for (int x = 0; x < N / 2; ++x) {
+      const uint2 u = v[x];
+      dst[2 * x] = u.x;
+      dst[2 * x + 1] = u.y;
+    }
+  } else {
+    const uint32_t* v = static_cast<const uint32_t*>(src);
+#pragma unroll
+    for (int x = 0; x < N; ++x) dst[x] = v[x];
+  }
+}
+
+// Which dims of a row a lane holds. D a multiple of 64 ("wide"): lane c holds dims 32w + 8c ..
+// 32w + 8c + 7 (w < D/32) of its query and K rows, and lane g dims 64w + 8g .. + 7 (w < D/64) of
+// its V rows: one 16-byte load instruction then reads whole 32-byte sectors of a row (4 lanes x
+// 16 B of Q/K, 8 lanes x 16 B of V) instead of half of each of twice as many (the mma only needs
+// Q and K to share a mapping; V's sets O^T's rows): 0.1-0.35 µs less per call, 1.1-1.5 at L=4/8
+// S=4096 (benchmark_results/raw/h200-bench_attend-coalesced.txt). Other multiples of 16 (80, 96,
+// 112): lane c holds the quarter c D/4 .. of a Q/K row and lane g the eighth g D/8 .. of a V row,
+// each read with the widest loads its alignment allows (D = 96: 16-byte Q/K, 8-byte V loads;
+// D = 80: 8 and 4).
+template <int D>
+struct MmaSlices {
+  static_assert(D % 16 == 0 && D <= 256, "the mma kernel takes head dims that are multiples of 16");
+  static constexpr bool kWide = D % 64 == 0;
+  static constexpr int kQK = D / 8;  // words in a lane's D/4 values of a query or K row
+  static constexpr int kV = D / 16;  // words in a lane's D/8 values of a V row
+  __host__ __device__ static constexpr int slice_load(int bytes) {
+    return bytes % 16 == 0 ? 16 : bytes % 8 == 0 ? 8 : 4;
+  }
+
+  template <typename T>
+  __device__ static void load_qk(uint32_t (&dst)[kQK], const T* row, int c) {
+    if constexpr (kWide) {
+      load_words<4>(dst, row + c * 8);
+    } else {
+      load_run<slice_load(D / 2)>(dst, row + c * (D / 4));
+    }
+  }
+  template <typename T>
+  __device__ static void load_v(uint32_t (&dst)[kV], const T* row, int g) {
+    if constexpr (kWide) {
+      load_words<8>(dst, row + g * 8);
+    } else {
+      load_run<slice_load(D / 4)>(dst, row + g * (D / 8));
+    }
+  }
+  // The dim of O^T's row g in tile t (word t of lane g's V slice); row g + 8 is the next dim.
+  __device__ static int dim(int g, int t) {
+    return kWide ? (t / 4) * 64 + g * 8 + 2 * (t % 4) : g * (D / 8) + 2 * t;
+  }
+};
 
 // attend_mma's shared memory: finish()'s slots (attend_smem_bytes in decode_attention.cu), then,
 // in attend_mma_step, the tile's query vectors as the step prepares them (kMmaVectors x D).
@@ -128,9 +194,10 @@ template <typename T, int D, bool kFold>
 __device__ __forceinline__ void attend_mma_body(const DecodeProblem& p, float* partials, int chunk,
                                                 unsigned slot, const StepProblem* step) {
   ATTN_SHARED_FLOATS(smem);
+  using Slices = MmaSlices<D>;
   constexpr int kSteps = D / 16;  // k-steps of Q K^T; 16-dim tiles of V^T P^T
-  constexpr int kQK = D / 8;      // words in a lane's D/4 values of a query or K row
-  constexpr int kV = D / 16;      // words in a lane's D/8 values of a V row
+  constexpr int kQK = Slices::kQK, kV = Slices::kV;
+  constexpr bool kLateV = D > 128;
   const int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
   const int warp = threadIdx.x / 32, warps = blockDim.x / 32;
   const int L = p.query_len, S = p.context, vectors = p.group * L;
@@ -150,17 +217,10 @@ __device__ __forceinline__ void attend_mma_body(const DecodeProblem& p, float* p
   const int row = kv_row * p.group + (real ? r : 0) / L, i = (real ? r : 0) % L;
   const int last = real ? visible_keys(range, L, i, p.causal).last : -1;
   const int64_t mask_base = p.mask_offset(row, i);
-  uint32_t q[kQK] = {};
-  // Lane c holds dims 32w + 8c .. 32w + 8c + 7 (w < D/32) of its query and K rows, and lane g dims
-  // 64w + 8g .. 64w + 8g + 7 (w < D/64) of its V rows: one 16-byte load instruction then reads
-  // whole 32-byte sectors of a row (4 lanes x 16 B of Q/K, 8 lanes x 16 B of V) instead of half of
-  // each of twice as many (the mma only needs Q and K to share a mapping; V's sets O^T's rows):
-  // 0.1-0.35 µs less per call, 1.1-1.5 at L=4/8 S=4096 (benchmark_results/raw/h200-bench_attend-coalesced.txt).
+  uint32_t q[kQK] = {};  // the lane's slice of its query (MmaSlices)
   if constexpr (!kFold) {
-    if (real) load_words<4>(q, static_cast<const T*>(p.queries) + p.q_offset(row, i) + c * 8);
+    if (real) Slices::load_qk(q, static_cast<const T*>(p.queries) + p.q_offset(row, i), c);
   }
-  // The dim of O^T's row g in tile t (word t of a lane's V slice; row g + 8 is the next dim).
-  auto dim = [g](int t) { return (t / 4) * 64 + g * 8 + 2 * (t % 4); };
 
 #if ATTN_MMA_PREFETCH && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // A warp issues a step's K/V loads only after the previous step's mmas, so every step after the
@@ -182,7 +242,7 @@ __device__ __forceinline__ void attend_mma_body(const DecodeProblem& p, float* p
   if constexpr (kFold) {  // after the prefetch, which then overlaps the step's rows
     T* staged = reinterpret_cast<T*>(smem + mma_smem_floats(D));
     prepare_step_rows<T, D>(p, *step, staged, kv_row, tile, chunk_begin, chunk_end);
-    if (real) load_words<4>(q, staged + g * D + c * 8);
+    if (real) Slices::load_qk(q, staged + g * D, c);
   }
   // o[t]: O^T tile t, rows = dims dim(t) (c0, c1) and + 1 (c2, c3), columns = vectors
   // 2c, 2c + 1. m: vector g's running max; l: this lane's part of its denominator.
@@ -194,19 +254,24 @@ __device__ __forceinline__ void attend_mma_body(const DecodeProblem& p, float* p
 #pragma unroll
     for (int n = 0; n < 2; ++n) {
       const int j = min(base + 8 * n + g, end - 1);
-      load_words<4>(k[n], K + j * p.k_strides[2] + c * 8);
+      Slices::load_qk(k[n], K + j * p.k_strides[2], c);
     }
-    // V rows base + 2c, + 1, + 8, + 9 (the P V mma's K = positions): lane g's D/8 dims.
+    // V rows base + 2c, + 1, + 8, + 9 (the P V mma's K = positions): lane g's D/8 dims. Issued
+    // with K's loads, so both are in flight together; past D = 128 the registers do not hold Q,
+    // K, V and O^T at once, so V waits for the scores (kLateV).
     uint32_t v[4][kV];
+    auto load_v = [&] {
 #pragma unroll
-    for (int x = 0; x < 4; ++x) {
-      const int at = base + 2 * c + (x & 1) + 8 * (x >> 1), j = min(at, end - 1);
-      load_words<8>(v[x], V + j * p.v_strides[2] + g * 8);
-      if (at >= end) {  // weight 0: zero values, not 0 * a repeated inf (see the SIMT kernel)
+      for (int x = 0; x < 4; ++x) {
+        const int at = base + 2 * c + (x & 1) + 8 * (x >> 1), j = min(at, end - 1);
+        Slices::load_v(v[x], V + j * p.v_strides[2], g);
+        if (at >= end) {  // weight 0: zero values, not 0 * a repeated inf (see the SIMT kernel)
 #pragma unroll
-        for (int w = 0; w < kV; ++w) v[x][w] = 0u;
+          for (int w = 0; w < kV; ++w) v[x][w] = 0u;
+        }
       }
-    }
+    };
+    if constexpr (!kLateV) load_v();
     // S = Q K^T over two tiles of 8 positions. k-step s maps mma k = 2c, 2c+1 to word 2s and
     // k = 2c + 8, 2c + 9 to word 2s + 1 of the lane's Q and K slices (the same dims in both).
     // A rows 8..15 (a1, a3) are unused: zero.
@@ -253,6 +318,7 @@ __device__ __forceinline__ void attend_mma_body(const DecodeProblem& p, float* p
         l += w[n][e];
       }
     }
+    if constexpr (kLateV) load_v();
     // O^T's columns are vectors 2c and 2c + 1, whose factors live on lanes 8c and 8c + 4.
     const float f0 = __shfl_sync(0xffffffffu, old_factor, 8 * c);
     const float f1 = __shfl_sync(0xffffffffu, old_factor, 8 * c + 4);
@@ -265,7 +331,7 @@ __device__ __forceinline__ void attend_mma_body(const DecodeProblem& p, float* p
       o[t][1] *= f1;
       o[t][2] *= f0;
       o[t][3] *= f1;
-      // A = V^T: row g = dim(t) (low halves of word t), row g + 8 = the next dim
+      // A = V^T: row g = Slices::dim(g, t) (low halves of word t), row g + 8 = the next dim
       // (high halves); k = 2c, 2c + 1 from V rows x = 0, 1 and k = 2c + 8, + 9 from x = 2, 3.
       const uint32_t a[4] = {__byte_perm(v[0][t], v[1][t], 0x5410), __byte_perm(v[0][t], v[1][t], 0x7632),
                              __byte_perm(v[2][t], v[3][t], 0x5410), __byte_perm(v[2][t], v[3][t], 0x7632)};
@@ -282,22 +348,35 @@ __device__ __forceinline__ void attend_mma_body(const DecodeProblem& p, float* p
     slots[g * stride] = m;
     slots[g * stride + 1] = l;
   }
-  // The lane holds dims 64w + 8g .. + 7 of vectors 2c (o[..][0] and [2]) and 2c + 1 ([1], [3]):
-  // two 16-byte stores per vector and w. Odd c stores the upper half first, so that the 8 lanes
-  // of each quarter warp write 8 distinct bank quads (stride = 4 mod 32): no bank conflicts, where
-  // the 4-byte stores of stride D + 2 were 3.7-way (ncu).
+  // The lane holds dims Slices::dim(g, t) and + 1 of vectors 2c (o[t][0] and [2]) and 2c + 1
+  // ([1], [3]). Wide: dims 64w + 8g .. + 7, two 16-byte stores per vector and w. Odd c stores the
+  // upper half first, so that the 8 lanes of each quarter warp write 8 distinct bank quads
+  // (stride = 4 mod 32): no bank conflicts, where the 4-byte stores of stride D + 2 were 3.7-way
+  // (ncu). Other D: one 8-byte store per vector and tile.
+  if constexpr (Slices::kWide) {
 #pragma unroll
-  for (int w = 0; w < D / 64; ++w) {
+    for (int w = 0; w < D / 64; ++w) {
 #pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const float(&t0)[4] = o[4 * w], (&t1)[4] = o[4 * w + 1];
-      const float(&t2)[4] = o[4 * w + 2], (&t3)[4] = o[4 * w + 3];
-      const float4 low = make_float4(t0[e], t0[e + 2], t1[e], t1[e + 2]);
-      const float4 high = make_float4(t2[e], t2[e + 2], t3[e], t3[e + 2]);
-      float4* at = reinterpret_cast<float4*>(slots + (2 * c + e) * stride + 4 + dim(4 * w));
-      const bool odd = c & 1;
-      at[odd] = odd ? high : low;
-      at[!odd] = odd ? low : high;
+      for (int e = 0; e < 2; ++e) {
+        const float(&t0)[4] = o[4 * w], (&t1)[4] = o[4 * w + 1];
+        const float(&t2)[4] = o[4 * w + 2], (&t3)[4] = o[4 * w + 3];
+        const float4 low = make_float4(t0[e], t0[e + 2], t1[e], t1[e + 2]);
+        const float4 high = make_float4(t2[e], t2[e + 2], t3[e], t3[e + 2]);
+        float* row = slots + (2 * c + e) * stride + 4;
+        float4* at = reinterpret_cast<float4*>(row + Slices::dim(g, 4 * w));
+        const bool odd = c & 1;
+        at[odd] = odd ? high : low;
+        at[!odd] = odd ? low : high;
+      }
+    }
+  } else {
+#pragma unroll
+    for (int t = 0; t < kSteps; ++t) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float* row = slots + (2 * c + e) * stride + 4;
+        *reinterpret_cast<float2*>(row + Slices::dim(g, t)) = float2{o[t][e], o[t][e + 2]};
+      }
     }
   }
   __syncthreads();
@@ -305,7 +384,7 @@ __device__ __forceinline__ void attend_mma_body(const DecodeProblem& p, float* p
 }
 
 template <typename T, int D>
-__global__ void __launch_bounds__(kMmaWarps * 32, ATTN_MMA_BLOCKS_PER_SM)
+__global__ void __launch_bounds__(kMmaWarps * 32, mma_blocks_per_sm(D))
     attend_mma(DecodeProblem p, float* partials, int chunk, unsigned slot) {
   attend_mma_body<T, D, false>(p, partials, chunk, slot, nullptr);
 }
@@ -313,7 +392,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, ATTN_MMA_BLOCKS_PER_SM)
 // AttentionStep as one kernel: attend_mma over the caches `step` updates, on its raw q/k/v
 // (prepare_step_rows). `p` is the step's attention (make_step_attention: queries unused).
 template <typename T, int D>
-__global__ void __launch_bounds__(kMmaWarps * 32, ATTN_MMA_BLOCKS_PER_SM)
+__global__ void __launch_bounds__(kMmaWarps * 32, mma_blocks_per_sm(D))
     attend_mma_step(DecodeProblem p, float* partials, int chunk, unsigned slot, StepProblem step) {
   attend_mma_body<T, D, true>(p, partials, chunk, slot, &step);
 }

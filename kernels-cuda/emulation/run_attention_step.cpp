@@ -271,15 +271,19 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bad %s/config.txt\n", dir.c_str());
     return 2;
   }
-  if (D != 64 && D != 128) {
-    std::fprintf(stderr, "the mma kernel takes head_dim 64 or 128\n");
-    return 2;
-  }
   const bool norm = qk_norm != 0;
-  if (dtype == 0) {
-    return D == 64 ? run<__half, 64>(dir, b, hq, hkv, L, offset, splits, capacity, norm)
-                   : run<__half, 128>(dir, b, hq, hkv, L, offset, splits, capacity, norm);
-  }
-  return D == 64 ? run<__nv_bfloat16, 64>(dir, b, hq, hkv, L, offset, splits, capacity, norm)
-                 : run<__nv_bfloat16, 128>(dir, b, hq, hkv, L, offset, splits, capacity, norm);
+  // The head dims decode_attention.cu compiles (mma_head_dim).
+  auto dispatch = [&]<typename T>() {
+    switch (D) {
+      case 64: return run<T, 64>(dir, b, hq, hkv, L, offset, splits, capacity, norm);
+      case 80: return run<T, 80>(dir, b, hq, hkv, L, offset, splits, capacity, norm);
+      case 96: return run<T, 96>(dir, b, hq, hkv, L, offset, splits, capacity, norm);
+      case 128: return run<T, 128>(dir, b, hq, hkv, L, offset, splits, capacity, norm);
+      case 256: return run<T, 256>(dir, b, hq, hkv, L, offset, splits, capacity, norm);
+    }
+    std::fprintf(stderr, "the mma kernel takes head_dim 64, 80, 96, 128 or 256\n");
+    return 2;
+  };
+  return dtype == 0 ? dispatch.template operator()<__half>()
+                    : dispatch.template operator()<__nv_bfloat16>();
 }

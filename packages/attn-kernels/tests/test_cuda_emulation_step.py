@@ -49,6 +49,12 @@ CASES = [
     (1, 4, 4, 8, 128, mx.bfloat16, 2, 64, True),
     (1, 8, 2, 3, 128, mx.bfloat16, 2, 64, False),
     (1, 4, 4, 1, 64, mx.float16, 3, 64, False),
+    # head dims that are not multiples of 64 (Phi-3's 96, 80): contiguous slices, narrower loads
+    (1, 8, 2, 4, 96, mx.bfloat16, 3, 64, True),
+    (1, 4, 4, 1, 96, mx.float16, 2, 64, False),
+    (1, 4, 4, 3, 80, mx.float16, 2, 64, True),
+    (1, 8, 2, 8, 80, mx.bfloat16, 1, 0, True),
+    (1, 8, 4, 2, 256, mx.bfloat16, 2, 64, True),  # Gemma's: V loaded after the scores
 ]
 
 
@@ -83,7 +89,7 @@ def run_step(emulator, tmp_path, config: str, inputs, hq: int, **int32_files):
 
 @pytest.mark.parametrize(
     ("b", "hq", "hkv", "length", "d", "dtype", "splits", "chunk", "qk_norm"),
-    few_rows(CASES, CASES[2], CASES[11]),  # quick tier: bf16 with norms, f16 without
+    few_rows(CASES, CASES[2], CASES[11], CASES[12], CASES[14], CASES[16]),  # each D and dtype
     ids=[
         f"B{c[0]}-hq{c[1]}-hkv{c[2]}-L{c[3]}-D{c[4]}-{str(c[5]).split('.')[-1]}-s{c[6]}"
         + ("" if c[8] else "-nonorm")
@@ -124,7 +130,12 @@ def test_folded_step_under_emulation(
 
 # (batch, Hq, Hkv, L, D, splits): rows of their own ranges (a start and a write position per
 # row), split or not, so that a chunk holds some rows' new positions and not others'.
-RAGGED_CASES = [(3, 8, 2, 1, 128, 1), (4, 16, 2, 2, 64, 3), (2, 8, 8, 8, 128, 2)]
+RAGGED_CASES = [
+    (3, 8, 2, 1, 128, 1),
+    (4, 16, 2, 2, 64, 3),
+    (2, 8, 8, 8, 128, 2),
+    (3, 4, 4, 2, 96, 2),
+]
 
 
 @pytest.mark.parametrize(

@@ -153,7 +153,7 @@ def test_long_context(device, s, dtype):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(("length", "group"), [(3, 4), (5, 3), (7, 3), (2, 8)])
 @pytest.mark.parametrize("s", [100, 1500])
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 96, 128, 256])
 def test_partial_vector_tiles(device, length, group, s, d):
     """More query vectors per KV head (length * group) than one GPU block holds, in counts that
     leave the last tile partly empty, with and without a context split."""
@@ -184,7 +184,7 @@ def test_many_calls_in_one_eval(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("d", [1, 40, 64, 72, 128, 200, 256])
+@pytest.mark.parametrize("d", [1, 40, 64, 72, 80, 96, 128, 200, 256])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_head_dims(device, d, dtype):
     q, k, v, mask = make_inputs(d, 1, 6, 3, 3, 77, d, dtype, "causal")
