@@ -35,14 +35,14 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
   return __float2bfloat16_rn(x);
 }
 
-// RoPE's rotation at `position` of a pair with inverse frequency inv_freq (StepProblem's, from
-// the host): the angle as MLX forms it (rope_angle's float32 product), its cosine and sine in
-// float32 (no double, no table of rotations: each lane takes its own pairs'). The angle (up to
+// RoPE's rotation at `position` of a pair with inverse frequency inv_freq (StepProblem's, from the
+// host): the angle as MLX forms it (the float32 product position * inv_freq), its cosine and sine
+// in float32 (no double, no table of rotations: each lane takes its own pairs'). The angle (up to
 // 2^17 at 131072 positions) loses its multiples of pi/2 in three parts (Cody-Waite: the first
 // product is exact under the FMA, the quotient has at most 17 bits), and Taylor polynomials on
-// [-pi/4, pi/4] (truncation below 2e-9) give the rest: within 7.1e-8 (1.2 units of 2^-24) of
-// the double cosine and sine of the same float angle at every position up to 131080 and pair of
-// D = 64 and 128, bases 1e4, 5e5 and 1e6 (checked on the host). sincosf is no option: under
+// [-pi/4, pi/4] (truncation below 2e-9) give the rest: within 7.1e-8 (1.2 units of 2^-24) of the
+// double cosine and sine of the same float angle at every position up to 131080 and pair of D = 64
+// and 128, bases 1e4, 5e5 and 1e6 (checked on the host). sincosf is no option: under
 // --use_fast_math it is the unreduced MUFU approximation.
 __device__ __forceinline__ float2 rope_cos_sin(int position, float inv_freq) {
   const float a = static_cast<float>(position) * inv_freq;

@@ -124,8 +124,7 @@ void AttentionStep::eval_gpu(
   const auto donated = donate_caches(inputs, outputs, owned_caches_);
   allocate_caches(outputs, donated);
   StepProblem step = make_step_problem(inputs, outputs, offset_, qk_norm_, kQNormInput, eps_,
-                                       rope_base_, 0, 0, row_ranges_, device_pointer);
-  set_inverse_frequencies(step);
+                                       rope_base_, rope_freqs_, 0, 0, row_ranges_, device_pointer);
 
   const int L = step.length;
   const Scratch at = scratch_layout(step, out);
@@ -186,8 +185,7 @@ void AttentionStepQuantized::eval_gpu(
   allocate_caches(outputs, donated);
   StepProblem step =
       make_step_problem(inputs, outputs, offset_, qk_norm_, kQuantizedQNormInput, eps_,
-                        rope_base_, bits_, group_size_, row_ranges_, device_pointer);
-  set_inverse_frequencies(step);
+                        rope_base_, rope_freqs_, bits_, group_size_, row_ranges_, device_pointer);
 
   const int L = step.length;
   const Scratch at = scratch_layout(step, out);

@@ -8,6 +8,8 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "mlx/backend/cuda/cuda.h"
+
 namespace attn_kernels {
 
 namespace {
@@ -61,8 +63,7 @@ int check_step(
     const mx::Shape& cache,
     int cache_head_dim,
     int offset,
-    float eps,
-    float rope_base) {
+    float eps) {
   auto fail = [op](const std::string& message) { attn_kernels::fail(op, message); };
   const bool qk_norm = q_norm_weight.has_value();
   for (auto [name, a] : {std::pair{"q", &q}, {"k", &k}, {"v", &v}}) {
@@ -126,10 +127,33 @@ int check_step(
   if (qk_norm && !(eps > 0.0f)) {
     fail("eps must be positive, got " + std::to_string(eps));
   }
-  if (!(rope_base > 0.0f)) {
-    fail("rope_base must be positive, got " + std::to_string(rope_base));
-  }
   return head_dim;
+}
+
+// RoPE's frequencies: rope_base (positive) where rope_freqs is empty, else rope_freqs (the period
+// of each pair, mx.fast.rope's freqs): head_dim / 2 positive finite values, on the CPU or CUDA
+// (Metal's kernel forms its angles from the base).
+void check_rope(const char* op, float rope_base, const std::vector<float>& rope_freqs,
+                int head_dim, const mx::Stream& stream) {
+  auto fail = [op](const std::string& message) { attn_kernels::fail(op, message); };
+  if (rope_freqs.empty()) {
+    if (!(rope_base > 0.0f)) {
+      fail("rope_base must be positive, got " + std::to_string(rope_base));
+    }
+    return;
+  }
+  if (static_cast<int>(rope_freqs.size()) != head_dim / 2) {
+    fail("rope_freqs must hold head_dim / 2 = " + std::to_string(head_dim / 2) +
+         " periods, got " + std::to_string(rope_freqs.size()));
+  }
+  for (float f : rope_freqs) {
+    if (!(f > 0.0f) || !std::isfinite(f)) {
+      fail("rope_freqs must be positive and finite, got " + std::to_string(f));
+    }
+  }
+  if (stream.device == mx::Device::gpu && !mx::cu::is_available()) {
+    fail("rope_freqs is not implemented on Metal (its kernel forms the angles from rope_base)");
+  }
 }
 
 // The per-row starts and offsets of a step, checked and appended to `inputs`: offsets (the rows'
@@ -180,6 +204,7 @@ std::vector<mx::array> attention_step(
     std::optional<bool> fold,
     const std::optional<mx::array>& starts,
     const std::optional<mx::array>& offsets,
+    const std::vector<float>& rope_freqs,
     mx::StreamOrDevice s) {
   constexpr const char* op = "attention_step";
   auto fail = [](const std::string& message) { attn_kernels::fail(op, message); };
@@ -209,14 +234,15 @@ std::vector<mx::array> attention_step(
     fail("k_cache and v_cache must have the same shape, got " + shape_str(k_cache) + " and " +
          shape_str(v_cache));
   }
-  check_step(op, q, k, v, q_norm_weight, k_norm_weight, k_cache.shape(),
-             k_cache.shape(3), offset, eps, rope_base);
+  const int head_dim = check_step(op, q, k, v, q_norm_weight, k_norm_weight, k_cache.shape(),
+                                  k_cache.shape(3), offset, eps);
   std::vector<mx::array> inputs = {q, k, v, k_cache, v_cache};
   if (qk_norm) {
     inputs.push_back(*q_norm_weight);
     inputs.push_back(*k_norm_weight);
   }
   auto stream = mx::to_stream(s);
+  check_rope(op, rope_base, rope_freqs, head_dim, stream);
   const int row_ranges =
       add_step_ranges(op, inputs, starts, offsets, q.shape(0), offset, stream);
   return mx::array::make_arrays(
@@ -224,7 +250,7 @@ std::vector<mx::array> attention_step(
       {dtype, dtype, dtype},
       std::make_shared<AttentionStep>(
           stream, offset, qk_norm, qk_norm ? eps : 0.0f, rope_base, scale, schedule,
-          owned_caches, fold, row_ranges),
+          owned_caches, fold, row_ranges, rope_freqs),
       std::move(inputs));
 }
 
@@ -232,7 +258,8 @@ bool AttentionStep::is_equivalent(const mx::Primitive& other) const {
   auto& o = static_cast<const AttentionStep&>(other);
   return offset_ == o.offset_ && qk_norm_ == o.qk_norm_ && eps_ == o.eps_ &&
          rope_base_ == o.rope_base_ && scale_ == o.scale_ && schedule_ == o.schedule_ &&
-         owned_caches_ == o.owned_caches_ && fold_ == o.fold_ && row_ranges_ == o.row_ranges_;
+         owned_caches_ == o.owned_caches_ && fold_ == o.fold_ && row_ranges_ == o.row_ranges_ &&
+         rope_freqs_ == o.rope_freqs_;
 }
 
 std::vector<mx::array> attention_step_quantized(
@@ -252,6 +279,7 @@ std::vector<mx::array> attention_step_quantized(
     bool owned_caches,
     const std::optional<mx::array>& starts,
     const std::optional<mx::array>& offsets,
+    const std::vector<float>& rope_freqs,
     mx::StreamOrDevice s) {
   constexpr const char* op = "attention_step_quantized";
   auto fail = [](const std::string& message) { attn_kernels::fail(op, message); };
@@ -304,7 +332,7 @@ std::vector<mx::array> attention_step_quantized(
   }
   const mx::Shape& codes = k_cache[0].shape();
   const int head_dim = check_step(op, q, k, v, q_norm_weight, k_norm_weight, codes,
-                                  codes[3] * 32 / bits, offset, eps, rope_base);
+                                  codes[3] * 32 / bits, offset, eps);
   if (head_dim % 64 != 0 || head_dim % group_size != 0) {
     fail("head_dim must be a multiple of 64 and of group_size " + std::to_string(group_size) +
          ", got " + std::to_string(head_dim));
@@ -335,13 +363,14 @@ std::vector<mx::array> attention_step_quantized(
     inputs.push_back(*k_norm_weight);
   }
   const auto stream = mx::to_stream(s);
+  check_rope(op, rope_base, rope_freqs, head_dim, stream);
   const int row_ranges =
       add_step_ranges(op, inputs, starts, offsets, q.shape(0), offset, stream);
   return mx::array::make_arrays(
       std::move(shapes), std::move(dtypes),
       std::make_shared<AttentionStepQuantized>(
           stream, offset, qk_norm, qk_norm ? eps : 0.0f, rope_base, scale, group_size, bits,
-          owned_caches, row_ranges),
+          owned_caches, row_ranges, rope_freqs),
       std::move(inputs));
 }
 
@@ -349,7 +378,8 @@ bool AttentionStepQuantized::is_equivalent(const mx::Primitive& other) const {
   auto& o = static_cast<const AttentionStepQuantized&>(other);
   return offset_ == o.offset_ && qk_norm_ == o.qk_norm_ && eps_ == o.eps_ &&
          rope_base_ == o.rope_base_ && scale_ == o.scale_ && group_size_ == o.group_size_ &&
-         bits_ == o.bits_ && owned_caches_ == o.owned_caches_ && row_ranges_ == o.row_ranges_;
+         bits_ == o.bits_ && owned_caches_ == o.owned_caches_ && row_ranges_ == o.row_ranges_ &&
+         rope_freqs_ == o.rope_freqs_;
 }
 
 std::vector<bool> donate_caches(
@@ -412,8 +442,12 @@ void count_folded_step() {
   folded_steps.fetch_add(1, std::memory_order_relaxed);
 }
 
-void set_inverse_frequencies(StepProblem& p) {
+void set_inverse_frequencies(StepProblem& p, const std::vector<float>& rope_freqs) {
   static_assert(sizeof(p.inv_freq) / sizeof(float) == kMaxHeadDim / 2);
+  if (!rope_freqs.empty()) {  // mx.fast.rope's reciprocal of each period, in float32
+    for (int j = 0; j < p.head_dim / 2; ++j) p.inv_freq[j] = 1.0f / rope_freqs[j];
+    return;
+  }
   // Every layer of every step asks for the same table: keep the last one per thread instead of
   // head_dim / 2 double powers per evaluation.
   thread_local int table_dim = 0;

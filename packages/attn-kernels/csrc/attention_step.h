@@ -30,14 +30,17 @@ namespace attn_kernels {
 // owned_caches: the caller promises that no other array reading the caches' memory (a view of
 // them) is read past offset after this step; then a cache array nothing else holds is updated in
 // place even while an earlier step that read it still runs (MLX's rule copies it then).
-// fold: on CUDA, where the attention plan is split-mma (bf16/f16, D 64 or 128), L <= 8 and both
-// caches are donated, the step runs as one kernel (attend_mma_step) instead of the preprocessing
-// kernel and the attend kernel; unset: the process default (on; ATTN_STEP_FOLD=0 turns it off,
-// read once). A CUDA schedule choice: the CPU and Metal ignore it.
+// fold: on CUDA, where the attention plan is split-mma (bf16/f16, D 64, 80, 96, 128 or 256),
+// L <= 8 and both caches are donated, the step runs as one kernel (attend_mma_step) instead of
+// the preprocessing kernel and the attend kernel; unset: the process default (on;
+// ATTN_STEP_FOLD=0 turns it off, read once). A CUDA schedule choice: the CPU and Metal ignore it.
 // starts, offsets: per batch row (int32 (B,)): the row's first valid cache position (mlx-lm's
 // left padding) and its own write position (rows of different lengths; `offset` is then the
 // largest of them). Row b's tokens go to offsets[b] + i (else offset + i), are rotated by RoPE at
 // that position minus starts[b], and attend to [starts[b], offsets[b] + L).
+// rope_freqs: RoPE's period of each pair j < D/2 (mx.fast.rope's freqs: the angle at position p is
+// p / rope_freqs[j]; Llama 3's scaled frequencies, linear position scaling) instead of
+// rope_base's base^(2j/D); CPU and CUDA.
 std::vector<mx::array> attention_step(
     const mx::array& q,
     const mx::array& k,
@@ -55,6 +58,7 @@ std::vector<mx::array> attention_step(
     std::optional<bool> fold = std::nullopt,
     const std::optional<mx::array>& starts = std::nullopt,
     const std::optional<mx::array>& offsets = std::nullopt,
+    const std::vector<float>& rope_freqs = {},
     mx::StreamOrDevice s = {});
 
 // The primitive's inputs: q, k, v, the caches, then the norm weights when it normalises, then the
@@ -73,7 +77,8 @@ class AttentionStep : public mx::Primitive {
       std::string schedule,
       bool owned_caches,
       std::optional<bool> fold,
-      int row_ranges)
+      int row_ranges,
+      std::vector<float> rope_freqs)
       : mx::Primitive(stream),
         offset_(offset),
         qk_norm_(qk_norm),
@@ -83,7 +88,8 @@ class AttentionStep : public mx::Primitive {
         schedule_(std::move(schedule)),
         owned_caches_(owned_caches),
         fold_(fold),
-        row_ranges_(row_ranges) {}
+        row_ranges_(row_ranges),
+        rope_freqs_(std::move(rope_freqs)) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
@@ -100,8 +106,9 @@ class AttentionStep : public mx::Primitive {
   float eps_, rope_base_, scale_;
   std::string schedule_;
   bool owned_caches_;
-  std::optional<bool> fold_;  // unset: the process default (CUDA only)
-  int row_ranges_;            // RowRanges bits: per-row starts, per-row offsets
+  std::optional<bool> fold_;       // unset: the process default (CUDA only)
+  int row_ranges_;                 // RowRanges bits: per-row starts, per-row offsets
+  std::vector<float> rope_freqs_;  // RoPE's periods per pair (empty: from rope_base)
 };
 
 // The step over a quantized cache (mlx-lm's QuantizedKVCache layout): k_cache and v_cache are
@@ -130,6 +137,7 @@ std::vector<mx::array> attention_step_quantized(
     bool owned_caches = false,
     const std::optional<mx::array>& starts = std::nullopt,
     const std::optional<mx::array>& offsets = std::nullopt,
+    const std::vector<float>& rope_freqs = {},
     mx::StreamOrDevice s = {});
 
 // AttentionStepQuantized's inputs: q, k, v, the key triple, the value triple, then the norm
@@ -149,7 +157,8 @@ class AttentionStepQuantized : public mx::Primitive {
       int group_size,
       int bits,
       bool owned_caches,
-      int row_ranges)
+      int row_ranges,
+      std::vector<float> rope_freqs)
       : mx::Primitive(stream),
         offset_(offset),
         qk_norm_(qk_norm),
@@ -159,7 +168,8 @@ class AttentionStepQuantized : public mx::Primitive {
         group_size_(group_size),
         bits_(bits),
         owned_caches_(owned_caches),
-        row_ranges_(row_ranges) {}
+        row_ranges_(row_ranges),
+        rope_freqs_(std::move(rope_freqs)) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
@@ -179,6 +189,7 @@ class AttentionStepQuantized : public mx::Primitive {
   int group_size_, bits_;
   bool owned_caches_;
   int row_ranges_;
+  std::vector<float> rope_freqs_;
 };
 
 // Gives each output cache (outputs[1], outputs[2]) its input's buffer when MLX may donate it
@@ -201,8 +212,9 @@ uint64_t attention_step_cache_copies();
 uint64_t attention_step_folds();
 void count_folded_step();
 
-// StepProblem::inv_freq for its head_dim and RoPE base, for the backends that read it (CUDA).
-void set_inverse_frequencies(StepProblem& p);
+// StepProblem::inv_freq: 1 / rope_freqs (RoPE's periods, as mx.fast.rope's freqs takes them),
+// or for the problem's head_dim and RoPE base where rope_freqs is empty.
+void set_inverse_frequencies(StepProblem& p, const std::vector<float>& rope_freqs);
 
 // The StepProblem of evaluated inputs and allocated outputs (the caches: outputs[1...]), every
 // pointer as `pointer(array)` gives it (CPU: data(), CUDA: gpu_ptr; Metal: nullptr), q_out left
@@ -218,6 +230,7 @@ StepProblem make_step_problem(
     int norms_at,
     float eps,
     float rope_base,
+    const std::vector<float>& rope_freqs,
     int bits,
     int group_size,
     int row_ranges,
@@ -241,6 +254,7 @@ StepProblem make_step_problem(
   p.row_ranges = row_ranges;
   p.eps = eps;
   p.log2_base = std::log2(rope_base);
+  set_inverse_frequencies(p, rope_freqs);
   for (int i = 0; i < 3; ++i) {
     p.q_strides[i] = inputs[0].strides()[i];
     p.k_strides[i] = inputs[1].strides()[i];

@@ -100,7 +100,7 @@ void preprocess_cpu(const StepProblem& p) {
       // Each row at its own place and position (the same for every row without per-row ranges).
       const int pos = p.write_position(b) + i, rope_pos = p.rope_position(b) + i;
       for (int j = 0; j < half; ++j) {
-        const float theta = rope_angle(rope_pos, j, half, p.log2_base);
+        const float theta = static_cast<float>(rope_pos) * p.inv_freq[j];
         cos_t[j] = std::cos(theta);
         sin_t[j] = std::sin(theta);
       }
@@ -242,9 +242,9 @@ void AttentionStep::eval_cpu(
   for (auto& o : outputs) {
     encoder.set_output_array(o);
   }
-  const StepProblem step = make_step_problem(
-      inputs, outputs, offset_, qk_norm_, kQNormInput, eps_, rope_base_, 0, 0, row_ranges_,
-      host_pointer);
+  const StepProblem step =
+      make_step_problem(inputs, outputs, offset_, qk_norm_, kQNormInput, eps_, rope_base_,
+                        rope_freqs_, 0, 0, row_ranges_, host_pointer);
   // The CPU path is resolved here: a bad ATTN_KERNELS_CPU_PATH raises to the caller.
   encoder.dispatch([step,
                     scale = scale_,
@@ -287,9 +287,9 @@ void AttentionStepQuantized::eval_cpu(
   for (auto& o : outputs) {
     encoder.set_output_array(o);
   }
-  const StepProblem step = make_step_problem(inputs, outputs, offset_, qk_norm_,
-                                             kQuantizedQNormInput, eps_, rope_base_, bits_,
-                                             group_size_, row_ranges_, host_pointer);
+  const StepProblem step = make_step_problem(
+      inputs, outputs, offset_, qk_norm_, kQuantizedQNormInput, eps_, rope_base_, rope_freqs_,
+      bits_, group_size_, row_ranges_, host_pointer);
   // (The quantized kernel picks its instruction set itself: the path argument goes unused.)
   encoder.dispatch(
       [step, scale = scale_, o = out.data<void>(), copies = std::move(copies)]() {

@@ -112,6 +112,7 @@ Returns:
       nb::kw_only(),
       "starts"_a = nb::none(),
       "offsets"_a = nb::none(),
+      "rope_freqs"_a = std::vector<float>{},
       "stream"_a = nb::none(),
       "One decode step of attention after the projections (see attn_kernels.attention_step).");
   m.def(
@@ -134,6 +135,7 @@ Returns:
       nb::kw_only(),
       "starts"_a = nb::none(),
       "offsets"_a = nb::none(),
+      "rope_freqs"_a = std::vector<float>{},
       "stream"_a = nb::none(),
       "One decode step over a quantized cache (see attn_kernels.attention_step_quantized).");
   m.def(

@@ -32,9 +32,9 @@ struct StepProblem : StepGeometry {
   const int32_t* row_starts;   // (B,) with kRowStarts, else nullptr
   const int32_t* row_offsets;  // (B,) the rows' write positions with kRowEnds, else nullptr
   ElementType dtype;
-  // rope_inverse_frequency of pairs j < head_dim / 2, from the host (set_inverse_frequencies,
-  // in the CUDA eval: its kernels read it, no power per pair on the device; the CPU kernel forms
-  // its angles itself).
+  // RoPE's inverse frequency of pairs j < head_dim / 2 (set_inverse_frequencies: from the base,
+  // or 1 / the periods the caller gave), from the host: no power per pair in the kernels. The
+  // angle of pair j at position p is float(p) * inv_freq[j] in float32, as mx.fast.rope forms it.
   float inv_freq[128];
 
   // Where batch row b writes token 0, and the RoPE position of that token.
@@ -75,12 +75,6 @@ ATTN_HOST_DEVICE inline AffineGroup affine_group(
 ATTN_HOST_DEVICE inline float rope_inverse_frequency(int j, int half, float log2_base) {
   const float d = static_cast<float>(j) / static_cast<float>(half);
   return static_cast<float>(exp2(static_cast<double>(-d * log2_base)));
-}
-
-// The angle of RoPE pair j at `position`: the position times the inverse frequency in float32, as
-// MLX's RoPE forms it, so that the fused step rotates by mx.fast.rope's angles.
-ATTN_HOST_DEVICE inline float rope_angle(int position, int j, int half, float log2_base) {
-  return static_cast<float>(position) * rope_inverse_frequency(j, half, log2_base);
 }
 
 // The attention over the updated caches (make_step_geometry): queries (B, Hq, L, D) contiguous

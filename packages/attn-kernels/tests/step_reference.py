@@ -24,9 +24,17 @@ def make_step(seed, b, hq, hkv, length, d, capacity, dtype):
     return q, k, v, q_w, k_w, k_cache, v_cache
 
 
+def rope_kwargs(base) -> dict:
+    """mx.fast.rope's frequency arguments for `base`: a RoPE base, or the period of each pair
+    (a sequence: the op's rope_freqs)."""
+    if isinstance(base, int | float):
+        return dict(base=base)
+    return dict(base=None, freqs=mx.array(base, dtype=mx.float32))
+
+
 def unfused_step(q, k, v, q_w, k_w, k_cache, v_cache, offset, eps, base, scale=None):
     """The op sequence the fused step replaces, as mlx-lm's Qwen3 runs it (q_w, k_w None: as
-    its Llama and Qwen2 run it, no q/k norm)."""
+    its Llama and Qwen2 run it, no q/k norm). base: the RoPE base or the periods (rope_kwargs)."""
     b, length, _ = q.shape
     d = k_cache.shape[-1]
 
@@ -40,16 +48,16 @@ def unfused_step(q, k, v, q_w, k_w, k_cache, v_cache, offset, eps, base, scale=N
         heads(norm(q, q_w).reshape(q.shape)),
         d,
         traditional=False,
-        base=base,
         scale=1.0,
+        **rope_kwargs(base),
         offset=offset,
     )
     kh = mx.fast.rope(
         heads(norm(k, k_w).reshape(k.shape)),
         d,
         traditional=False,
-        base=base,
         scale=1.0,
+        **rope_kwargs(base),
         offset=offset,
     )
     k_cache = mx.array(k_cache)
@@ -64,15 +72,19 @@ def unfused_step(q, k, v, q_w, k_w, k_cache, v_cache, offset, eps, base, scale=N
 
 
 def rope_angles(positions, d, base):
-    """(len(positions), D/2) angles as MLX computes them: float32 inverse frequencies and
+    """(len(positions), D/2) angles as MLX computes them (base: the RoPE base, or the periods
+    as rope_kwargs takes them): float32 inverse frequencies and
     float32 products (the rotation itself in float64). The inverse frequencies are the float32
     power rounded once (taken in float64): NumPy's float32 exp2 is not correctly rounded (on
     AVX-512 it missed by an ulp in 6-18 of 32-64 pairs), which at position 131072 moves an
     angle by up to 0.008."""
     half = d // 2
-    frac = np.arange(half, dtype=np.float32) / np.float32(half)
-    exponent = -frac * np.float32(math.log2(base))
-    inv = np.exp2(exponent.astype(np.float64)).astype(np.float32)
+    if isinstance(base, int | float):
+        frac = np.arange(half, dtype=np.float32) / np.float32(half)
+        exponent = -frac * np.float32(math.log2(base))
+        inv = np.exp2(exponent.astype(np.float64)).astype(np.float32)
+    else:  # the period of each pair, as mx.fast.rope's freqs: their float32 reciprocals
+        inv = np.float32(1) / np.asarray(base, dtype=np.float32)
     return (np.asarray(positions, dtype=np.float32)[:, None] * inv[None, :]).astype(np.float64)
 
 

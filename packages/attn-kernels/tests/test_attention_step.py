@@ -36,22 +36,25 @@ def capacity_for(end):
     return -(-end // CAPACITY_STEP) * CAPACITY_STEP
 
 
-def check_step(inputs, offset, device, label, scale=None, owned_caches=False):
+def check_step(inputs, offset, device, label, scale=None, owned_caches=False, base=BASE):
+    """The op against the unfused chain and float64; base: the RoPE base, or the periods (a
+    list: rope_freqs)."""
     q, k_cache, v_cache = inputs[0], inputs[5], inputs[6]
     dtype, length = q.dtype, q.shape[1]
     before_k, before_v = to_numpy(k_cache), to_numpy(v_cache)
+    rope = dict(rope_base=base) if isinstance(base, float) else dict(rope_freqs=base)
     out, new_k, new_v = attention_step(
         *inputs,
         offset,
         eps=EPS,
-        rope_base=BASE,
         scale=scale,
         owned_caches=owned_caches,
         stream=device,
+        **rope,
     )
     mx.eval(out, new_k, new_v)
-    chain = unfused_step(*inputs, offset, EPS, BASE, scale)
-    expected, exp_k, exp_v = step_f64(*inputs, offset, EPS, BASE, scale)
+    chain = unfused_step(*inputs, offset, EPS, base, scale)
+    expected, exp_k, exp_v = step_f64(*inputs, offset, EPS, base, scale)
     assert out.dtype == dtype and out.shape == q.shape
     assert new_k.shape == k_cache.shape and new_v.shape == v_cache.shape
     tol = {key: 2 * value for key, value in TOLERANCE[dtype].items()}
@@ -188,6 +191,38 @@ def test_head_dims_and_batch(device, dtype, d, length):
     """D = 64, 128 and 80 (not a multiple of 32); batch 2; a scale other than 1/sqrt(D)."""
     inputs = make_step(d + length, 2, 8, 2, length, d, 512, dtype)
     check_step(inputs, 260, device, f"D={d} L={length} B=2", scale=0.1)
+
+
+def llama3_periods(d, base=500000.0, factor=8.0, low=1.0, high=4.0, original=8192):
+    """Llama 3's scaled RoPE periods (mlx-lm's Llama3RoPE), in float64: long wavelengths
+    stretched by factor, short ones kept, the band between blended."""
+    periods = base ** (np.arange(0, d, 2) / d)
+    wavelengths = 2 * np.pi * periods
+    smooth = (original / wavelengths - low) / (high - low)
+    blended = periods / ((1 - smooth) / factor + smooth)
+    scaled = np.where(wavelengths > original / low, periods * factor, periods)
+    middle = (wavelengths > original / high) & (wavelengths < original / low)
+    return [float(p) for p in np.where(middle, blended, scaled)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda t: str(t).split(".")[-1])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("offset", [300, 9000])
+def test_rope_periods(device, dtype, d, offset):
+    """rope_freqs (each pair's period: Llama 3's scaled frequencies) against mx.fast.rope with the
+    same freqs and float64, at a short and a long position; the base's own periods give what
+    rope_base gives."""
+    inputs = make_step(d + offset, 1, 8, 2, 3, d, capacity_for(offset + 3), dtype)
+    check_step(inputs, offset, device, f"llama3 D={d}", base=llama3_periods(d))
+    plain = [BASE ** (2 * j / d) for j in range(d // 2)]
+    with mx.stream(device):
+        by_base = attention_step(*inputs, offset, eps=EPS, rope_base=BASE)[0]
+        by_periods = attention_step(*inputs, offset, eps=EPS, rope_freqs=mx.array(plain))[0]
+    # 1 / period and the base's power may round a frequency an ulp apart, which at position 9000
+    # moves an angle by up to ~1e-3 rad (float32: check_step's key tolerance)
+    tol = dict(atol=2e-4, rtol=2e-4) if dtype == mx.float32 else TOLERANCE[dtype]
+    np.testing.assert_allclose(to_numpy(by_periods), to_numpy(by_base), **tol)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -453,6 +488,15 @@ def test_bad_schedule_and_constants():
     for norms in ({}, dict(q_norm_weight=None, k_norm_weight=None)):
         with pytest.raises(ValueError, match="rope_base must be positive"):
             attention_step(**bad(**norms), eps=EPS, rope_base=-1.0)
+    for rope, message in (
+        ({}, "exactly one of rope_base and rope_freqs"),
+        (dict(rope_base=BASE, rope_freqs=[1.0] * 32), "exactly one of rope_base and rope_freqs"),
+        (dict(rope_freqs=[1.0] * 3), "rope_freqs must hold head_dim / 2 = 32 periods, got 3"),
+        (dict(rope_freqs=[1.0] * 31 + [0.0]), "rope_freqs must be positive and finite"),
+        (dict(rope_freqs=mx.ones((2, 2))), "rope_freqs must be one-dimensional"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            attention_step(**bad(), eps=EPS, **rope)
 
 
 def test_fold_is_a_cuda_choice():
@@ -536,6 +580,13 @@ FOLD_GRID = [
     for length in (1, 3, 8)
     for m in (3, 32)
 ] + [(mx.bfloat16, (8, 2), 128, 1, 2047), (mx.float16, (4, 4), 64, 3, 2047)]
+# the other head dims the tensor-core kernel compiles (Phi-3's 96 without GQA, 80, Gemma's 256;
+# schedule="split-mma": auto takes it at D 64 and 128 only)
+FOLD_GRID += [
+    (mx.bfloat16, (32, 32), 96, 1, 32), (mx.float16, (8, 2), 96, 8, 3),
+    (mx.bfloat16, (8, 2), 80, 3, 32), (mx.bfloat16, (8, 4), 256, 1, 32),
+    (mx.float16, (16, 8), 256, 8, 3),
+]  # fmt: skip
 
 
 @pytest.mark.skipif(not mx.cuda.is_available(), reason="the folded step is CUDA's")
@@ -552,9 +603,10 @@ def test_folded_step_matches_two_kernels_gpu(dtype, heads, d, length, m):
     capacity = capacity_for(offset + length)
     inputs = make_step(offset, 1, hq, hkv, length, d, capacity, dtype)
     folds = attention_step_folds()
-    folded = donated_step(inputs, capacity, offset, "auto", fold=True)
+    schedule = "auto" if d in (64, 128) else "split-mma"  # auto: the timed head dims only
+    folded = donated_step(inputs, capacity, offset, schedule, fold=True)
     assert attention_step_folds() == folds + 1, "fold=True ran two kernels"
-    two = donated_step(inputs, capacity, offset, "auto", fold=False)
+    two = donated_step(inputs, capacity, offset, schedule, fold=False)
     assert attention_step_folds() == folds + 1, "fold=False ran the folded kernel"
     # Not bit for bit: on the H200 (354698b) 10 of these 48 cases differed from the two kernels
     # in 0.03-1.3% of the outputs (one k_cache value once) by 1-4 units in the last place (the

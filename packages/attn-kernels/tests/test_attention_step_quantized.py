@@ -246,6 +246,25 @@ def test_head_dim_256_and_batch(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_rope_periods(device):
+    """rope_freqs (each pair's period) set to the base's own periods gives what rope_base gives
+    (attention_step's tests hold rope_freqs against mx.fast.rope's freqs)."""
+    d = 128
+    q, k, v, q_w, k_w, k_cache, v_cache = make_step(5, 1, 8, 2, 2, d, 512, mx.bfloat16, 4, 64)
+    periods = [BASE ** (2 * j / d) for j in range(d // 2)]
+    outs = []
+    for rope in (dict(rope_base=BASE), dict(rope_freqs=periods)):
+        out, keys, _ = attention_step_quantized(
+            q, k, v, q_w, k_w, k_cache, v_cache, 300, eps=EPS, group_size=64, bits=4,
+            stream=device, **rope,
+        )  # fmt: skip
+        outs.append((raw(out), raw(keys[0])[:, :, 300:302]))
+    np.testing.assert_allclose(outs[1][0], outs[0][0], **TOLERANCE[mx.bfloat16])
+    # the codes of the new keys: equal but where a rounding moved one by a step
+    assert np.mean(outs[1][1] == outs[0][1]) > 0.95
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_decode_loop_donates(device):
     """A loop that keeps only the returned triples updates them in place: no copies."""
     inputs = make_step(3, 1, 8, 2, 1, 128, 256, mx.bfloat16, 4, 64)

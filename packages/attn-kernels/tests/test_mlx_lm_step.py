@@ -13,7 +13,7 @@ pytest.importorskip("mlx_lm")
 import attn_kernels.mlx_lm as kernel
 from attn_kernels import attention_step_cache_copies, guard
 from attn_kernels.mlx_lm import step
-from mlx_lm.models import base, llama, qwen2, qwen3, qwen3_moe
+from mlx_lm.models import base, gemma3_text, llama, phi3, qwen2, qwen3, qwen3_moe
 from mlx_lm.models.cache import KVCache, QuantizedKVCache, RotatingKVCache, make_prompt_cache
 from test_mlx_lm import (  # noqa: F401  (any_head_dim_and_dtype, mlx_matmuls: fixtures)
     ARCHS,
@@ -30,7 +30,14 @@ from test_mlx_lm import (  # noqa: F401  (any_head_dim_and_dtype, mlx_matmuls: f
 
 MLX_LM_CALLS = {
     a: a.__dict__["__call__"]
-    for a in (llama.Attention, qwen2.Attention, qwen3.Attention, qwen3_moe.Attention)
+    for a in (
+        llama.Attention,
+        qwen2.Attention,
+        qwen3.Attention,
+        qwen3_moe.Attention,
+        gemma3_text.Attention,
+        phi3.Attention,
+    )
 }
 # mistral: mlx-lm loads it through llama.py; qwen3_moe has Qwen3's attention
 STEP_ARCHS = ["llama", "mistral", "qwen2", "qwen3", "qwen3_moe"]
@@ -114,6 +121,22 @@ GREEDY_CASES = {
     "mistral-D96": ("mistral", {}),
     "qwen2-D80": ("qwen2", {}),
     "qwen3_moe-D128": ("qwen3_moe", {}),
+    "phi3-D96": ("phi3", {}),  # one qkv_proj, no GQA
+    # rotations given as periods (rope_freqs): Llama 3's scaled frequencies, linear scaling
+    "llama-D64-llama3-rope": (
+        "llama",
+        dict(
+            rope_scaling={
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 32,  # every kind of pair at this size
+            }
+        ),
+    ),
+    "qwen3-D128-linear-rope": ("qwen3", dict(rope_scaling={"type": "linear", "factor": 2.0})),
+    "qwen2-D80-linear-rope": ("qwen2", dict(rope_scaling={"type": "linear", "factor": 3.0})),
 }
 
 
@@ -302,8 +325,10 @@ def with_norms(model, dtype=None, eps=None):
 
 # (model, fresh caches for it) where every call must run mlx-lm's method.
 FALLBACKS = {
-    "rope scaling (linear)": lambda: (
-        qwen3_model(rope_scaling={"type": "linear", "factor": 2.0}),
+    "rope scaling (dynamic NTK: its frequencies follow the offset)": lambda: (
+        arch_model(
+            "llama", rope_scaling={"type": "dynamic", "factor": 2.0}, max_position_embeddings=16
+        ),
         make_prompt_cache,
     ),
     "rotating cache": lambda: (
@@ -315,19 +340,6 @@ FALLBACKS = {
         make_prompt_cache,
     ),
     "eps 0 (the op refuses it)": lambda: (with_norms(qwen3_model(), eps=0.0), make_prompt_cache),
-    "llama: llama3 rope scaling": lambda: (
-        arch_model(
-            "llama",
-            rope_scaling={
-                "rope_type": "llama3",
-                "factor": 8.0,
-                "low_freq_factor": 1.0,
-                "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 8192,
-            },
-        ),
-        make_prompt_cache,
-    ),
     "llama: traditional rope": lambda: (
         arch_model("llama", rope_traditional=True),
         make_prompt_cache,
@@ -335,10 +347,6 @@ FALLBACKS = {
     "llama: rotating cache": lambda: (
         arch_model("llama"),
         lambda _: [RotatingKVCache(max_size=64) for _ in range(LAYERS)],
-    ),
-    "qwen2: linear rope scaling": lambda: (
-        arch_model("qwen2", rope_scaling={"type": "linear", "factor": 2.0}),
-        make_prompt_cache,
     ),
     "mistral: quantized cache, D 96 (the quantized step takes multiples of 64)": lambda: (
         arch_model("mistral"),
@@ -405,7 +413,10 @@ def replaced() -> set[str]:
 
 
 def test_enable_disable_restore_the_method():
-    everything = {f"mlx_lm.models.{m}" for m in ("llama", "qwen2", "qwen3", "qwen3_moe")}
+    everything = {
+        f"mlx_lm.models.{m}"
+        for m in ("llama", "qwen2", "qwen3", "qwen3_moe", "gemma3_text", "phi3")
+    }
     assert not kernel.fused_step_enabled() and methods_are_mlx_lms()
     kernel.enable()  # the default: the fused step in every STEP_MODELS class
     kernel.enable()  # idempotent

@@ -39,6 +39,20 @@ def _offsets(offset, batch: int) -> tuple[int, mx.array | None]:
     return largest, offsets
 
 
+def _rope(op: str, rope_base, rope_freqs) -> tuple[float, list[float]]:
+    """RoPE's frequencies as the ops take them: exactly one of rope_base and rope_freqs (the
+    period of each pair, mx.fast.rope's `freqs`; an array is read to the host)."""
+    if (rope_base is None) == (rope_freqs is None):
+        raise ValueError(f"[{op}] pass exactly one of rope_base and rope_freqs")
+    if rope_freqs is None:
+        return float(rope_base), []
+    if isinstance(rope_freqs, mx.array):
+        if rope_freqs.ndim != 1:
+            raise ValueError(f"[{op}] rope_freqs must be one-dimensional, got {rope_freqs.shape}")
+        rope_freqs = rope_freqs.astype(mx.float32).tolist()
+    return 0.0, [float(f) for f in rope_freqs]
+
+
 def attention_step(
     q: mx.array,
     k: mx.array,
@@ -51,7 +65,8 @@ def attention_step(
     *,
     starts: Sequence[int] | mx.array | None = None,
     eps: float | None = None,
-    rope_base: float,
+    rope_base: float | None = None,
+    rope_freqs: Sequence[float] | mx.array | None = None,
     scale: float | None = None,
     schedule: str = "auto",
     owned_caches: bool = False,
@@ -74,7 +89,13 @@ def attention_step(
             0): mlx-lm's left padding. Row b attends to [starts[b], its offset + L) and rotates
             its tokens by RoPE at their position minus starts[b], as mlx-lm's batch caches count.
         eps: RMSNorm epsilon, needed with the norm weights (ignored without them).
-        rope_base: RoPE base (non-traditional rotation, all D dims).
+        rope_base: RoPE base (non-traditional rotation, all D dims): the period of pair j is
+            rope_base^(2j/D).
+        rope_freqs: instead of rope_base, the period of each pair j < D/2, as mx.fast.rope's
+            `freqs` takes them (the angle at position p is p / rope_freqs[j]): mlx-lm's
+            Llama3RoPE `_freqs`, or rope_base^(2j/D) / scale for a RoPE with position scale.
+            A sequence of floats, or an array (read to the host: an evaluation, so a decode
+            loop passes a list it keeps). CPU and CUDA.
         scale: multiplier of the dot products (default 1/sqrt(D)).
         schedule: GPU attention schedule (as in `decode_attention_custom`).
         owned_caches: the caller's promise that no other array sharing the caches' memory (an
@@ -86,7 +107,8 @@ def attention_step(
             way. A decode loop that keeps only the returned caches (qwen3_model's KVCache) passes
             True.
         fold: on CUDA, run the step as one kernel (the preprocessing inside the attention's
-            blocks) where the attention plan is split-mma (bfloat16/float16, D 64 or 128), L <= 8
+            blocks) where the attention plan is split-mma (bfloat16/float16, D 64 or 128; 80, 96,
+            256 with schedule="split-mma"), L <= 8
             and both caches are updated in place; elsewhere, and with False, two kernels. None:
             the process default, on unless the environment variable ATTN_STEP_FOLD=0 (read once
             per process). The CPU and Metal ignore it. attention_step_folds() counts the steps
@@ -116,6 +138,7 @@ def attention_step(
         scale = 1.0 / math.sqrt(k_cache.shape[-1])
     batch = q.shape[0] if q.ndim else 0
     offset, offsets = _offsets(offset, batch)
+    rope_base, rope_freqs = _rope("attention_step", rope_base, rope_freqs)
     out, k_cache, v_cache = _ext.attention_step(
         q,
         k,
@@ -126,13 +149,14 @@ def attention_step(
         v_cache,
         offset,
         float(eps) if qk_norm else 0.0,
-        float(rope_base),
+        rope_base,
         float(scale),
         schedule,
         bool(owned_caches),
         None if fold is None else bool(fold),
         starts=row_bounds("starts", starts, batch),
         offsets=offsets,
+        rope_freqs=rope_freqs,
         stream=stream,
     )
     return out, k_cache, v_cache
@@ -150,7 +174,8 @@ def attention_step_quantized(
     *,
     starts: Sequence[int] | mx.array | None = None,
     eps: float | None = None,
-    rope_base: float,
+    rope_base: float | None = None,
+    rope_freqs: Sequence[float] | mx.array | None = None,
     scale: float | None = None,
     group_size: int = 64,
     bits: int = 8,
@@ -165,8 +190,8 @@ def attention_step_quantized(
     triple; likewise v), then `decode_attention_quantized` over the first offset + L positions.
 
     Args:
-        q, k, v, q_norm_weight, k_norm_weight, offset, starts, eps, rope_base, scale,
-            owned_caches: as in `attention_step`.
+        q, k, v, q_norm_weight, k_norm_weight, offset, starts, eps, rope_base, rope_freqs,
+            scale, owned_caches: as in `attention_step`.
         k_cache, v_cache: (codes, scales, biases) as `mx.quantize` gives them: codes uint32
             (B, Hkv, capacity, D·bits/32), scales and biases (B, Hkv, capacity, D/group_size) in
             q's dtype, positions [0, offset) written. D must be a multiple of 64 and of group_size.
@@ -192,6 +217,7 @@ def attention_step_quantized(
         scale = 1.0 / math.sqrt(head_dim)
     batch = q.shape[0] if q.ndim else 0
     offset, offsets = _offsets(offset, batch)
+    rope_base, rope_freqs = _rope("attention_step_quantized", rope_base, rope_freqs)
     out, *caches = _ext.attention_step_quantized(
         q,
         k,
@@ -202,13 +228,14 @@ def attention_step_quantized(
         list(v_cache),
         offset,
         float(eps) if qk_norm else 0.0,
-        float(rope_base),
+        rope_base,
         float(scale),
         int(group_size),
         int(bits),
         bool(owned_caches),
         starts=row_bounds("starts", starts, batch),
         offsets=offsets,
+        rope_freqs=rope_freqs,
         stream=stream,
     )
     return out, tuple(caches[:3]), tuple(caches[3:])

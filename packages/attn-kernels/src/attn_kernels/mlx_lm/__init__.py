@@ -20,9 +20,10 @@ K and V head dims that differ). A QuantizedKVCache's decode steps run
 S <= 32768, the measured head dim and dtype), mlx-lm's quantized path elsewhere. docs/mlx-lm.md has the table and the
 records. mlx-lm itself is optional: this module imports without it, enable() needs it.
 
-enable() also replaces `Attention.__call__` of mlx-lm's llama (and so mistral), qwen2, qwen3 and
-qwen3_moe modules (step.STEP_MODELS): decode steps the guard accepts (guard.use_step) with a
-plain KVCache and plain RoPE run q/k norm (Qwen3), RoPE, the cache write and attention as one
+enable() also replaces `Attention.__call__` of mlx-lm's llama (and so mistral), qwen2, qwen3,
+qwen3_moe, gemma3_text and phi3 modules (step.STEP_MODELS): decode steps the guard accepts
+(guard.use_step) with a plain KVCache and a RoPE the op takes (plain, position-scaled or Llama 3's
+frequencies) run q/k norm (Qwen3, Gemma 3), RoPE, the cache write and attention as one
 `attention_step` on the cache's buffers (step.py), and with a QuantizedKVCache (guard.use_step_quantized: head dim
 a multiple of 64) one `attention_step_quantized` on its triples; everything else runs mlx-lm's
 method. enable(fused_step=False)
@@ -195,10 +196,10 @@ def enable(fused_step: bool = True, linear: bool | None = None) -> None:
 
 def _set_fused_step(on: bool, types: step.CacheTypes | None = None) -> None:
     if on and not _replaced:
-        for name, norms in step.STEP_MODELS.items():
+        for name, model in step.STEP_MODELS.items():
             attention = importlib.import_module(f"mlx_lm.models.{name}").Attention
             _replaced[attention] = attention.__dict__["__call__"]
-            attention.__call__ = step.fused_call(_replaced[attention], types, _calls, norms)
+            attention.__call__ = step.fused_call(_replaced[attention], types, _calls, model)
     elif not on:
         for attention, call in _replaced.items():
             attention.__call__ = call

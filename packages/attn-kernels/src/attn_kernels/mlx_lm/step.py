@@ -1,21 +1,22 @@
 """mlx-lm's attention with the fused step: `enable()` puts `fused_call`'s method in place of
 `Attention.__call__` of mlx-lm's llama (also mistral, which mlx-lm loads through llama.py),
-qwen2, qwen3 and qwen3_moe modules (STEP_MODELS).
+qwen2, qwen3, qwen3_moe, gemma3_text and phi3 modules (STEP_MODELS).
 
 A decode step that attn_kernels.guard.use_step accepts (the question qwen3_model's attention
-asks) with mlx-lm's plain KVCache runs q/k RMSNorm (Qwen3 only: Llama and Qwen2 have none),
+asks) with mlx-lm's plain KVCache runs q/k RMSNorm (Qwen3 and Gemma 3; the others have none),
 RoPE, the cache write and attention as one `attention_step` on the cache's own buffers, then
 o_proj as mlx-lm does; with mlx-lm's QuantizedKVCache, where guard.use_step_quantized accepts
 it, one `attention_step_quantized` on its triples (the new position quantized as mx.quantize
-does). The q/k/v projections stay mlx-lm's Linear layers (with Qwen2's biases);
-the op takes their outputs. The cache grows exactly as KVCache.update_and_fetch grows it, and
+does). The q/k/v projections stay mlx-lm's Linear layers (with Qwen2's biases; Phi-3's one
+qkv_proj split as mlx-lm splits it); the op takes their outputs. The cache grows exactly as KVCache.update_and_fetch grows it, and
 afterwards holds only the buffers the op returned (owned_caches: nothing else holds them, and
 the cache reads [0, offset) of them). With mlx-lm's BatchKVCache (and BatchRotatingKVCache until
 it wraps) a decode step runs every row in one attention_step, each from its left padding.
 Every other call runs mlx-lm's method unchanged: prefill
-past the guard's query limit, other cache types, explicit masks, RoPE other than plain nn.RoPE
-(scaling, traditional, partial, NoPE), dtypes that differ between the projections, the norms and
-the cache, and anything the op refuses.
+past the guard's query limit, other cache types, explicit masks, RoPE other than nn.RoPE (plain
+or with a position scale) and Llama 3's scaled frequencies (rope_options: other scalings such as
+yarn and longrope, traditional pairs, partial rotary dims, NoPE), dtypes that differ between the
+projections, the norms and the cache, and anything the op refuses.
 """
 
 from __future__ import annotations
@@ -29,13 +30,25 @@ import mlx.nn as nn
 from attn_kernels.attention_step import attention_step, attention_step_quantized
 from attn_kernels.guard import use_step, use_step_quantized
 
-# mlx-lm model modules whose Attention class the fused step replaces, and the attribute names of
-# that class's q/k RMSNorm modules (None: no q/k norm).
-STEP_MODELS: dict[str, tuple[str, str] | None] = {
-    "llama": None,
-    "qwen2": None,
-    "qwen3": ("q_norm", "k_norm"),
-    "qwen3_moe": ("q_norm", "k_norm"),  # Qwen3's attention; the experts are in the MLP
+
+@dataclass(frozen=True)
+class StepModel:
+    """What the fused step needs to know of an architecture's Attention class."""
+
+    norms: tuple[str, str] | None = None  # the q/k RMSNorm attributes (None: no q/k norm)
+    norm_plus_one: bool = False  # Gemma's RMSNorm scales by 1 + weight
+    fused_qkv: str | None = None  # one projection split into q | k | v (Phi-3's qkv_proj)
+
+
+# mlx-lm model modules whose Attention class the fused step replaces.
+STEP_MODELS: dict[str, StepModel] = {
+    "llama": StepModel(),  # and mistral, which mlx-lm loads through llama.py
+    "qwen2": StepModel(),
+    "qwen3": StepModel(norms=("q_norm", "k_norm")),
+    "qwen3_moe": StepModel(norms=("q_norm", "k_norm")),  # Qwen3's attention; experts in the MLP
+    # its global layers (plain caches); the sliding ones hold a RotatingKVCache: mlx-lm's path
+    "gemma3_text": StepModel(norms=("q_norm", "k_norm"), norm_plus_one=True),
+    "phi3": StepModel(fused_qkv="qkv_proj"),
 }
 
 
@@ -57,15 +70,28 @@ def fold_rows(method: Callable) -> Callable:
     return folded
 
 
-def _plain_rope(rope, head_dim: int) -> bool:
-    """The op's rotation: non-traditional, all head_dim dims, no position scaling (what mlx-lm's
-    initialize_rope builds without rope_scaling and rope_traditional)."""
-    return (
-        type(rope) is nn.RoPE
-        and not rope.traditional
-        and rope.dims == head_dim
-        and rope.scale == 1.0
-    )
+def rope_options(rope, head_dim: int) -> dict | None:
+    """How the op rotates as `rope` does, over all head_dim dims, non-traditional:
+    {"rope_base": base} for a plain nn.RoPE; {"rope_freqs": periods} for an nn.RoPE with a
+    position scale (mlx-lm's linear scaling: base^(2j/D) / scale) and mlx-lm's Llama3RoPE (its
+    _freqs), worked out once per module; None for any other rotation (other scalings, partial
+    rotary dims, traditional pairs), which keeps mlx-lm's path."""
+    kind = type(rope)
+    llama3 = kind.__name__ == "Llama3RoPE" and kind.__module__ == "mlx_lm.models.rope_utils"
+    if not (kind is nn.RoPE or llama3) or rope.traditional or rope.dims != head_dim:
+        return None
+    if kind is nn.RoPE and rope.scale == 1.0:
+        return {"rope_base": rope.base}
+    periods = rope.__dict__.get("_attn_kernels_periods")  # beside the module's parameters
+    if periods is None:
+        if llama3:
+            periods = tuple(rope._freqs.astype(mx.float32).tolist())
+        else:
+            periods = tuple(
+                rope.base ** (2 * j / head_dim) / rope.scale for j in range(head_dim // 2)
+            )
+        object.__setattr__(rope, "_attn_kernels_periods", periods)
+    return {"rope_freqs": periods}
 
 
 def grow(cache, b: int, heads: int, length: int, head_dim: int, dtype: mx.Dtype, prev: int):
@@ -154,19 +180,18 @@ def _batch_layout_ready(cache) -> bool:
     )
 
 
-def fused_call(
-    original: Callable, types: CacheTypes, calls: dict, norms: tuple[str, str] | None
-) -> Callable:
+def fused_call(original: Callable, types: CacheTypes, calls: dict, model: StepModel) -> Callable:
     """mlx-lm's `Attention.__call__` with decode steps through `attention_step` (and, with a
     QuantizedKVCache, `attention_step_quantized`); `original` is mlx-lm's method, `types` mlx-lm's
-    cache classes, `norms` the names of the q/k RMSNorm attributes (None: the model has none),
+    cache classes, `model` what the architecture's attention holds (StepModel),
     calls["fused_step"] counts the fused steps. With mlx-lm's batch caches (BatchGenerator,
     batch_generate, mlx_lm.server) a decode step runs every row at once: each row from its own
     start (the cache's left padding) at its own RoPE position, the new position written at the
     cache's shared index; the mask mlx-lm built from the same cache is then not needed."""
 
     def __call__(self, x: mx.array, mask=None, cache=None) -> mx.array:
-        weight = getattr(self.q_proj, "weight", None)  # Linear or QuantizedLinear: (Hq·D, ...)
+        projection = getattr(self, model.fused_qkv or "q_proj")
+        weight = getattr(projection, "weight", None)  # Linear or QuantizedLinear: (N, ...)
         kind = type(cache)
         quantized = kind is types.quantized
         batched = kind is types.batch or kind is types.batch_rotating
@@ -178,9 +203,11 @@ def fused_call(
                 return original(self, x, mask, cache)
         elif not (mask is None or isinstance(mask, str)):
             return original(self, x, mask, cache)
-        head_dim = weight.shape[0] // self.n_heads
+        head_dim = self.head_dim if model.fused_qkv else weight.shape[0] // self.n_heads
+        norms = model.norms
         q_norm, k_norm = (getattr(self, n) for n in norms) if norms else (None, None)
-        if (norms and q_norm.eps != k_norm.eps) or not _plain_rope(self.rope, head_dim):
+        rotation = rope_options(self.rope, head_dim)
+        if (norms and q_norm.eps != k_norm.eps) or rotation is None:
             return original(self, x, mask, cache)
         b, length, _ = x.shape
         # The write position: a batch cache's shared index (_offset for the rotating one, which
@@ -212,14 +239,20 @@ def fused_call(
         if not taken:
             return original(self, x, mask, cache)
         # Lazy: if the step is not taken below, these nodes are dropped unevaluated.
-        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        if model.fused_qkv:  # strided views of one projection, read in place by the op
+            q_size, kv_size = self.n_heads * head_dim, self.n_kv_heads * head_dim
+            q, k, v = mx.split(projection(x), [q_size, q_size + kv_size], axis=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         weights = (q_norm.weight, k_norm.weight) if norms else (None, None)
+        if model.norm_plus_one:
+            weights = tuple(1.0 + w for w in weights)
         cached = None if cache.keys is None else cache.keys[1] if quantized else cache.keys
         if any(a is not None and a.dtype != dtype for a in (q, k, v, *weights, cached)):
             return original(self, x, mask, cache)
         options = dict(
             eps=q_norm.eps if norms else None,
-            rope_base=self.rope.base,
+            **rotation,
             scale=self.scale,
             # The cache holds only the returned buffers and reads [0, offset) of them.
             owned_caches=True,
