@@ -22,9 +22,10 @@ def test_small_sweep(tmp_path):
     out = tmp_path / "coverage.json"
     coverage.main(["--head-dim", "80", "--head-dim", "64", "--dtype", "float16", "--group", "2",
                    "--group", "1", "--query-length", "3", "--query-length", "1", "--context", "70",
-                   "--context", "35", "--heads", "4", "--json-output", str(out)])  # fmt: skip
+                   "--context", "35", "--heads", "4", "--schedule", "split-mma",
+                   "--json-output", str(out)])  # fmt: skip
     record = json.loads(out.read_text())
-    assert record["kind"] == "coverage-sweep"
+    assert record["kind"] == "coverage-sweep" and record["config"]["schedule"] == "split-mma"
     points = record["results"]
     assert len(points) == 2 * 2 * 2 * 2  # D x group x L x S
     p = points[coverage.point_key(80, "float16", 1, 3, 70)]
@@ -81,6 +82,7 @@ def test_bad_arguments(capsys):
         (["--iterations", "3"], "--iterations"),
         (["--head-dim", "300"], "--head-dim"),
         (["--query-length", "9", "--context", "8"], "--query-length"),
+        (["--schedule", "fast"], "--schedule"),
     ):
         with pytest.raises(SystemExit):
             coverage.parse_args(argv)
