@@ -7,7 +7,7 @@ from pathlib import Path
 import mlx.core as mx
 import pytest
 from attn_kernels import guard
-from llm_eval import coverage
+from llm_eval import coverage, plot
 
 RESULTS = Path(__file__).resolve().parents[3] / "benchmark_results"
 # Per backend: the coverage records the guard's further shapes come from, and the (D, dtype)
@@ -36,6 +36,8 @@ def test_small_sweep(tmp_path):
         (64, "float16"),
         (80, "float16"),
     }
+    chart = plot.plot(out)  # one panel per (D, dtype)
+    assert chart.suffix == ".png" and chart.stat().st_size > 0
 
 
 def point(d, length, context, won, group=1, dtype="bfloat16"):

@@ -1,9 +1,12 @@
 """plot: PNG charts from benchmark records (operator sweeps: µs vs context on log axes with the
-K+V read floor; progressions: decode tok/s bars per variant with min–max)."""
+K+V read floor; progressions: decode tok/s bars per variant with min–max; coverage sweeps: per
+head dim and dtype, mx.fast / ours at each L and S, the lowest over groups, and the guard's
+region outlined)."""
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 from pathlib import Path
 
@@ -89,6 +92,72 @@ def plot_progression(record: dict, out: Path) -> None:
     plt.close(fig)
 
 
+def plot_coverage(record: dict, out: Path) -> None:
+    from matplotlib.colors import LogNorm
+    from matplotlib.patches import Rectangle
+
+    from llm_eval.coverage import admitted, derive_regions, in_region
+
+    points = list(record["results"].values())
+    regions = derive_regions(record["results"])  # the rule as it is now
+    dims = sorted({p["head_dim"] for p in points})
+    dtypes = [t for t in ("bfloat16", "float16", "float32") if any(p["dtype"] == t for p in points)]
+    lengths = sorted({p["query_length"] for p in points})
+    contexts = sorted({p["context"] for p in points})
+    ratios = [p["ratio"] for p in points]
+    norm = LogNorm(vmin=min(min(ratios), 0.5), vmax=max(max(ratios), 2.0))
+    fig, axes = plt.subplots(
+        len(dtypes), len(dims), figsize=(2.3 * len(dims) + 1, 1.1 * len(dtypes) * len(lengths) + 1),
+        squeeze=False,
+    )  # fmt: skip
+    for (row, dtype), (col, d) in itertools.product(enumerate(dtypes), enumerate(dims)):
+        ax = axes[row][col]
+        grid = [[float("nan")] * len(contexts) for _ in lengths]
+        for i, q in enumerate(lengths):
+            for j, s in enumerate(contexts):
+                at = [p for p in points if (p["head_dim"], p["dtype"]) == (d, dtype)
+                      and (p["query_length"], p["context"]) == (q, s)]  # fmt: skip
+                if not at:
+                    continue
+                grid[i][j] = min(p["ratio"] for p in at)
+                lost = not all(admitted(p) for p in at)
+                ax.text(j, i, f"{grid[i][j]:.1f}" + ("*" if lost else ""), ha="center",
+                        va="center", fontsize=6)  # fmt: skip
+        image = ax.imshow(grid, cmap="RdYlGn", norm=norm, aspect="auto", origin="lower")
+        max_query, lo, hi = regions.get((d, dtype), (0, 0, 0))
+        if max_query:
+            region = dict(head_dim=d, dtype=dtype, max_query=max_query, min_context=lo,
+                          max_context=hi)  # fmt: skip
+            inside = [(i, j) for i, q in enumerate(lengths) for j, s in enumerate(contexts)
+                      if in_region(dict(head_dim=d, dtype=dtype, query_length=q, context=s),
+                                   region)]  # fmt: skip
+            if inside:
+                i1, j0, j1 = (
+                    max(i for i, _ in inside),
+                    min(j for _, j in inside),
+                    max(j for _, j in inside),
+                )
+                ax.add_patch(  # inset a little so that the box shows against the panel's edges
+                    Rectangle((j0 - 0.45, -0.45), j1 - j0 + 0.9, i1 + 0.9, fill=False, lw=2,
+                              edgecolor="navy")
+                )  # fmt: skip
+        ax.set_xticks(range(len(contexts)), [f"{s // 1024}K" if s >= 1024 else str(s)
+                                              for s in contexts], fontsize=6)  # fmt: skip
+        ax.set_yticks(range(len(lengths)), [f"L={q}" for q in lengths], fontsize=6)
+        ax.set_title(f"D={d} {dtype}", fontsize=7)
+    fig.colorbar(image, ax=axes, shrink=0.6, label="mx.fast / ours (lowest over groups)")
+    device = record["metadata"].get("device", {})
+    name = device.get("mlx_device_info", {}).get("device_name") or record["config"]["device"]
+    if device.get("cpu_isa"):
+        name += f" ({device.get('cpu_count')} CPUs, {'+'.join(device['cpu_isa'])})"
+    fig.suptitle(
+        f"coverage: {name}; * a group lost (a tie within 5% is no loss); box: the guard's region",
+        fontsize=8,
+    )
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
 def plot(path: Path, out_dir: Path | None = None) -> Path:
     record = json.loads(Path(path).read_text())
     out = (out_dir or Path(path).parent) / (Path(path).stem + ".png")
@@ -97,6 +166,8 @@ def plot(path: Path, out_dir: Path | None = None) -> Path:
         plot_operators(record, out)
     elif kind in ("progression", "ab-decode", "model-bench"):  # one bar per variant
         plot_progression(record, out)
+    elif kind == "coverage-sweep":
+        plot_coverage(record, out)
     else:
         raise ValueError(f"{path}: no chart for records of kind {kind!r}")
     return out
@@ -108,7 +179,7 @@ def main(argv=None) -> None:
         "records",
         nargs="+",
         type=Path,
-        help="JSON records from bench, bench-operators, progression or ab-decode",
+        help="JSON records from bench, bench-operators, progression, ab-decode or bench-coverage",
     )
     p.add_argument("--out-dir", type=Path, help="default: beside each record")
     args = p.parse_args(argv)
