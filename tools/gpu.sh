@@ -15,7 +15,9 @@
 #               inputs), short (L = 1 to S = 4096, independent and chained calls), long (chained
 #               calls from S = 4096: the honest bandwidth figure, independent calls share K/V in L2)
 #   coverage    bench-coverage: ours against mx.fast over head dims 64-256, bf16/f16/f32, groups
-#               1-8, L = 1/4/8, S = 128..131072 (issue 40's sweep; the guard's CUDA shapes)
+#               1-8, L = 1/4/8, S = 128..131072 (issue 40's sweep; the guard's CUDA shapes);
+#               PART split-mma: the tensor-core kernel at D 80, 96, 256 in bf16/f16 (auto does
+#               not take it there until this record says so)
 #   ragged      bench-operators: a decode step of B rows, each of its own length (--ragged), and
 #               the same B rows all full, B = 8 and 32, S = 512 / 2048 / 8192, L = 1 causal
 #   model       whole-model decode, fresh processes (progression: Qwen3-4B bf16 and 4-bit at
@@ -28,7 +30,12 @@
 #               tests, bench-accuracy, and ab-decode with a 4-bit cache at 32768+65 against
 #               mlx-lm's kv_bits=4
 #   serve       bench-serve: Qwen3-4B 4-bit, 32 requests of 256-2048 prompt tokens + 64 each,
-#               slots 8 and 32: mlx-lm's BatchGenerator, with enable(), and ours (--anatomy)
+#               slots 8 and 32: mlx-lm's BatchGenerator, with enable(), and ours (--anatomy);
+#               PART anatomy: the anatomy alone at 1, 8 and 32 rows under MLX's default CUDA
+#               graphs, without them and with 1000 ops a graph (where a step's time goes)
+#   models      issue 40's shapes through mlx-lm's own generate with and without enable():
+#               Llama-3.2-1B, Phi-3-mini, Gemma-3-4B, 4-bit, 8192+65; and Qwen3-4B decoding
+#               speculatively (its own weights as the draft)
 #   cpu-host    the 16-core host's CPU through the kit's MLX (its CPU backend): the kernel alone
 #               (make bench-cpu-kernel), bench-operators --device cpu per x86 path,
 #               bench-eval-overhead, bench-linear on Qwen3-4B's projections, bench --device cpu
@@ -107,9 +114,16 @@ operators() {
 }
 
 coverage() {
-  python3 -m llm_eval.coverage --device gpu --context 128 --context 1024 --context 8192 \
-    --context 32768 --context 131072 --force --json-output "$R/h200-attention-coverage-$V.json" \
-    2>&1 | quiet | tail -60
+  local contexts=(--context 128 --context 1024 --context 8192 --context 32768 --context 131072)
+  if [ "$1" = all ]; then
+    python3 -m llm_eval.coverage --device gpu "${contexts[@]}" --force \
+      --json-output "$R/h200-attention-coverage-$V.json" 2>&1 | quiet | tail -60
+  fi
+  if [ "$1" = all ] || [ "$1" = split-mma ]; then
+    python3 -m llm_eval.coverage --device gpu --schedule split-mma --head-dim 80 --head-dim 96 \
+      --head-dim 256 --dtype bfloat16 --dtype float16 "${contexts[@]}" --force \
+      --json-output "$R/h200-attention-coverage-split-mma-$V.json" 2>&1 | quiet | tail -40
+  fi
 }
 
 ragged() {
@@ -172,9 +186,32 @@ quantized() {
 }
 
 serve() {
-  python3 -m llm_eval.serve --model qwen3-4b --quantize 4bit --requests 32 --prompt-min 256 \
-    --prompt-max 2048 --new-tokens 64 --slots 8 --slots 32 --rounds "${ROUNDS:-2}" --anatomy \
-    --output "$R/h200-qwen3-4b-4bit-serve-32x256-2048+64-$V.json" 2>&1 | quiet
+  local mix=(--model qwen3-4b --quantize 4bit --requests 32 --prompt-min 256 --prompt-max 2048
+    --new-tokens 64)
+  if [ "$1" = all ]; then
+    python3 -m llm_eval.serve "${mix[@]}" --slots 8 --slots 32 --rounds "${ROUNDS:-2}" --anatomy \
+      --output "$R/h200-qwen3-4b-4bit-serve-32x256-2048+64-$V.json" 2>&1 | quiet
+  fi
+  if [ "$1" = all ] || [ "$1" = anatomy ]; then
+    local name setting
+    for name in default graphs-off 1000-ops-a-graph; do
+      case $name in
+        default) setting= ;;
+        graphs-off) setting=MLX_USE_CUDA_GRAPHS=0 ;;
+        *) setting=MLX_MAX_OPS_PER_BUFFER=1000 ;;
+      esac
+      env $setting python3 -m llm_eval.serve "${mix[@]}" --slots 1 --slots 8 --slots 32 \
+        --anatomy-only --force \
+        --output "$R/h200-qwen3-4b-4bit-serve-anatomy-$name-$V.json" 2>&1 | quiet
+    done
+  fi
+}
+
+models() {
+  python3 -m llm_eval.mlx_lm_decode --model llama-3.2-1b --model phi-3-mini --model gemma-3-4b \
+    --quantize 4bit --workload 8192+65 --rounds "${ROUNDS:-3}" --output "$R" 2>&1 | quiet
+  python3 -m llm_eval.mlx_lm_decode --model qwen3-4b --quantize 4bit --workload 32+97 \
+    --draft-layers 36 --num-draft-tokens 3 --rounds "${ROUNDS:-3}" --output "$R" 2>&1 | quiet
 }
 
 cpu_host() {
@@ -206,11 +243,12 @@ for target in "$@"; do
   [ "$name" = "$target" ] || part="${target#*:}"
   echo "== $target $(date -u +%T)"
   case "$name" in
-    operators) operators "$part" ;;
-    tests | coverage | ragged | model | step | quantized | serve) "$name" ;;
+    operators | coverage | serve) "$name" "$part" ;;
+    tests | ragged | model | models | step | quantized) "$name" ;;
     cpu-host) cpu_host ;;
     *) echo "tools/gpu.sh: unknown target $target (tests, operators[:kernels|grid|short|long]," \
-      "coverage, ragged, model, step, quantized, serve, cpu-host)" >&2 ;;
+      "coverage[:split-mma], ragged, model, models, step, quantized, serve[:anatomy]," \
+      "cpu-host)" >&2 ;;
   esac
 done
 tar -C "$OUT" -cf "$OUT/records.tar" records && rm -rf "$R"

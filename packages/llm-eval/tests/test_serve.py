@@ -74,7 +74,21 @@ def test_anatomy_names_each_part(tmp_path, tiny):
     assert parts["context"] == 42  # the context asked, plus half the new tokens
     for key in ("step_ms", "step_unfolded_ms", "host_build_ms", "attention_ms"):
         assert parts[key] > 0
+    for key in ("sync_build_ms", "sync_encode_ms", "sync_wait_ms", "pipelined_step_ms"):
+        assert parts[key] >= 0
+    ops = parts["graph_ops"]  # one AttentionStep a layer; the total counts every primitive
+    assert ops["AttentionStep"] == record["model_config"]["num_hidden_layers"]
+    assert ops["total"] == sum(v for k, v in ops.items() if k != "total")
     assert list(record["results"]["series"]["slots=3"]["samples"]) == ["ours"]
+
+
+def test_anatomy_only_skips_the_serving_runs(tmp_path, tiny, monkeypatch, capsys):
+    monkeypatch.setenv("MLX_MAX_OPS_PER_BUFFER", "7")
+    record = run(tmp_path, "--slots", "2", "--anatomy-only", "--context", "20")
+    series = record["results"]["series"]["slots=2"]
+    assert series["samples"] == {} and series["anatomy"]["pipelined_step_ms"] > 0
+    assert record["config"]["mlx_environment"]["MLX_MAX_OPS_PER_BUFFER"] == "7"
+    assert "anatomy, 2 rows" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(

@@ -26,8 +26,11 @@ roundings of the paths differ and can flip near-ties).
 With --anatomy, what one decode step of our generator is made of, per batch size, at --context
 positions per row (the mix's mean context by default): the whole step (forward and sampling)
 with the rows folded into one row's positions for the linear layers (Model.fold_rows, the
-default) and without; the graph building alone (host time); the attention steps alone (one
-layer's, times the layers); each quantized projection of a layer on (B, 1, K) and on (1, B, K).
+default) and without; the graph building alone (host time); a synchronous step's build, encode
+(async_eval's return: MLX encoding every op) and wait, and the step pipelined as generate_step
+runs it; the primitives in one step's graph; the attention steps alone (one layer's, times the
+layers); each quantized projection of a layer on (B, 1, K) and on (1, B, K). --anatomy-only
+skips the serving runs (one process per MLX setting, e.g. MLX_USE_CUDA_GRAPHS=0).
 
 Records under benchmark_results/ (the nearest such folder upwards) or --output.
 """
@@ -35,9 +38,12 @@ Records under benchmark_results/ (the nearest such folder upwards) or --output.
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
+import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -104,6 +110,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         action="store_true",
         help="also time what a decode step of ours is made of, per batch size (see above)",
     )
+    p.add_argument(
+        "--anatomy-only",
+        action="store_true",
+        help="the anatomy alone, no serving runs (minutes less; e.g. under MLX's CUDA graph "
+        "settings, MLX_USE_CUDA_GRAPHS / MLX_MAX_OPS_PER_BUFFER, one process each)",
+    )
     p.add_argument("--context", type=int, metavar="N", help="positions per row for --anatomy")
     p.add_argument("--seed", type=int, default=0, metavar="N", help="weights and prompts")
     p.add_argument("--output", type=Path, metavar="PATH", help="the record's file (or a folder)")
@@ -129,6 +141,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("need 1 <= --prompt-min <= --prompt-max")
     if any(b < 1 for b in args.slots):
         p.error("--slots must be >= 1")
+    args.anatomy = args.anatomy or args.anatomy_only
     if args.output and args.output.is_file() and not args.force:
         p.error(f"--output {args.output} exists; pass --force to replace it")
     return args
@@ -296,6 +309,57 @@ def _time(fn, repeats: int = 10, calls: int = 1) -> float:
     return statistics.median(samples)
 
 
+def step_phases(step, repeats: int = 12) -> dict:
+    """Milliseconds of a synchronous step's host and device parts, medians: building the graph,
+    encoding it (async_eval returns once MLX has encoded every op and launched its command
+    graphs), waiting for the device; and a step pipelined as generate_step runs it (the next
+    step built and encoded while this one runs): max(host, device) where the two overlap."""
+    for _ in range(2):
+        mx.eval(step())
+    build, encode, wait = [], [], []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        y = step()
+        t1 = time.perf_counter()
+        mx.async_eval(y)
+        t2 = time.perf_counter()
+        mx.eval(y)
+        t3 = time.perf_counter()
+        build.append(t1 - t0)
+        encode.append(t2 - t1)
+        wait.append(t3 - t2)
+    y = step()
+    mx.async_eval(y)
+    start = time.perf_counter()
+    for _ in range(repeats):
+        following = step()
+        mx.async_eval(following)
+        mx.eval(y)
+        y = following
+    mx.eval(y)
+    pipelined = (time.perf_counter() - start) / repeats
+    return {
+        "sync_build_ms": statistics.median(build) * 1e3,
+        "sync_encode_ms": statistics.median(encode) * 1e3,
+        "sync_wait_ms": statistics.median(wait) * 1e3,
+        "pipelined_step_ms": pipelined * 1e3,
+    }
+
+
+def graph_ops(y: mx.array) -> dict[str, int]:
+    """The primitives of the graph that computes y, by name (mx.export_to_dot's boxes), and their
+    total: what the backend encodes each step."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder, "step.dot")
+        mx.export_to_dot(str(path), y)
+        names = collections.Counter(
+            line.split('label ="')[1].split('"')[0]
+            for line in path.read_text().splitlines()
+            if "shape=rectangle" in line and 'label ="' in line
+        )
+    return {"total": sum(names.values()), **dict(names.most_common())}
+
+
 def anatomy(model, rows: int, context: int) -> dict:
     """Milliseconds of one decode step's parts at `rows` rows of `context` positions (module doc):
     a batch cache filled with random K/V, every row written at the same position each time."""
@@ -324,6 +388,8 @@ def anatomy(model, rows: int, context: int) -> dict:
     built = [step() for _ in range(5)]
     out["host_build_ms"] = (time.perf_counter() - start) / 5 * 1e3
     mx.eval(built)
+    out.update(step_phases(step))
+    out["graph_ops"] = graph_ops(step())
     attn, layer = model.layers[0].self_attn, model.layers[0]
     q = mx.random.normal((rows, 1, a.num_attention_heads * a.head_dim)).astype(mx.bfloat16)
     kv = mx.random.normal((rows, 1, a.num_key_value_heads * a.head_dim)).astype(mx.bfloat16)
@@ -396,15 +462,18 @@ def run(args, progress: Progress | None = None) -> dict:
     # below it cover the tiles of every count the batch shrinks through.
     progress.say("warming up")
     counts = sorted({n for slots in args.slots for n in (slots, *_powers_of_two_below(slots))})
+    if args.anatomy_only:
+        counts = []
     for rows in counts:
         warm = [p[:16] for p in (prompts * rows)[:rows]]
         for variant in args.variant:
             Drive(variant, model, twin, rows, 4).run(warm)
     results, order_log = {}, []
-    progress.restart(len(args.slots) * args.rounds * len(args.variant))
+    rounds = 0 if args.anatomy_only else args.rounds
+    progress.restart(len(args.slots) * max(rounds * len(args.variant), 1))
     for slots in args.slots:
-        samples = {v: [] for v in args.variant}
-        for r in range(args.rounds):
+        samples = {v: [] for v in args.variant} if rounds else {}
+        for r in range(rounds):
             order = bench.variant_order(args.variant, r)
             order_log.append({"slots": slots, "round": r, "order": order})
             for variant in order:
@@ -428,10 +497,14 @@ def run(args, progress: Progress | None = None) -> dict:
                 "context": context,
                 **anatomy(model, slots, context),
             }
+            if args.anatomy_only:
+                progress.step(f"B={slots} anatomy")
     progress.close()
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     config["prompt_lengths"] = [len(p) for p in prompts]
     config["quantization"] = qwen3_model.describe_weights(model)
+    # MLX's own settings (e.g. its CUDA graphs': MLX_USE_CUDA_GRAPHS, MLX_MAX_OPS_PER_BUFFER)
+    config["mlx_environment"] = {k: v for k, v in os.environ.items() if k.startswith("MLX_")}
     return {
         "schema_version": SCHEMA_VERSION,
         "kind": "serve-bench",
@@ -481,6 +554,8 @@ def record_path(args, record: dict) -> Path:
         f"{bench.machine_tag(args.device)}-{args.model}-{tag}-serve-{args.requests}x"
         f"{args.prompt_min}-{args.prompt_max}+{args.new_tokens}-mlx-{mx.__version__}"
     )
+    if args.anatomy_only:
+        stem = stem.replace("-serve-", "-serve-anatomy-")
     return bench.unique_path(folder, stem)
 
 
@@ -493,14 +568,16 @@ def main(argv=None) -> None:
         f"{args.prompt_min}-{args.prompt_max} prompt tokens + {args.new_tokens}, "
         f"{args.rounds} rounds, floor at {args.bandwidth_gbs or 0:.0f} GB/s"
     )
-    print(format_table(record))
+    if not args.anatomy_only:
+        print(format_table(record))
     for series in record["results"]["series"].values():
         if "anatomy" in series:
             parts = series["anatomy"]
             print(f"anatomy, {series['slots']} rows of {parts['context']} positions (ms):")
             for key, value in parts.items():
                 if isinstance(value, dict):
-                    value = ", ".join(f"{k} {v:.2f}" for k, v in value.items())
+                    value = ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
+                                      for k, v in value.items())  # fmt: skip
                 elif isinstance(value, float):
                     value = f"{value:.2f}"
                 print(f"  {key}: {value}")
