@@ -8,9 +8,9 @@ RoPE, the cache write and attention as one `attention_step` on the cache's own b
 o_proj as mlx-lm does; with mlx-lm's QuantizedKVCache, where guard.use_step_quantized accepts
 it, one `attention_step_quantized` on its triples (the new position quantized as mx.quantize
 does). The q/k/v projections stay mlx-lm's Linear layers (with Qwen2's biases; Phi-3's one
-qkv_proj split as mlx-lm splits it); the op takes their outputs. The cache grows exactly as KVCache.update_and_fetch grows it, and
-afterwards holds only the buffers the op returned (owned_caches: nothing else holds them, and
-the cache reads [0, offset) of them). With mlx-lm's BatchKVCache (and BatchRotatingKVCache until
+qkv_proj split as mlx-lm splits it); the op takes their outputs. The cache grows exactly as
+KVCache.update_and_fetch grows it, and afterwards holds only the buffers the op returned
+(owned_caches: nothing else holds them, and the cache reads [0, offset) of them). With mlx-lm's BatchKVCache (and BatchRotatingKVCache until
 it wraps) a decode step runs every row in one attention_step, each from its left padding.
 Every other call runs mlx-lm's method unchanged: prefill
 past the guard's query limit, other cache types, explicit masks, RoPE other than nn.RoPE (plain
