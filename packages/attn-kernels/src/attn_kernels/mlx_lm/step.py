@@ -94,6 +94,17 @@ def rope_options(rope, head_dim: int) -> dict | None:
     return {"rope_freqs": periods}
 
 
+def _plus_one(norm) -> mx.array:
+    """Gemma's RMSNorm scale, 1 + weight, formed once per weight array rather than as two more
+    ops in every layer of every step (a new weight array, e.g. after load_weights, forms it
+    again)."""
+    cached = norm.__dict__.get("_attn_kernels_plus_one")
+    if cached is None or cached[0] is not norm.weight:
+        cached = (norm.weight, 1.0 + norm.weight)
+        object.__setattr__(norm, "_attn_kernels_plus_one", cached)  # beside its parameters
+    return cached[1]
+
+
 def grow(cache, b: int, heads: int, length: int, head_dim: int, dtype: mx.Dtype, prev: int):
     """The buffers of mlx-lm's KVCache (or BatchKVCache) with room for `length` more positions
     after `prev` (its offset; a batch cache's _idx), grown as its update_and_fetch grows them
@@ -246,7 +257,7 @@ def fused_call(original: Callable, types: CacheTypes, calls: dict, model: StepMo
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         weights = (q_norm.weight, k_norm.weight) if norms else (None, None)
         if model.norm_plus_one:
-            weights = tuple(1.0 + w for w in weights)
+            weights = (_plus_one(q_norm), _plus_one(k_norm))
         cached = None if cache.keys is None else cache.keys[1] if quantized else cache.keys
         if any(a is not None and a.dtype != dtype for a in (q, k, v, *weights, cached)):
             return original(self, x, mask, cache)
