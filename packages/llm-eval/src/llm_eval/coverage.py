@@ -201,6 +201,19 @@ def run(args) -> dict:
     }
 
 
+def lowest_over_groups(points) -> dict[tuple[int, str, int, int], tuple[float, bool]]:
+    """Per (D, dtype, L, S): the lowest ratio mx.fast / ours over the groups, and whether some
+    group's point is lost (admitted())."""
+    cells: dict[tuple[int, str, int, int], list[dict]] = {}
+    for p in points:
+        key = (p["head_dim"], p["dtype"], p["query_length"], p["context"])
+        cells.setdefault(key, []).append(p)
+    return {
+        key: (min(p["ratio"] for p in at), not all(admitted(p) for p in at))
+        for key, at in cells.items()
+    }
+
+
 def format_tables(record: dict) -> str:
     """Per (D, dtype): the ratio mx.fast / ours at each (L, S), the lowest over groups, with an
     asterisk where some group's point is lost (admitted()); then the regions."""
@@ -210,19 +223,12 @@ def format_tables(record: dict) -> str:
     lines = ["| D | dtype | L | " + " | ".join(f"S={s}" for s in contexts) + " |"]
     lines.append("|---:|---|---:|" + "---:|" * len(contexts))
     shapes = sorted({(p["head_dim"], p["dtype"]) for p in points})
+    lowest = lowest_over_groups(points)
     for (d, dtype), q in itertools.product(shapes, lengths):
         cells = []
         for s in contexts:
-            at = [
-                p
-                for p in points
-                if (p["head_dim"], p["dtype"], p["query_length"], p["context"]) == (d, dtype, q, s)
-            ]
-            if not at:
-                cells.append("")
-                continue
-            lost = not all(admitted(p) for p in at)
-            cells.append(f"{min(p['ratio'] for p in at):.1f}x" + ("*" if lost else ""))
+            ratio, lost = lowest.get((d, dtype, q, s), (None, False))
+            cells.append("" if ratio is None else f"{ratio:.1f}x" + ("*" if lost else ""))
         lines.append(f"| {d} | {dtype} | {q} | " + " | ".join(cells) + " |")
     ratios = [p["ratio"] for p in points]
     inside = [p for p in points for r in record["regions"] if in_region(p, r)]

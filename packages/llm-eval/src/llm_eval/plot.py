@@ -96,10 +96,11 @@ def plot_coverage(record: dict, out: Path) -> None:
     from matplotlib.colors import LogNorm
     from matplotlib.patches import Rectangle
 
-    from llm_eval.coverage import admitted, derive_regions, in_region
+    from llm_eval.coverage import derive_regions, in_region, lowest_over_groups
 
     points = list(record["results"].values())
     regions = derive_regions(record["results"])  # the rule as it is now
+    lowest = lowest_over_groups(points)
     dims = sorted({p["head_dim"] for p in points})
     dtypes = [t for t in ("bfloat16", "float16", "float32") if any(p["dtype"] == t for p in points)]
     lengths = sorted({p["query_length"] for p in points})
@@ -115,12 +116,9 @@ def plot_coverage(record: dict, out: Path) -> None:
         grid = [[float("nan")] * len(contexts) for _ in lengths]
         for i, q in enumerate(lengths):
             for j, s in enumerate(contexts):
-                at = [p for p in points if (p["head_dim"], p["dtype"]) == (d, dtype)
-                      and (p["query_length"], p["context"]) == (q, s)]  # fmt: skip
-                if not at:
+                if (d, dtype, q, s) not in lowest:
                     continue
-                grid[i][j] = min(p["ratio"] for p in at)
-                lost = not all(admitted(p) for p in at)
+                grid[i][j], lost = lowest[(d, dtype, q, s)]
                 ax.text(j, i, f"{grid[i][j]:.1f}" + ("*" if lost else ""), ha="center",
                         va="center", fontsize=6)  # fmt: skip
         image = ax.imshow(grid, cmap="RdYlGn", norm=norm, aspect="auto", origin="lower")
