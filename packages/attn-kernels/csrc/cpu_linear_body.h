@@ -48,10 +48,35 @@ constexpr int tile_rows(int per_row, int fixed) {
   return 1;
 }
 
-ATTN_ALWAYS_INLINE float lane_sum(Vec v) {
-  float s = 0.0f;
-  for (int l = 0; l < W; ++l) s += v[l];
-  return s;
+// The lanes of v summed as a tree of halves: log2(W) dependent adds, not W.
+template <typename V, size_t... I>
+ATTN_ALWAYS_INLINE auto halves_added(V v, std::index_sequence<I...>) {
+  return __builtin_shufflevector(v, v, I...) + __builtin_shufflevector(v, v, (I + sizeof...(I))...);
+}
+template <typename V>
+ATTN_ALWAYS_INLINE float lane_sum(V v) {
+  constexpr size_t lanes = sizeof(V) / sizeof(float);
+  if constexpr (lanes == 1) {
+    return v[0];
+  } else {
+    return lane_sum(halves_added(v, std::make_index_sequence<lanes / 2>{}));
+  }
+}
+
+// How far ahead of each weight row being read its bytes are prefetched into L2. A tile reads R rows
+// as R streams, which the hardware prefetcher alone kept to ~19 GB/s of 4-bit codes on two Zen 3
+// vCPUs (Qwen3-4B's gate/up, cold); 4 KB ahead: 26-27 GB/s (1 KB: 19-21, 8-16 KB: 21-26). Dense
+// bf16, which streams near the floor without help: 2 KB ahead keeps 19456 x 2560 (0.97-1.0x)
+// and speeds 6144 x 1024 up 1.1-1.15x; 4 KB lost 4-8% on the first.
+constexpr int kCodePrefetchBytes = 4096, kDensePrefetchBytes = 2048;
+
+// Accumulators zeroed lane by lane: `= {}` became a `rep stos` through memory (~7% of a 4-bit
+// call at K = 1024), which also kept them out of registers between chunks.
+template <int R, int M>
+ATTN_ALWAYS_INLINE void zero(Vec (&acc)[R][M]) {
+  for (int r = 0; r < R; ++r) {
+    for (int m = 0; m < M; ++m) acc[r][m] = Vec{};
+  }
 }
 
 // n values (n <= W) at p as float lanes 0..n-1, the rest 0; never reads past p + n.
@@ -104,10 +129,14 @@ template <typename T, int M, int R>
 ATTN_ALWAYS_INLINE void dense_rows(const LinearProblem& p, const float* x, int row_floats, int n) {
   const int K = p.inputs, main = dense_main(p);
   const T* w = static_cast<const T*>(p.weight) + int64_t{n} * K;
-  Vec acc[R][M] = {};
+  Vec acc[R][M];
+  zero(acc);
   for (int c = 0; c < main; c += kDenseStep) {
     Pair wv[R];
-    for (int r = 0; r < R; ++r) wv[r] = widen(w + int64_t{r} * K + c);
+    for (int r = 0; r < R; ++r) {
+      prefetch_to_l2(reinterpret_cast<const char*>(w + int64_t{r} * K + c) + kDensePrefetchBytes);
+      wv[r] = widen(w + int64_t{r} * K + c);
+    }
     for (int m = 0; m < M; ++m) {
       const Vec xa = load<Vec>(x + m * row_floats + c), xb = load<Vec>(x + m * row_floats + c + W);
       for (int r = 0; r < R; ++r) {
@@ -169,53 +198,102 @@ template <int G, size_t... L>
 ATTN_ALWAYS_INLINE Vec spread(Vec v, std::index_sequence<L...>) {
   return __builtin_shufflevector(v, v, static_cast<int>(L / G)...);
 }
-template <typename T, int BITS, int GS>
-ATTN_ALWAYS_INLINE Vec block_scales(const T* scales) {
-  constexpr int lanes_per_group = GS / kPerWord<BITS>;
-  if constexpr (lanes_per_group >= W) {
-    return Vec{} + to_float(scales[0]);
+// Where a prepared row's parts start: x (floats, K), the group sums of x (K / GS, then W zeros
+// so that a chunk's last vector of sums reads zeros), then the int8 path's x scales and bytes.
+int group_sums_at(const LinearProblem& p) {
+  return p.inputs;
+}
+int s8_scales_at(const LinearProblem& p) {
+  return p.inputs + p.inputs / p.group_size + W;
+}
+
+// A block's weight scales as lanes (lane l: codes [P l, P l + P)), from the chunk's scales at
+// its first group.
+template <int GS, int BLOCK, int P>
+ATTN_ALWAYS_INLINE Vec block_scales(const float* s) {
+  if constexpr (GS >= BLOCK) {
+    return s[0] - Vec{};  // a broadcast (x - 0 is x: no add is emitted)
   } else {
-    return spread<lanes_per_group>(load_floats(scales, W / lanes_per_group),
-                                   std::make_index_sequence<W>{});
+    return spread<GS / P>(load<Vec>(s), std::make_index_sequence<W>{});
   }
 }
 
-// The end of R quantized rows: the accumulators' lanes summed, the codes past the last whole
-// block (against x in natural order, unscaled, at x + m * row_floats), the biases against the
-// group sums of x (at + K), the bias; stored.
-template <typename T, int BITS, int GS, int M, int R>
-ATTN_ALWAYS_INLINE void quantized_tail(const LinearProblem& p, const float* x, int row_floats,
-                                       int n, int main, const Vec (&acc)[R][M]) {
+// A tile of R quantized rows against M rows of x. The scales are converted to floats a chunk of
+// groups at a time (vector conversions) so that a block takes its scale with one broadcast load
+// (a conversion per block, a scalar load, a shift, a move and a broadcast, was a quarter of the
+// int8 loop's instructions); the chunk's bias term, sum_g bias_g * (sum of x_g), is accumulated
+// in the same pass. Then `chunk(c0, end, scales)` (codes [c0, end) of the chunk are in whole
+// blocks, scales[r][g] are its groups' scales) and, per block of row r, `block(r, c, c - c0,
+// words, scales[r], acc[r])` adds codes [c, c + BLOCK) (one vector of words). The codes past the
+// last whole block are read one by one against x in natural order (unscaled, at
+// x + m * row_floats); the sums are stored with the bias.
+constexpr int kChunkGroups = 2 * W;
+using ChunkScales = float[kChunkGroups + W];  // + W: a block's lane scales load one vector
+
+template <typename T, int BITS, int GS, int BLOCK, int M, int R, typename Chunk, typename Block>
+ATTN_ALWAYS_INLINE void quantized_tile(const LinearProblem& p, const float* x, int row_floats,
+                                       int n, Chunk&& chunk, Block&& block) {
   constexpr int P = kPerWord<BITS>;
-  const int K = p.inputs, groups = K / GS, words = K / P;
-  const uint32_t* codes = static_cast<const uint32_t*>(p.weight) + int64_t{n} * words;
+  const int K = p.inputs, groups = K / GS, main = p.inputs / BLOCK * BLOCK;
+  const int64_t words = K / P;
+  const uint32_t* codes = static_cast<const uint32_t*>(p.weight) + n * words;
   const T* scales = static_cast<const T*>(p.scales) + int64_t{n} * groups;
   const T* biases = static_cast<const T*>(p.biases) + int64_t{n} * groups;
-  float sums[R][M];
-  for (int r = 0; r < R; ++r) {
-    for (int m = 0; m < M; ++m) {
-      const float* xm = x + m * row_floats;
-      float s = lane_sum(acc[r][m]);
-      for (int k = main; k < K; ++k) {
-        const uint32_t word = codes[int64_t{r} * words + k / P];
-        const uint32_t code = (word >> (BITS * (k % P))) & ((1u << BITS) - 1);
-        s += to_float(scales[int64_t{r} * groups + k / GS]) * static_cast<float>(code) * xm[k];
+  const float* sums = x + group_sums_at(p);
+  Vec acc[R][M];
+  zero(acc);
+  for (int g0 = 0; g0 < groups; g0 += kChunkGroups) {
+    const int count = groups - g0 < kChunkGroups ? groups - g0 : kChunkGroups;
+    ChunkScales converted[R];
+    for (int r = 0; r < R; ++r) {
+      const int64_t at = r * int64_t{groups} + g0;
+      auto convert = [&](int g, int lanes) __attribute__((always_inline)) {
+        store_vec(&converted[r][g], load_floats(scales + at + g, lanes));
+        const Vec bias = load_floats(biases + at + g, lanes);
+        for (int m = 0; m < M; ++m) acc[r][m] += bias * load<Vec>(sums + m * row_floats + g0 + g);
+      };
+      int g = 0;
+      for (; g + W <= count; g += W) convert(g, W);  // whole vectors: no copy through memory
+      if (g < count) convert(g, count - g);
+    }
+    const int c0 = g0 * GS, end = c0 + kChunkGroups * GS < main ? c0 + kChunkGroups * GS : main;
+    chunk(c0, end, converted);
+    for (int c = c0; c < end; c += BLOCK) {
+      for (int r = 0; r < R; ++r) {
+        const uint32_t* at = codes + r * words + c / P;
+        prefetch_to_l2(reinterpret_cast<const char*>(at) + kCodePrefetchBytes);
+        block(r, c, c - c0, load<Bits>(at), converted[r], acc[r]);
       }
-      sums[r][m] = s + dot(biases + int64_t{r} * groups, xm + K, groups);
     }
   }
-  for (int r = 0; r < R; ++r) store_row_sums<T>(p, n, r, p.rows, &sums[r][0], 1);
+  float out[R][M];
+  for (int r = 0; r < R; ++r) {
+    for (int m = 0; m < M; ++m) {
+      float s = lane_sum(acc[r][m]);
+      for (int k = main; k < K; ++k) {
+        const uint32_t word = codes[r * words + k / P];
+        const uint32_t code = (word >> (BITS * (k % P))) & ((1u << BITS) - 1);
+        s += to_float(scales[int64_t{r} * groups + k / GS]) * static_cast<float>(code) *
+             x[m * row_floats + k];
+      }
+      out[r][m] = s;
+    }
+  }
+  for (int r = 0; r < R; ++r) store_row_sums<T>(p, n, r, p.rows, &out[r][0], 1);
 }
 
 // ---- Quantized weights, 4-bit, against int8 activations (x86) ------------------------------
 //
-// With bf16 or f16 x, 4-bit codes meet x rounded to int8 (a scale per 32 values: max |x| / 127)
-// in the integer dot product of x86 (vpmaddubsw: 32 code-by-int8 products summed in pairs, then
-// vpmaddwd to 32-bit sums): ~13 operations a block of 8 W codes against ~30 for the float path
-// (an AND, a conversion and an FMA per vector of codes). Measured on one Zen 3 core, Qwen3-4B's
-// gate/up 4-bit: 10.3 against 5.9 GB/s. The rounding of x adds at most sum |w| * scale / 2 to an
-// output, of the order of the output's own bf16 rounding (and below MLX's own bf16 path, which
-// accumulates in bf16). float32 x keeps the float path (exact to float32 accumulation).
+// With bf16 or f16 x, 4-bit codes meet x rounded to int8 (max |x| / 127 per group, or per block
+// of 8 W values where a group spans blocks) in the integer dot product of x86 (vpmaddubsw: 32
+// code-by-int8 products summed in pairs, then vpmaddwd to 32-bit sums): ~12 operations a block of
+// 8 W codes against ~30 for the float path (an AND, a conversion and an FMA per vector of codes).
+// Measured on one Zen 3 core, Qwen3-4B's gate/up 4-bit: 10.3 against 5.9 GB/s. One x scale per
+// block lets the weight and x scales be multiplied a chunk at a time, not per block and row (a
+// hot M = 1 call: 8-10% faster than with a scale per 32 values). The rounding of x adds at most
+// sum |w| * scale / 2 to an output, of the order of the output's own bf16 rounding (and below
+// MLX's own bf16 path, which accumulates in bf16). float32 x keeps the float path (exact to
+// float32 accumulation).
 #if defined(__AVX2__) && ATTN_CPU_WIDTH == 8
 #define ATTN_CPU_S8_DOT 1
 // sum over the 8 codes of each 32-bit lane: even codes (low nibbles) with xe, odd with xo.
@@ -233,7 +311,11 @@ ATTN_ALWAYS_INLINE Ints dot_codes_s8(Bits even, Bits xe, Bits odd, Bits xo) {
 }
 #endif
 
-constexpr int kS8Block = 32;  // x values per int8 scale
+// x values per int8 scale: one weight group, or one block where a group spans several (so that
+// a block has one x scale and one weight scale, multiplied a chunk at a time, not per block).
+int s8_unit(const LinearProblem& p) {
+  return p.group_size < 8 * W ? p.group_size : 8 * W;
+}
 
 bool uses_s8(const LinearProblem& p) {
 #if defined(ATTN_CPU_S8_DOT)
@@ -245,32 +327,43 @@ bool uses_s8(const LinearProblem& p) {
 }
 
 #if defined(ATTN_CPU_S8_DOT)
-// A prepared row of the int8 path: x as floats (natural order: the tail), the group sums, then
-// per block of 8 W codes W lane scales (lane l: the int8 scale of codes 8 l .. 8 l + 7) and the
-// block's int8 values, the even codes' x then the odd codes' (byte i of a word vector holds codes
-// 2 i and 2 i + 1).
+// A prepared row of the int8 path: x as floats (natural order: the tail), the group sums, the
+// int8 scales of x (one per U = min(GS, 8 W) values), then per block of 8 W codes the block's
+// int8 values, the even codes' x then the odd codes' (byte i of a word vector holds codes 2 i and
+// 2 i + 1). Per chunk the weight and x scales are multiplied once, W units at a time.
 template <typename T, int GS, int M, int R>
 ATTN_ALWAYS_INLINE void quantized_rows_s8(const LinearProblem& p, const float* x, int row_floats,
                                           int n) {
-  constexpr int kBlock = 8 * W;
-  const int K = p.inputs, groups = K / GS, main = quantized_main(p), words = K / 8;
-  const uint32_t* codes = static_cast<const uint32_t*>(p.weight) + int64_t{n} * words;
-  const T* scales = static_cast<const T*>(p.scales) + int64_t{n} * groups;
-  Vec acc[R][M] = {};
-  for (int c = 0; c < main; c += kBlock) {
-    for (int r = 0; r < R; ++r) {
-      const Bits block = load<Bits>(codes + int64_t{r} * words + c / 8);
-      const Bits even = block & 0x0f0f0f0fu, odd = (block >> 4) & 0x0f0f0f0fu;
-      const Vec scale = block_scales<T, 4, GS>(scales + int64_t{r} * groups + c / GS);
-      for (int m = 0; m < M; ++m) {
-        const float* lanes = x + m * row_floats + K + groups;  // then the bytes
-        const auto* bytes = reinterpret_cast<const uint8_t*>(lanes + main / 8) + c;
-        const Ints dot = dot_codes_s8(even, load<Bits>(bytes), odd, load<Bits>(bytes + 4 * W));
-        acc[r][m] += __builtin_convertvector(dot, Vec) * (scale * load<Vec>(lanes + c / 8));
-      }
-    }
-  }
-  quantized_tail<T, 4, GS, M, R>(p, x, row_floats, n, main, acc);
+  constexpr int kBlock = 8 * W, U = GS < kBlock ? GS : kBlock;
+  constexpr int kUnits = kChunkGroups * GS / U;  // units a chunk
+  const float* x_scales = x + s8_scales_at(p);
+  const auto* bytes = reinterpret_cast<const uint8_t*>(x_scales + quantized_main(p) / U);
+  float combined[R][M][kUnits + W];  // weight scale * x scale per unit of the chunk
+  quantized_tile<T, 4, GS, kBlock, M, R>(
+      p, x, row_floats, n,
+      [&](int c0, int end, const ChunkScales* scales) __attribute__((always_inline)) {
+        const int units = (end - c0) / U;
+        for (int r = 0; r < R; ++r) {
+          for (int m = 0; m < M; ++m) {
+            const float* xs = x_scales + m * row_floats + c0 / U;
+            for (int u = 0; u < units; u += W) {
+              const Vec w = spread<GS / U>(load<Vec>(&scales[r][u * U / GS]),
+                                           std::make_index_sequence<W>{});
+              store_vec(&combined[r][m][u], w * load<Vec>(xs + u));
+            }
+          }
+        }
+      },
+      [&](int r, int c, int in_chunk, Bits block, const float*, Vec(&acc)[M])
+          __attribute__((always_inline)) {
+        const Bits even = block & 0x0f0f0f0fu, odd = (block >> 4) & 0x0f0f0f0fu;
+        for (int m = 0; m < M; ++m) {
+          const uint8_t* xb = bytes + m * int64_t{row_floats} * 4 + c;
+          const Ints dot = dot_codes_s8(even, load<Bits>(xb), odd, load<Bits>(xb + 4 * W));
+          acc[m] += __builtin_convertvector(dot, Vec) *
+                    block_scales<U, kBlock, 8>(&combined[r][m][in_chunk / U]);
+        }
+      });
 }
 #endif
 
@@ -286,23 +379,17 @@ ATTN_ALWAYS_INLINE Vec block_dot(Bits words, const float* x, std::index_sequence
 template <typename T, int BITS, int GS, int M, int R>
 ATTN_ALWAYS_INLINE void quantized_rows(const LinearProblem& p, const float* x, int row_floats,
                                        int n) {
-  constexpr int P = kPerWord<BITS>, kBlock = P * W;
-  const int K = p.inputs, groups = K / GS, main = quantized_main(p), words = K / P;
-  const uint32_t* codes = static_cast<const uint32_t*>(p.weight) + int64_t{n} * words;
-  const T* scales = static_cast<const T*>(p.scales) + int64_t{n} * groups;
-  Vec acc[R][M] = {};
-  for (int c = 0; c < main; c += kBlock) {
-    for (int r = 0; r < R; ++r) {
-      const Bits block = load<Bits>(codes + int64_t{r} * words + c / P);
-      const Vec scale = block_scales<T, BITS, GS>(scales + int64_t{r} * groups + c / GS);
-      for (int m = 0; m < M; ++m) {
-        const Vec inner =
-            block_dot<BITS>(block, x + m * row_floats + c, std::make_index_sequence<P>{});
-        acc[r][m] += scale * inner;
-      }
-    }
-  }
-  quantized_tail<T, BITS, GS, M, R>(p, x, row_floats, n, main, acc);
+  constexpr int P = kPerWord<BITS>;
+  quantized_tile<T, BITS, GS, P * W, M, R>(
+      p, x, row_floats, n, [](int, int, const ChunkScales*) {},
+      [&](int, int c, int in_chunk, Bits block, const float* scales, Vec(&acc)[M])
+          __attribute__((always_inline)) {
+        const Vec scale = block_scales<GS, P * W, P>(scales + in_chunk / GS);
+        for (int m = 0; m < M; ++m) {
+          acc[m] += scale * block_dot<BITS>(block, x + m * row_floats + c,
+                                            std::make_index_sequence<P>{});
+        }
+      });
 }
 
 template <typename T, int BITS, int GS, int M>
@@ -325,31 +412,50 @@ void quantized_columns(const LinearProblem& p, const float* x, int row_floats, i
 // ---- Preparing x ---------------------------------------------------------------------------
 
 size_t prepared_floats(const LinearProblem& p) {
-  const size_t floats = p.inputs + (p.bits ? p.inputs / p.group_size : 0);
-  // The int8 path adds W lane scales and 8 W bytes per block of 8 W codes.
-  return uses_s8(p) ? floats + quantized_main(p) / 8 + quantized_main(p) / 4 : floats;
+  const size_t floats = p.bits ? s8_scales_at(p) : p.inputs;
+  // The int8 path adds its x scales and 8 W bytes per block of 8 W codes, then room for a chunk's
+  // vectors of x scales read past the last (at most 4 W units a chunk, + W).
+  return uses_s8(p) ? floats + quantized_main(p) / s8_unit(p) + quantized_main(p) / 4 + 5 * W
+                    : floats;
 }
 
-// x's main part rounded to int8 (a scale per kS8Block values) in the int8 path's layout.
+// The low bytes of the even lanes of q, then of the odd lanes: the int8 values of W consecutive x
+// in the int8 path's order, where byte i of a word vector holds codes 2 i and 2 i + 1.
+using Quarter = int8_t __attribute__((vector_size(W)));
+template <size_t... I>
+ATTN_ALWAYS_INLINE Quarter evens_then_odds(Ints q, std::index_sequence<I...>) {
+  using IntBytes = int8_t __attribute__((vector_size(4 * W)));
+  constexpr int half = sizeof...(I) / 2;
+  return __builtin_shufflevector((IntBytes)q, (IntBytes)q,
+                                 (4 * (I < half ? 2 * I : 2 * (I - half) + 1))...);
+}
+
+// x's main part rounded to int8 (a scale per U = s8_unit values: max |x| / 127) in the int8
+// path's layout: per block of 8 W values the even ones' int8 values, then the odd ones'. Rounding
+// is to nearest even, as rintf: adding and subtracting 1.5 * 2^23 does it exactly for
+// |x / d| <= 127.
 template <typename T>
-void prepare_s8(const LinearProblem& p, const T* x, float* lanes, uint8_t* bytes) {
-  const int main = quantized_main(p);
-  float block_scale[8 * W / kS8Block];
-  for (int c = 0; c < main; c += 8 * W) {
-    for (int b = 0; b < 8 * W / kS8Block; ++b) {
-      float top = 0.0f;
-      for (int k = 0; k < kS8Block; ++k) {
-        top = __builtin_fmaxf(top, __builtin_fabsf(to_float(x[c + b * kS8Block + k])));
-      }
-      const float d = top > 0.0f ? top / 127.0f : 1.0f;
-      block_scale[b] = d;
-      for (int k = 0; k < kS8Block; ++k) {
-        const int at = b * kS8Block + k;  // even codes' x first, then odd codes'
-        const float q = __builtin_rintf(to_float(x[c + at]) / d);
-        bytes[c + (at % 2) * 4 * W + at / 2] = static_cast<uint8_t>(static_cast<int8_t>(q));
-      }
+void prepare_s8(const LinearProblem& p, const T* x, float* x_scales, uint8_t* bytes) {
+  const int main = quantized_main(p), unit = s8_unit(p);
+  for (int u = 0; u < main; u += unit) {
+    Vec top{};
+    for (int i = u; i < u + unit; i += W) {
+      const Vec magnitude = (Vec)((Bits)load_floats(x + i, W) & 0x7fffffffu);
+      top = magnitude > top ? magnitude : top;
     }
-    for (int l = 0; l < W; ++l) lanes[c / 8 + l] = block_scale[8 * l / kS8Block];
+    float t = 0.0f;
+    for (int l = 0; l < W; ++l) t = top[l] > t ? top[l] : t;
+    const float d = t > 0.0f ? t / 127.0f : 1.0f;
+    x_scales[u / unit] = d;
+    for (int i = u; i < u + unit; i += W) {
+      const Vec rounded = (load_floats(x + i, W) / d + 0x1.8p23f) - 0x1.8p23f;
+      const Quarter q = evens_then_odds(__builtin_convertvector(rounded, Ints),
+                                        std::make_index_sequence<W>{});
+      const int block = i / (8 * W) * (8 * W), at = (i - block) / 2;
+      __builtin_memcpy(bytes + block + at, &q, W / 2);
+      __builtin_memcpy(bytes + block + 4 * W + at, reinterpret_cast<const int8_t*>(&q) + W / 2,
+                       W / 2);
+    }
   }
 }
 
@@ -381,8 +487,9 @@ void prepare_rows(const LinearProblem& p, float* prepared, int bucket_rows) {
       main = dense_main(p);
       for (int k = 0; k < main; ++k) dst[accumulator_index(k, p.dtype, W)] = to_float(x[k]);
     } else if (uses_s8(p)) {
-      prepare_s8(p, x, dst + K + K / p.group_size,
-                 reinterpret_cast<uint8_t*>(dst + K + K / p.group_size + quantized_main(p) / 8));
+      float* x_scales = dst + s8_scales_at(p);
+      prepare_s8(p, x, x_scales,
+                 reinterpret_cast<uint8_t*>(x_scales + quantized_main(p) / s8_unit(p)));
       main = 0;  // x as floats in natural order throughout (the tail reads it)
     } else {
       main = quantized_main(p);
@@ -395,13 +502,18 @@ void prepare_rows(const LinearProblem& p, float* prepared, int bucket_rows) {
         }
       }
     }
-    for (int k = main; k < K; ++k) dst[k] = to_float(x[k]);
+    int k = main;
+    for (; k + W <= K; k += W) store_vec(dst + k, load_floats(x + k, W));
+    for (; k < K; ++k) dst[k] = to_float(x[k]);
     if (p.bits) {
       for (int g = 0; g < K / p.group_size; ++g) {
-        float s = 0.0f;
-        for (int k = g * p.group_size; k < (g + 1) * p.group_size; ++k) s += to_float(x[k]);
-        dst[K + g] = s;
+        Vec sum{};
+        for (int i = g * p.group_size; i < (g + 1) * p.group_size; i += W) {
+          sum += load_floats(x + i, W);
+        }
+        dst[group_sums_at(p) + g] = lane_sum(sum);
       }
+      fill(dst + K + K / p.group_size, dst + s8_scales_at(p), 0.0f);
     }
   }
 }

@@ -52,14 +52,18 @@ size_t element_size(ElementType t) {
 void linear_cpu(const LinearProblem& problem, CpuPath path) {
   const LinearKernel kernel = linear_kernel_for(path);
   const size_t row_floats = kernel.prepared_floats(problem);
-  std::vector<float> prepared(row_floats * kLinearRows);
+  // The calling thread's buffer, reused between calls (a fresh vector zeroed 8 rows of it on
+  // every call); the tasks take its address, not the name, which is another buffer in a worker.
+  static thread_local std::vector<float> buffer;
+  if (buffer.size() < row_floats * kLinearRows) buffer.resize(row_floats * kLinearRows);
+  float* const prepared = buffer.data();
   const size_t elem = element_size(problem.dtype);
   for (int r0 = 0; r0 < problem.rows; r0 += kLinearRows) {
     LinearProblem p = problem;
     p.rows = std::min(kLinearRows, problem.rows - r0);
     p.x = static_cast<const char*>(problem.x) + r0 * problem.x_row_stride * elem;
     p.out = static_cast<char*>(problem.out) + int64_t{r0} * problem.outputs * elem;
-    kernel.prepare(p, prepared.data());
+    kernel.prepare(p, prepared);
     const int64_t weight_bytes =
         int64_t{p.outputs} * p.inputs * (p.bits ? p.bits : 8 * int(elem)) / 8;
     const int threads = weight_bytes >= kMinParallelBytes ? cpu_threads_for(INT64_MAX) : 1;
@@ -68,7 +72,7 @@ void linear_cpu(const LinearProblem& problem, CpuPath path) {
         (p.outputs + threads * kTasksPerThread - 1) / (threads * kTasksPerThread) / 4 * 4);
     const int tasks = (p.outputs + per_task - 1) / per_task;
     auto task = [&](int t) {
-      kernel.columns(p, prepared.data(), t * per_task, std::min(p.outputs, (t + 1) * per_task));
+      kernel.columns(p, prepared, t * per_task, std::min(p.outputs, (t + 1) * per_task));
     };
     if (threads <= 1 || tasks <= 1) {
       for (int t = 0; t < tasks; ++t) task(t);

@@ -90,8 +90,9 @@ void run_case(const Case& c, const std::vector<CpuPath>& paths, uint32_t seed,
                                                             : 0x1p-7;
   for (size_t n = 0; n < paths.size(); ++n) {
     // x86's vector paths take 4-bit codes against x rounded to int8 for half-precision x: a
-    // scale per 32 values (max |x| / 127, in float), over the part of K their blocks cover (one
-    // vector of words: 8 codes a lane). The reference rounds x the same way for those codes.
+    // scale (max |x| / 127, in float) per group or per block where a group spans blocks, over
+    // the part of K their blocks cover (one vector of words: 8 codes a lane). The reference
+    // rounds x the same way for those codes.
     const bool int8_x = c.bits == 4 && c.dtype != ElementType::float32 &&
                         (paths[n] == CpuPath::avx2 || paths[n] == CpuPath::avx512);
     const int block = 8 * (paths[n] == CpuPath::avx512 ? 16 : 8);
@@ -102,11 +103,12 @@ void run_case(const Case& c, const std::vector<CpuPath>& paths, uint32_t seed,
     for (int m = 0; m < M && ok; ++m) {
       const double* xm = &x.values[size_t(m) * stride];
       std::vector<double> xr(xm, xm + K);  // x as the kernel multiplies the codes by
-      for (int k = 0; k < rounded; k += 32) {
+      const int unit = std::min(c.group_size, block);
+      for (int k = 0; k < rounded; k += unit) {
         float top = 0.0f;
-        for (int i = k; i < k + 32; ++i) top = std::max(top, std::abs(float(xm[i])));
+        for (int i = k; i < k + unit; ++i) top = std::max(top, std::abs(float(xm[i])));
         const float d = top > 0.0f ? top / 127.0f : 1.0f;
-        for (int i = k; i < k + 32; ++i) xr[i] = double(std::rint(float(xm[i]) / d)) * d;
+        for (int i = k; i < k + unit; ++i) xr[i] = double(std::rint(float(xm[i]) / d)) * d;
       }
       for (int o = 0; o < N && ok; ++o) {
         double ref = c.bias ? bias.values[o] : 0.0, magnitude = std::abs(ref);

@@ -20,17 +20,22 @@ def path(request, monkeypatch):
     return request.param
 
 
-def int8_rounding(x, w):
-    """The most x rounded to int8 (a scale per 32 values of a row, |error| <= scale / 2 each)
-    can move x @ w.T: sum over blocks of max|x in the block| / 254 * sum |w in the block|, w the
-    weights the rounded x meets (scale * code: cpu_linear_check.cpp emulates the rounding
+def int8_rounding(x, w, unit):
+    """The most x rounded to int8 (a scale per `unit` values of a row, |error| <= scale / 2
+    each) can move x @ w.T: sum over units of max|x in the unit| / 254 * sum |w in the unit|, w
+    the weights the rounded x meets (scale * code: cpu_linear_check.cpp emulates the rounding
     exactly)."""
     k = x.shape[-1]
-    blocks = -(-k // 32)
-    pad = blocks * 32 - k
-    top = np.abs(np.pad(x, ((0, 0), (0, pad)))).reshape(len(x), blocks, 32).max(axis=-1)
-    weight = np.abs(np.pad(w, ((0, 0), (0, pad)))).reshape(len(w), blocks, 32).sum(axis=-1)
+    blocks = -(-k // unit)
+    pad = blocks * unit - k
+    top = np.abs(np.pad(x, ((0, 0), (0, pad)))).reshape(len(x), blocks, unit).max(axis=-1)
+    weight = np.abs(np.pad(w, ((0, 0), (0, pad)))).reshape(len(w), blocks, unit).sum(axis=-1)
     return top @ weight.T / 254.0 * (1 + 1e-6)
+
+
+def int8_unit(path, group):
+    """Values per int8 scale of x: a group, or a block of 8 vectors where a group spans more."""
+    return min(group, 8 * (16 if path == "avx512" else 8))
 
 
 def rounds_x_to_int8(path, dtype, bits):
@@ -38,14 +43,14 @@ def rounds_x_to_int8(path, dtype, bits):
     return bits == 4 and dtype != mx.float32 and path in ("avx2", "avx512")
 
 
-def check(got: mx.array, x, w, bias, dtype, int8_w=None):
+def check(got: mx.array, x, w, bias, dtype, int8_w=None, unit=32):
     """got against float64 x @ w.T + bias (x, w, bias as float64 arrays of the rounded inputs);
-    int8_w: the weights x rounded to int8 meets, where it is rounded."""
+    int8_w: the weights x rounded to int8 (a scale per `unit` values) meets, where it is."""
     expected = x @ w.T + (0.0 if bias is None else bias)
     magnitude = np.abs(x) @ np.abs(w).T + (0.0 if bias is None else np.abs(bias))
     tol = ROUNDING[dtype] * np.abs(expected) + 1e-5 * magnitude + 1e-30
     if int8_w is not None:
-        tol += int8_rounding(x, int8_w)
+        tol += int8_rounding(x, int8_w, unit)
     err = np.abs(to_numpy(got) - expected)
     worst = np.unravel_index(np.argmax(err - tol), err.shape)
     assert (err <= tol).all(), f"error {err[worst]:.3g} > tolerance {tol[worst]:.3g} at {worst}"
@@ -99,7 +104,8 @@ def test_quantized_matches_float64(path, dtype, bits, group, rows, groups):
     int8_w = None
     if rounds_x_to_int8(path, dtype, bits):
         int8_w = dequantized(codes, scales, None, bits, group)
-    check(got.reshape(rows, n), x64, wq, to_numpy(bias), dtype, int8_w)
+    unit = int8_unit(path, group)
+    check(got.reshape(rows, n), x64, wq, to_numpy(bias), dtype, int8_w, unit)
     # No farther from float64 than MLX's own quantized matmul on the same triples (on the CPU
     # it accumulates half-precision inputs less exactly: up to ~0.1 off here in bf16), beyond
     # the int8 rounding where x is rounded.
@@ -111,7 +117,7 @@ def test_quantized_matches_float64(path, dtype, bits, group, rows, groups):
     theirs_err = np.abs(to_numpy(theirs + bias).reshape(rows, n) - exact).max()
     sums = np.abs(x64) @ np.abs(wq).T  # float32 accumulation error
     allowed = theirs_err + ROUNDING[dtype] * np.abs(exact).max() + 1e-5 * sums.max()
-    assert ours_err <= allowed + (0.0 if int8_w is None else int8_rounding(x64, int8_w).max())
+    assert ours_err <= allowed + (0.0 if int8_w is None else int8_rounding(x64, int8_w, unit).max())
 
 
 def test_strided_and_transposed_inputs(path):
