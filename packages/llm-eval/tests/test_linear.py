@@ -31,6 +31,21 @@ def test_small_shapes_record(tmp_path, capsys):
     assert "| 40x64 | 40 x 64 | q4 | 3 |" in table and f"wrote {out}" in table
 
 
+def test_torch_peer(tmp_path):
+    """With PyTorch installed: torch.nn.functional.linear timed on the dense formats (its copies
+    of the weights made before any timing), no samples where it has no kernel (4-bit)."""
+    pytest.importorskip("torch")
+    out = tmp_path / "linear.json"
+    argv = ["--shape", "40x64", "--format", "bf16", "--format", "q4", "--rows", "2"]
+    linear.main(
+        [*argv, "--implementations", "ours,torch", "--iterations", "2", "--output", str(out)]
+    )
+    cases = json.loads(out.read_text())["results"]["cases"]
+    assert len(cases["40x64,bf16,M=2"]["samples_us"]["torch"]) == 2
+    assert cases["40x64,q4,M=2"]["samples_us"]["torch"] == []
+    assert "torch" not in cases["40x64,q4,M=2"]["summary"]
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
