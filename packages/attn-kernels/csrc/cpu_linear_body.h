@@ -63,11 +63,11 @@ ATTN_ALWAYS_INLINE float lane_sum(V v) {
   }
 }
 
-// How far ahead of each weight row being read its bytes are prefetched into L2. A tile reads R rows
-// as R streams, which the hardware prefetcher alone kept to ~19 GB/s of 4-bit codes on two Zen 3
-// vCPUs (Qwen3-4B's gate/up, cold); 4 KB ahead: 26-27 GB/s (1 KB: 19-21, 8-16 KB: 21-26). Dense
-// bf16, which streams near the floor without help: 2 KB ahead keeps 19456 x 2560 (0.97-1.0x)
-// and speeds 6144 x 1024 up 1.1-1.15x; 4 KB lost 4-8% on the first.
+// How far ahead of each weight row being read its bytes are prefetched into L2. A tile reads R
+// rows as R streams, which the hardware prefetcher alone kept to ~19 GB/s of 4-bit codes on two
+// Zen 3 vCPUs (Qwen3-4B's gate/up, cold); 4 KB ahead: 26-27 GB/s (2 KB: 19-21, 8 KB: 26, 16 KB:
+// 21-26). Dense bf16, which streams near the floor without help: 2 KB ahead keeps 19456 x 2560
+// (0.97-1.0x) and speeds 6144 x 1024 up 1.1-1.15x; 4 KB lost 4-8% on the first.
 constexpr int kCodePrefetchBytes = 4096, kDensePrefetchBytes = 2048;
 
 // Accumulators zeroed lane by lane: `= {}` became a `rep stos` through memory (~7% of a 4-bit
@@ -134,7 +134,9 @@ ATTN_ALWAYS_INLINE void dense_rows(const LinearProblem& p, const float* x, int r
   for (int c = 0; c < main; c += kDenseStep) {
     Pair wv[R];
     for (int r = 0; r < R; ++r) {
-      prefetch_to_l2(reinterpret_cast<const char*>(w + int64_t{r} * K + c) + kDensePrefetchBytes);
+      if constexpr (sizeof(T) == 2) {  // f32 streams at the floor: prefetching lost it 3-7%
+        prefetch_to_l2(reinterpret_cast<const char*>(w + int64_t{r} * K + c) + kDensePrefetchBytes);
+      }
       wv[r] = widen(w + int64_t{r} * K + c);
     }
     for (int m = 0; m < M; ++m) {

@@ -10,9 +10,9 @@
 //   then (one line)
 //   g++ -O3 -std=gnu++20 -I packages/attn-kernels/csrc packages/attn-kernels/dev/ab_linear.cpp
 //       NEW_OBJECTS OLD_OBJECTS -o /tmp/ab_linear -lpthread
-//   /tmp/ab_linear [--cold] [--rows M] [--bits 0|4|8] [--group G] [--pairs N] NxK...
+//   /tmp/ab_linear [--cold] [--f32] [--rows M] [--bits 0|4|8] [--group G] [--pairs N] NxK...
 //
-// --bits 0: dense bf16 W. --cold: weight sets rotated over ~600 MB, so that every call streams W
+// --bits 0: dense W (bf16, or f32 with --f32: x and W in float32). --cold: weight sets rotated over ~600 MB, so that every call streams W
 // from DRAM as a decode step does (default: one set, hot in the caches: the kernel's compute).
 // Both versions run the path ATTN_KERNELS_CPU_PATH names (or the best one); each has its own
 // thread pool, and only one works at a time.
@@ -40,12 +40,13 @@ struct Weights {
   std::vector<uint8_t> w, scales, biases;
 };
 
-// Codes of every value, scales near 1 and biases near -1 (bf16), dense values finite in bf16.
-Weights make_weights(int n, int k, int bits, int group) {
+// Codes of every value, scales near 1 and biases near -1 (bf16), dense values finite (the high
+// byte of every bf16 or f32 value 0x3c).
+Weights make_weights(int n, int k, int bits, int group, int elem) {
   Weights s;
-  s.w.resize(size_t(n) * k * (bits ? bits : 16) / 8);
+  s.w.resize(bits ? size_t(n) * k * bits / 8 : size_t(n) * k * elem);
   for (size_t i = 0; i < s.w.size(); ++i) {
-    s.w[i] = bits || i % 2 == 0 ? uint8_t(i * 2654435761u >> 13) : uint8_t(0x3c);
+    s.w[i] = bits || int(i % elem) != elem - 1 ? uint8_t(i * 2654435761u >> 13) : uint8_t(0x3c);
   }
   const size_t groups = bits ? size_t(n) * k / group : 0;
   s.scales.resize(2 * groups);
@@ -67,13 +68,15 @@ double median(std::vector<double> v) {
 
 int main(int argc, char** argv) {
   int rows = 1, bits = 4, group = 64, pairs = 200;
-  bool cold = false;
+  bool cold = false, f32 = false;
   std::vector<std::pair<int, int>> shapes;
   for (int a = 1; a < argc; ++a) {
     const std::string arg = argv[a];
     int n = 0, k = 0;
     if (arg == "--cold") {
       cold = true;
+    } else if (arg == "--f32") {
+      f32 = true;
     } else if (a + 1 < argc && (arg == "--rows" || arg == "--bits" || arg == "--group" ||
                                 arg == "--pairs")) {
       const int v = std::atoi(argv[++a]);
@@ -93,18 +96,20 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "error: K = %d is not a multiple of the group %d\n", k, group);
       return 2;
     }
-    const size_t one = make_weights(1, k, bits, group).w.size() * n +
+    const int elem = f32 ? 4 : 2;  // x and out: bf16, or float32 with --f32 (then dense W too)
+    const size_t one = make_weights(1, k, bits, group, elem).w.size() * n +
                        (bits ? size_t(n) * k / group * 4 : 0);
     const int sets = cold ? std::max<size_t>(2, (600u << 20) / one) : 1;
     std::vector<Weights> weights;
-    for (int s = 0; s < sets; ++s) weights.push_back(make_weights(n, k, bits, group));
-    std::vector<uint16_t> x(size_t(rows) * k), out_old(size_t(rows) * n), out_new(out_old);
+    for (int s = 0; s < sets; ++s) weights.push_back(make_weights(n, k, bits, group, elem));
+    std::vector<uint16_t> x(size_t(rows) * k * elem / 2), out_old(size_t(rows) * n * elem / 2);
+    std::vector<uint16_t> out_new(out_old);
     for (size_t i = 0; i < x.size(); ++i) x[i] = 0x3f00 + i * 37 % 200 + ((i & 1) << 15);
     LinearProblem p{};
     p.rows = rows;
     p.outputs = n;
     p.inputs = k;
-    p.dtype = ElementType::bfloat16;
+    p.dtype = f32 ? ElementType::float32 : ElementType::bfloat16;
     p.bits = bits;
     p.group_size = group;
     p.x = x.data();
@@ -133,7 +138,8 @@ int main(int argc, char** argv) {
     const double a = median(old_us), b = median(new_us);
     std::printf("%6d x %-5d %s M=%d %s: old %8.1f us (%5.1f GB/s)  new %8.1f us (%5.1f GB/s)  "
                 "new/old %.3f  outputs differing: %d of %zu\n",
-                n, k, bits ? (bits == 4 ? "q4" : "q8") : "bf16", rows, cold ? "cold" : "hot",
+                n, k, bits ? (bits == 4 ? "q4" : "q8") : f32 ? "f32" : "bf16", rows,
+                cold ? "cold" : "hot",
                 a, one / a / 1e3, b, one / b / 1e3, b / a, differ, out_old.size());
   }
 }
