@@ -73,8 +73,8 @@ MLX's own matmuls (x @ W.T, mx.quantized_matmul), on the CPU only (GPUs keep MLX
 cpu (2-vCPU AMD EPYC, Zen 3, AVX2): cpu-2core-qwen3-0.6b-linear-mlx-0.32.4.json: Qwen3-0.6B's
     q/k/v, o, gate/up, down and LM head, bf16 / f16 / f32 weights and 4- and 8-bit codes (group
     64, bf16 activations), 1 and 8 rows: ours faster in every sample (the slowest of ours at
-    least 4.8x faster than the fastest of MLX's), medians 5.0x (o, f32, 1 row) to 548x (LM head,
-    4-bit, 8 rows); more rows than 8, and codes with f16 or f32 scales, not measured.
+    least 3.0x faster than the fastest of MLX's), medians 3.3x (q/k/v and o, f32, 1 row) to 699x
+    (LM head, 4-bit, 8 rows); more rows than 8, and codes with f16 or f32 scales, not measured.
 """
 
 from __future__ import annotations
