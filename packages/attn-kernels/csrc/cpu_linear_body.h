@@ -236,7 +236,7 @@ template <typename T, int BITS, int GS, int BLOCK, int M, int R, typename Chunk,
 ATTN_ALWAYS_INLINE void quantized_tile(const LinearProblem& p, const float* x, int row_floats,
                                        int n, Chunk&& chunk, Block&& block) {
   constexpr int P = kPerWord<BITS>;
-  const int K = p.inputs, groups = K / GS, main = p.inputs / BLOCK * BLOCK;
+  const int K = p.inputs, groups = K / GS, main = quantized_main(p);  // whole blocks of BLOCK
   const int64_t words = K / P;
   const uint32_t* codes = static_cast<const uint32_t*>(p.weight) + n * words;
   const T* scales = static_cast<const T*>(p.scales) + int64_t{n} * groups;
@@ -318,6 +318,10 @@ ATTN_ALWAYS_INLINE Ints dot_codes_s8(Bits even, Bits xe, Bits odd, Bits xo) {
 int s8_unit(const LinearProblem& p) {
   return p.group_size < 8 * W ? p.group_size : 8 * W;
 }
+// Where a prepared row's int8 values start (in floats): after its x scales.
+int s8_bytes_at(const LinearProblem& p) {
+  return s8_scales_at(p) + quantized_main(p) / s8_unit(p);
+}
 
 bool uses_s8(const LinearProblem& p) {
 #if defined(ATTN_CPU_S8_DOT)
@@ -339,7 +343,7 @@ ATTN_ALWAYS_INLINE void quantized_rows_s8(const LinearProblem& p, const float* x
   constexpr int kBlock = 8 * W, U = GS < kBlock ? GS : kBlock;
   constexpr int kUnits = kChunkGroups * GS / U;  // units a chunk
   const float* x_scales = x + s8_scales_at(p);
-  const auto* bytes = reinterpret_cast<const uint8_t*>(x_scales + quantized_main(p) / U);
+  const auto* bytes = reinterpret_cast<const uint8_t*>(x + s8_bytes_at(p));
   float combined[R][M][kUnits + W];  // weight scale * x scale per unit of the chunk
   quantized_tile<T, 4, GS, kBlock, M, R>(
       p, x, row_floats, n,
@@ -417,8 +421,7 @@ size_t prepared_floats(const LinearProblem& p) {
   const size_t floats = p.bits ? s8_scales_at(p) : p.inputs;
   // The int8 path adds its x scales and 8 W bytes per block of 8 W codes, then room for a chunk's
   // vectors of x scales read past the last (at most 4 W units a chunk, + W).
-  return uses_s8(p) ? floats + quantized_main(p) / s8_unit(p) + quantized_main(p) / 4 + 5 * W
-                    : floats;
+  return uses_s8(p) ? s8_bytes_at(p) + quantized_main(p) / 4 + 5 * W : floats;
 }
 
 // The low bytes of the even lanes of q, then of the odd lanes: the int8 values of W consecutive x
@@ -489,9 +492,7 @@ void prepare_rows(const LinearProblem& p, float* prepared, int bucket_rows) {
       main = dense_main(p);
       for (int k = 0; k < main; ++k) dst[accumulator_index(k, p.dtype, W)] = to_float(x[k]);
     } else if (uses_s8(p)) {
-      float* x_scales = dst + s8_scales_at(p);
-      prepare_s8(p, x, x_scales,
-                 reinterpret_cast<uint8_t*>(x_scales + quantized_main(p) / s8_unit(p)));
+      prepare_s8(p, x, dst + s8_scales_at(p), reinterpret_cast<uint8_t*>(dst + s8_bytes_at(p)));
       main = 0;  // x as floats in natural order throughout (the tail reads it)
     } else {
       main = quantized_main(p);
