@@ -250,6 +250,8 @@ for target in "$@"; do
       "coverage[:split-mma], ragged, model, models, step, quantized, serve[:anatomy]," \
       "cpu-host)" >&2 ;;
   esac
+  # After each target, so that a call stopped at its limit still returns the finished ones
+  tar -C "$OUT" -cf "$OUT/records.tar" records
 done
-tar -C "$OUT" -cf "$OUT/records.tar" records && rm -rf "$R"
+rm -rf "$R"
 echo "== done $(date -u +%T); records: $(tar -tf "$OUT/records.tar" | grep -c json)"
