@@ -23,9 +23,10 @@ def test_small_sweep(tmp_path):
     coverage.main(["--head-dim", "80", "--head-dim", "64", "--dtype", "float16", "--group", "2",
                    "--group", "1", "--query-length", "3", "--query-length", "1", "--context", "70",
                    "--context", "35", "--heads", "4", "--schedule", "split-mma",
-                   "--json-output", str(out)])  # fmt: skip
+                   "--calls-per-eval", "3", "--json-output", str(out)])  # fmt: skip
     record = json.loads(out.read_text())
     assert record["kind"] == "coverage-sweep" and record["config"]["schedule"] == "split-mma"
+    assert record["config"]["calls_per_eval"] == 3
     points = record["results"]
     assert len(points) == 2 * 2 * 2 * 2  # D x group x L x S
     p = points[coverage.point_key(80, "float16", 1, 3, 70)]
@@ -85,6 +86,7 @@ def test_bad_arguments(capsys):
         (["--head-dim", "300"], "--head-dim"),
         (["--query-length", "9", "--context", "8"], "--query-length"),
         (["--schedule", "fast"], "--schedule"),
+        (["--calls-per-eval", "0"], "--calls-per-eval"),
     ):
         with pytest.raises(SystemExit):
             coverage.parse_args(argv)

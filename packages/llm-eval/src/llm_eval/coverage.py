@@ -57,6 +57,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--iterations", type=int, default=2, help="samples per pass (both orders)")
     p.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
     p.add_argument(
+        "--calls-per-eval",
+        type=int,
+        help="calls evaluated together per sample (default bench-operators': 1 on a CPU, 50 on a "
+        "GPU); a decode step evaluates every layer's call in one eval, so on a CPU 8 shows the "
+        "kernels without MLX's per-eval cost, which bounds the ratio at short contexts",
+    )
+    p.add_argument(
         "--schedule",
         choices=operators.SCHEDULES,
         default="auto",
@@ -80,6 +87,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("--query-length must be >= 1 and every --context >= every --query-length")
     if args.passes < 1 or args.iterations < 2 or args.iterations % 2:
         p.error("--passes >= 1, --iterations a positive multiple of 2 (both orders)")
+    if args.calls_per_eval is None:
+        args.calls_per_eval = 50 if args.device == "gpu" else 1
+    if args.calls_per_eval < 1:
+        p.error("--calls-per-eval must be >= 1")
     if args.device == "gpu" and mx.default_device() != mx.gpu:
         p.error("--device gpu: this MLX has no GPU backend")
     refuse_overwrite(p, args.json_output, args.force)
@@ -98,6 +109,7 @@ def sweep_one(args, d: int, dtype: str, group: int, bandwidth: float | None) -> 
     argv += ["--head-dim", str(d), "--heads", str(args.heads), "--gqa-ratio", str(group)]
     argv += ["--attention-mask", "causal", "--seed", str(args.seed)]
     argv += ["--context-repeats", str(args.passes), "--iterations", str(args.iterations)]
+    argv += ["--calls-per-eval", str(args.calls_per_eval)]
     argv += [f"--context={s}" for s in args.context]
     argv += [f"--query-length={q}" for q in args.query_length]
     if bandwidth:
