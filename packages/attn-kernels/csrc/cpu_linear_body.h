@@ -421,7 +421,12 @@ size_t prepared_floats(const LinearProblem& p) {
   const size_t floats = p.bits ? s8_scales_at(p) : p.inputs;
   // The int8 path adds its x scales and 8 W bytes per block of 8 W codes, then room for a chunk's
   // vectors of x scales read past the last (at most 4 W units a chunk, + W).
-  return uses_s8(p) ? s8_bytes_at(p) + quantized_main(p) / 4 + 5 * W : floats;
+  const size_t used = uses_s8(p) ? s8_bytes_at(p) + quantized_main(p) / 4 + 5 * W : floats;
+  // Rows a whole number of cache lines apart, and never a multiple of 4 KB: rows 4 KB apart
+  // (K = 1024, 2048, ...) share their L1 sets, and 8 rows of x with the weights' stream evict
+  // one another (Zen 3's L1 has 8 ways).
+  const size_t line = 16, padded = (used + line - 1) / line * line;
+  return padded % 1024 == 0 ? padded + line : padded;
 }
 
 // The low bytes of the even lanes of q, then of the odd lanes: the int8 values of W consecutive x
