@@ -54,9 +54,15 @@ void linear_cpu(const LinearProblem& problem, CpuPath path) {
   const size_t row_floats = kernel.prepared_floats(problem);
   // The calling thread's buffer, reused between calls (a fresh vector zeroed 8 rows of it on
   // every call); the tasks take its address, not the name, which is another buffer in a worker.
+  // It starts on a cache line: a large vector's data sits 16 bytes past a page (malloc's mmap
+  // header), where every vector load of x would straddle two lines.
   static thread_local std::vector<float> buffer;
-  if (buffer.size() < row_floats * kLinearRows) buffer.resize(row_floats * kLinearRows);
-  float* const prepared = buffer.data();
+  constexpr size_t kLine = 64;
+  if (buffer.size() < row_floats * kLinearRows + kLine / sizeof(float)) {
+    buffer.resize(row_floats * kLinearRows + kLine / sizeof(float));
+  }
+  const size_t misalignment = reinterpret_cast<uintptr_t>(buffer.data()) % kLine;
+  float* const prepared = buffer.data() + (kLine - misalignment) % kLine / sizeof(float);
   const size_t elem = element_size(problem.dtype);
   for (int r0 = 0; r0 < problem.rows; r0 += kLinearRows) {
     LinearProblem p = problem;
