@@ -155,6 +155,7 @@ int main(int argc, char** argv) {
     cases.push_back({t, 2, 37, 64, 0, 64, false, 5});      // no bias, strided rows of x
     cases.push_back({t, 1, 1024, 2048, 0, 64, true});      // split over the pool's threads
     cases.push_back({t, 3, 2051, 1000, 0, 64, true, 3});  // an odd split, strided
+    cases.push_back({t, 8, 37, 1024});  // prepared rows padded off a multiple of 4 KB
     // Quantized: every bit width and group size, K a few groups (blocks of 16 to 128 values whole
     // and cut), N around the tiles.
     for (int bits : {4, 8}) {
