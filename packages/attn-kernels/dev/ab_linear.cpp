@@ -12,8 +12,9 @@
 //       NEW_OBJECTS OLD_OBJECTS -o /tmp/ab_linear -lpthread
 //   /tmp/ab_linear [--cold] [--f32] [--rows M] [--bits 0|4|8] [--group G] [--pairs N] NxK...
 //
-// --bits 0: dense W (bf16, or f32 with --f32: x and W in float32). --cold: weight sets rotated over ~600 MB, so that every call streams W
-// from DRAM as a decode step does (default: one set, hot in the caches: the kernel's compute).
+// --bits 0: dense W (bf16, or f32 with --f32: x and W in float32). --cold: weight sets rotated
+// over ~600 MB, so that every call streams W from DRAM as a decode step does (default: one set,
+// hot in the caches: the kernel's compute).
 // Both versions run the path ATTN_KERNELS_CPU_PATH names (or the best one); each has its own
 // thread pool, and only one works at a time.
 #include <algorithm>

@@ -88,7 +88,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.passes < 1 or args.iterations < 2 or args.iterations % 2:
         p.error("--passes >= 1, --iterations a positive multiple of 2 (both orders)")
     if args.calls_per_eval is None:
-        args.calls_per_eval = 50 if args.device == "gpu" else 1
+        args.calls_per_eval = operators.CALLS_PER_EVAL[args.device]
     if args.calls_per_eval < 1:
         p.error("--calls-per-eval must be >= 1")
     if args.device == "gpu" and mx.default_device() != mx.gpu:

@@ -65,6 +65,8 @@ DEFAULT_IMPLEMENTATIONS = ("readable", "custom", "mlx")
 QUANTIZED_IMPLEMENTATIONS = ("custom-quantized", "mlx-lm-quantized", "readable-quantized")
 # H200 HBM3e copy rate measured with MLX (shared/gpu-kit/README.md); CPUs are measured in-run.
 DEFAULT_GPU_BANDWIDTH_GBS = 4300.0
+# Calls per timed eval unless --calls-per-eval says otherwise (bench-coverage's default too).
+CALLS_PER_EVAL = {"cpu": 1, "gpu": 50}
 
 
 class TorchAttention:
@@ -414,7 +416,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.fresh_inputs and (args.chain or args.calls_per_eval not in (None, 1)):
         p.error("--fresh-inputs times one call per eval: drop --chain and --calls-per-eval")
     if args.calls_per_eval is None:
-        args.calls_per_eval = 1 if args.fresh_inputs else 50 if args.device == "gpu" else 1
+        args.calls_per_eval = 1 if args.fresh_inputs else CALLS_PER_EVAL[args.device]
     if args.heads % args.gqa_ratio:
         p.error(f"--heads {args.heads} is not a multiple of --gqa-ratio {args.gqa_ratio}")
     if any(s < 1 for s in args.context) or any(q < 1 for q in args.query_length):
