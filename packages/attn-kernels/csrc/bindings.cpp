@@ -152,6 +152,7 @@ Returns:
       "bias"_a = nb::none(),
       "group_size"_a = 64,
       "bits"_a = 0,
+      "gate"_a = nb::none(),
       nb::kw_only(),
       "stream"_a = nb::none(),
       "x @ weight.T (+ bias) on the CPU linear kernel (see attn_kernels.decode_linear).");

@@ -27,6 +27,8 @@ struct LinearKernel {
   // then, for a quantized W, the sum of each group.
   size_t (*prepared_floats)(const LinearProblem& p);
   // Writes p.rows rows rounded up to 1, 2, 4 or 8 (the loops' row counts; the extra rows zero).
+  // `prepared` has room for kLinearRows + 1 rows: a gated problem's hidden rows pass through the
+  // row after the bucket's.
   void (*prepare)(const LinearProblem& p, float* prepared);
   // Columns [begin, end) of out (rows [begin, end) of W) for every row of x.
   void (*columns)(const LinearProblem& p, const float* prepared, int begin, int end);

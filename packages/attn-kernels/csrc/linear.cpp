@@ -59,6 +59,7 @@ mx::array decode_linear(
     const std::optional<mx::array>& bias,
     int group_size,
     int bits,
+    const std::optional<mx::array>& gate,
     mx::StreamOrDevice s) {
   if (x.ndim() < 1) fail("x must have at least one dimension (..., K), got a scalar");
   if (!is_float(x.dtype())) {
@@ -107,17 +108,24 @@ mx::array decode_linear(
     check_shape("bias", *bias, {N}, " (one per output)");
     inputs.push_back(*bias);
   }
+  if (gate) {
+    check_dtype("gate", *gate, x.dtype());
+    check_shape("gate", *gate, x.shape(), " (x's: silu(gate) * x is the layer's input)");
+    inputs.push_back(*gate);
+  }
   mx::Shape out_shape = x.shape();
   out_shape.back() = N;
   return mx::array(
       std::move(out_shape), x.dtype(),
-      std::make_shared<DecodeLinear>(mx::to_stream(s), bits, group_size, bias.has_value()),
+      std::make_shared<DecodeLinear>(mx::to_stream(s), bits, group_size, bias.has_value(),
+                                     gate.has_value()),
       std::move(inputs));
 }
 
 bool DecodeLinear::is_equivalent(const mx::Primitive& other) const {
   auto& o = static_cast<const DecodeLinear&>(other);
-  return bits_ == o.bits_ && group_size_ == o.group_size_ && has_bias_ == o.has_bias_;
+  return bits_ == o.bits_ && group_size_ == o.group_size_ && has_bias_ == o.has_bias_ &&
+         has_gate_ == o.has_gate_;
 }
 
 std::vector<mx::Shape> DecodeLinear::output_shapes(const std::vector<mx::array>& inputs) {
@@ -166,9 +174,12 @@ void DecodeLinear::eval_cpu(const std::vector<mx::array>& inputs,
   encoder.set_output_array(out);
   const mx::array& x = inputs[0];
   const int64_t stride = row_stride(x);
+  const int64_t gate_stride = has_gate_ ? row_stride(inputs.back()) : 0;
   std::vector<Operand> operands = {Operand(x, stride != 0)};
   for (size_t i = 1; i < inputs.size(); ++i) {
-    operands.emplace_back(inputs[i], inputs[i].flags().row_contiguous);
+    const bool in_place = has_gate_ && i + 1 == inputs.size() ? gate_stride != 0
+                                                                : inputs[i].flags().row_contiguous;
+    operands.emplace_back(inputs[i], in_place);
   }
   LinearProblem p{};
   p.inputs = x.shape(-1);
@@ -178,10 +189,11 @@ void DecodeLinear::eval_cpu(const std::vector<mx::array>& inputs,
   p.bits = bits_;
   p.group_size = group_size_;
   p.x_row_stride = stride ? stride : p.inputs;
+  p.gate_row_stride = gate_stride ? gate_stride : p.inputs;
   p.out = out.data<void>();
   if (p.rows == 0) return;
   encoder.dispatch([p, operands = std::move(operands), has_bias = has_bias_,
-                    path = cpu_path_from_env()]() mutable {
+                    has_gate = has_gate_, path = cpu_path_from_env()]() mutable {
     std::vector<std::unique_ptr<char[]>> copies;
     std::vector<const void*> data;
     for (const Operand& o : operands) {
@@ -202,7 +214,8 @@ void DecodeLinear::eval_cpu(const std::vector<mx::array>& inputs,
       p.scales = data[next++];
       p.biases = data[next++];
     }
-    p.bias = has_bias ? data[next] : nullptr;
+    p.bias = has_bias ? data[next++] : nullptr;
+    p.gate = has_gate ? data[next] : nullptr;
     linear_cpu(p, path);
   });
 }

@@ -19,7 +19,8 @@ namespace mx = mlx::core;
 // (bits 4 or 8): weight uint32 codes (N, K * bits / 32), scales and biases (N, K / group_size)
 // in x's dtype, group_size 32, 64 or 128. bias (N,) in x's dtype or none. Returns (..., N) in x's
 // dtype, accumulated in float32. Made for a few rows (up to 8 per pass over W); more rows are
-// served in passes of 8.
+// served in passes of 8. With a gate (x's shape and dtype) the layer's input is silu(gate) * x,
+// mlx-lm's swiglu(gate, x), computed in float32 while x is prepared (never stored).
 mx::array decode_linear(
     const mx::array& x,
     const mx::array& weight,
@@ -28,13 +29,19 @@ mx::array decode_linear(
     const std::optional<mx::array>& bias,
     int group_size,
     int bits,
+    const std::optional<mx::array>& gate = std::nullopt,
     mx::StreamOrDevice s = {});
 
 class DecodeLinear : public mx::Primitive {
  public:
-  // Inputs: x, weight, then scales and biases where bits > 0, then the bias where has_bias.
-  DecodeLinear(mx::Stream stream, int bits, int group_size, bool has_bias)
-      : mx::Primitive(stream), bits_(bits), group_size_(group_size), has_bias_(has_bias) {}
+  // Inputs: x, weight, then scales and biases where bits > 0, the bias where has_bias, the gate
+  // where has_gate.
+  DecodeLinear(mx::Stream stream, int bits, int group_size, bool has_bias, bool has_gate)
+      : mx::Primitive(stream),
+        bits_(bits),
+        group_size_(group_size),
+        has_bias_(has_bias),
+        has_gate_(has_gate) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
@@ -47,6 +54,7 @@ class DecodeLinear : public mx::Primitive {
   int bits_;
   int group_size_;
   bool has_bias_;
+  bool has_gate_;
 };
 
 }  // namespace attn_kernels

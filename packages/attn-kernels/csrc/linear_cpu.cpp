@@ -58,9 +58,8 @@ void linear_cpu(const LinearProblem& problem, CpuPath path) {
   // header), where every vector load of x would straddle two lines.
   static thread_local std::vector<float> buffer;
   constexpr size_t kLine = 64;
-  if (buffer.size() < row_floats * kLinearRows + kLine / sizeof(float)) {
-    buffer.resize(row_floats * kLinearRows + kLine / sizeof(float));
-  }
+  const size_t floats = row_floats * (kLinearRows + 1) + kLine / sizeof(float);
+  if (buffer.size() < floats) buffer.resize(floats);
   const size_t misalignment = reinterpret_cast<uintptr_t>(buffer.data()) % kLine;
   float* const prepared = buffer.data() + (kLine - misalignment) % kLine / sizeof(float);
   const size_t elem = element_size(problem.dtype);
@@ -68,6 +67,9 @@ void linear_cpu(const LinearProblem& problem, CpuPath path) {
     LinearProblem p = problem;
     p.rows = std::min(kLinearRows, problem.rows - r0);
     p.x = static_cast<const char*>(problem.x) + r0 * problem.x_row_stride * elem;
+    if (p.gate) {
+      p.gate = static_cast<const char*>(problem.gate) + r0 * problem.gate_row_stride * elem;
+    }
     p.out = static_cast<char*>(problem.out) + int64_t{r0} * problem.outputs * elem;
     kernel.prepare(p, prepared);
     const int64_t weight_bytes =

@@ -22,6 +22,11 @@ struct LinearProblem {
   int group_size;
   const void* x;           // (M, K), rows x_row_stride elements apart, columns contiguous
   int64_t x_row_stride;
+  // SwiGLU's gate, laid out as x, or nullptr. With it the layer's input is silu(gate) * x (mlx-lm's
+  // swiglu(gate, x)), computed in float32 as x is prepared: a decode step's MLP applies its
+  // activation without an op (and a pass over the hidden row) of its own.
+  const void* gate;
+  int64_t gate_row_stride;
   const void* weight;      // dense (N, K) or codes, rows contiguous
   const void* scales;      // quantized only
   const void* biases;      // quantized only

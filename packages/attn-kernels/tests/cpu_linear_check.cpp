@@ -3,9 +3,9 @@
 // affine codes (4 and 8 bits, groups of 32, 64 and 128), 1 to 11 rows of x (the 1/2/4/8 loops,
 // their zero-padded rows, and a second chunk of rows), widths that are and are not multiples of
 // the vector steps, strided rows of x, with and without a bias, on a pool of 4 threads whose calls
-// take all or 2 of them. Exit status 0 when every case passes. `make test-cpu-kernel` runs it
-// natively, `make test-arm64` cross-compiled under qemu-user (NEON). Usage:
-// cpu_linear_check [--seeds N] [PATH...].
+// take all or 2 of them, and with a SwiGLU gate (the input silu(gate) * x). Exit status 0 when
+// every case passes. `make test-cpu-kernel` runs it natively, `make test-arm64` cross-compiled
+// under qemu-user (NEON). Usage: cpu_linear_check [--seeds N] [PATH...].
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -29,6 +29,7 @@ struct Case {
   int group_size = 64;
   bool bias = true;
   int x_stride_extra = 0;  // x rows this many elements longer than inputs
+  bool gated = false;      // a gate beside x (its rows as long): the input is silu(gate) * x
 };
 
 const char* dtype_name(ElementType t) {
@@ -42,6 +43,22 @@ void run_case(const Case& c, const std::vector<CpuPath>& paths, uint32_t seed,
   const int M = c.rows, N = c.outputs, K = c.inputs, stride = K + c.x_stride_extra;
   Tensor x(c.dtype, size_t(M) * stride), bias(c.dtype, N), out(c.dtype, size_t(M) * N);
   for (size_t i = 0; i < x.values.size(); ++i) x.set(i, rng.normal());
+  Tensor gate(c.dtype, c.gated ? x.values.size() : 0);
+  for (size_t i = 0; i < gate.values.size(); ++i) gate.set(i, 3 * rng.normal());
+  // The layer's input as the reference sees it: x, or silu(gate) * x rounded to the dtype (the
+  // kernel rounds its float32 SwiGLU, relative error ~1e-6, once). Where that rounding is within
+  // 1e-5 of a midpoint (`near_tie`) the kernel may hold the other neighbour.
+  std::vector<double> input = x.values;
+  std::vector<bool> near_tie(input.size(), false);
+  Tensor hidden(c.dtype, gate.values.size()), below(hidden), above(hidden);
+  for (size_t i = 0; i < gate.values.size(); ++i) {
+    const double h = gate.values[i] / (1.0 + std::exp(-gate.values[i])) * x.values[i];
+    hidden.set(i, h);
+    below.set(i, h * (1 - 1e-5));
+    above.set(i, h * (1 + 1e-5));
+    input[i] = hidden.values[i];
+    near_tie[i] = c.dtype != ElementType::float32 && below.values[i] != above.values[i];
+  }
   for (int n = 0; n < N; ++n) bias.set(n, rng.normal());
   // The weights as the reference sees them, and their storage.
   std::vector<double> w(size_t(N) * K);
@@ -79,6 +96,8 @@ void run_case(const Case& c, const std::vector<CpuPath>& paths, uint32_t seed,
   p.group_size = c.group_size;
   p.x = x.bytes.data();
   p.x_row_stride = stride;
+  p.gate = c.gated ? gate.bytes.data() : nullptr;
+  p.gate_row_stride = stride;
   p.weight = c.bits ? static_cast<const void*>(codes.data()) : dense.bytes.data();
   p.scales = scales.bytes.data();
   p.biases = biases.bytes.data();
@@ -101,17 +120,25 @@ void run_case(const Case& c, const std::vector<CpuPath>& paths, uint32_t seed,
     linear_cpu(p, paths[n]);
     bool ok = true;
     for (int m = 0; m < M && ok; ++m) {
-      const double* xm = &x.values[size_t(m) * stride];
+      const double* xm = &input[size_t(m) * stride];
       std::vector<double> xr(xm, xm + K);  // x as the kernel multiplies the codes by
+      // Near an int8 rounding's midpoint, or near a tie of the dtype's rounding, a gated input
+      // may round to either int8 neighbour.
+      std::vector<double> either(K, 0.0);
       const int unit = std::min(c.group_size, block);
       for (int k = 0; k < rounded; k += unit) {
         float top = 0.0f;
         for (int i = k; i < k + unit; ++i) top = std::max(top, std::abs(float(xm[i])));
         const float d = top > 0.0f ? top / 127.0f : 1.0f;
-        for (int i = k; i < k + unit; ++i) xr[i] = double(std::rint(float(xm[i]) / d)) * d;
+        for (int i = k; i < k + unit; ++i) {
+          const double q = xm[i] / d;
+          xr[i] = double(std::rint(float(xm[i]) / d)) * d;
+          const bool tie = near_tie[size_t(m) * stride + i];
+          if (c.gated && (tie || std::abs(std::abs(q - std::floor(q)) - 0.5) < 1e-4)) either[i] = d;
+        }
       }
       for (int o = 0; o < N && ok; ++o) {
-        double ref = c.bias ? bias.values[o] : 0.0, magnitude = std::abs(ref);
+        double ref = c.bias ? bias.values[o] : 0.0, magnitude = std::abs(ref), slack = 0.0;
         for (int k = 0; k < K; ++k) {
           // w x, plus (for rounded x) the codes' share of the rounding: the biases meet the
           // group sums of x unrounded.
@@ -119,15 +146,19 @@ void run_case(const Case& c, const std::vector<CpuPath>& paths, uint32_t seed,
           if (k < rounded) term += (xr[k] - xm[k]) * scaled_codes[size_t(o) * K + k];
           ref += term;
           magnitude += std::abs(term);
+          if (k < rounded) slack += either[k] * std::abs(scaled_codes[size_t(o) * K + k]);
         }
         const double got = out.get_output(size_t(m) * N + o);
-        const double tol = rounding * std::abs(ref) + 1e-5 * magnitude + 1e-30;
+        // A gated input's near ties: one unit in its last place either way.
+        const double stored = c.gated ? rounding * magnitude : 0.0;
+        const double tol = rounding * std::abs(ref) + 1e-5 * magnitude + slack + stored + 1e-30;
         if (!(std::abs(got - ref) <= tol)) {
           if (failed[n] == 0) {
-            std::printf("FAIL %s %s M=%d N=%d K=%d bits=%d group=%d bias=%d stride+%d seed=%u: "
-                        "out[%d][%d] = %.8g, expected %.8g (tolerance %.3g)\n",
+            std::printf("FAIL %s %s M=%d N=%d K=%d bits=%d group=%d bias=%d stride+%d gated=%d "
+                        "seed=%u: out[%d][%d] = %.8g, expected %.8g (tolerance %.3g)\n",
                         cpu_path_name(paths[n]), dtype_name(c.dtype), M, N, K, c.bits,
-                        c.group_size, int(c.bias), c.x_stride_extra, seed, m, o, got, ref, tol);
+                        c.group_size, int(c.bias), c.x_stride_extra, int(c.gated), seed, m, o,
+                        got, ref, tol);
           }
           ok = false;
         }
@@ -156,6 +187,7 @@ int main(int argc, char** argv) {
     cases.push_back({t, 1, 1024, 2048, 0, 64, true});      // split over the pool's threads
     cases.push_back({t, 3, 2051, 1000, 0, 64, true, 3});  // an odd split, strided
     cases.push_back({t, 8, 37, 1024});  // prepared rows padded off a multiple of 4 KB
+    for (int M : {1, 3, 8}) cases.push_back({t, M, 13, 100, 0, 64, true, 0, true});  // SwiGLU
     // Quantized: every bit width and group size, K a few groups (blocks of 16 to 128 values whole
     // and cut), N around the tiles.
     for (int bits : {4, 8}) {
@@ -167,6 +199,7 @@ int main(int argc, char** argv) {
       }
       cases.push_back({t, 1, 1024, 2560, bits, 64});  // Qwen3-4B's width, split over threads
       cases.push_back({t, 4, 515, 1024, bits, 32});
+      cases.push_back({t, 5, 21, 384, bits, 128, true, 9, true});  // SwiGLU, strided
     }
   }
 

@@ -1,7 +1,7 @@
 """decode_linear and decode_linear_quantized (the CPU linear kernel through MLX) against float64
 on random inputs: every CPU path this machine runs, every dtype, 1 to 17 rows of x in leading
 dimensions of any shape, widths that are not multiples of the vector steps, both bit widths and
-every group size, strided and transposed inputs, NaN, and the argument errors."""
+every group size, strided and transposed inputs, NaN, a SwiGLU gate, and the argument errors."""
 
 import mlx.core as mx
 import numpy as np
@@ -43,12 +43,15 @@ def rounds_x_to_int8(path, dtype, bits):
     return bits == 4 and dtype != mx.float32 and path in ("avx2", "avx512")
 
 
-def check(got: mx.array, x, w, bias, dtype, int8_w=None, unit=32):
+def check(got: mx.array, x, w, bias, dtype, int8_w=None, unit=32, x_rounded=False):
     """got against float64 x @ w.T + bias (x, w, bias as float64 arrays of the rounded inputs);
-    int8_w: the weights x rounded to int8 (a scale per `unit` values) meets, where it is."""
+    int8_w: the weights x rounded to int8 (a scale per `unit` values) meets, where it is;
+    x_rounded: x is exact here but rounded to the dtype in the kernel (a SwiGLU's hidden row)."""
     expected = x @ w.T + (0.0 if bias is None else bias)
     magnitude = np.abs(x) @ np.abs(w).T + (0.0 if bias is None else np.abs(bias))
     tol = ROUNDING[dtype] * np.abs(expected) + 1e-5 * magnitude + 1e-30
+    if x_rounded:
+        tol += ROUNDING[dtype] * np.abs(x) @ np.abs(w).T
     if int8_w is not None:
         tol += int8_rounding(x, int8_w, unit)
     err = np.abs(to_numpy(got) - expected)
@@ -120,6 +123,53 @@ def test_quantized_matches_float64(path, dtype, bits, group, rows, groups):
     assert ours_err <= allowed + (0.0 if int8_w is None else int8_rounding(x64, int8_w, unit).max())
 
 
+def silu64(g: np.ndarray) -> np.ndarray:
+    return g / (1.0 + np.exp(-g))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("bits", "group", "k"), [(0, 0, 100), (4, 64, 192), (8, 128, 384)])
+@pytest.mark.parametrize("rows", [1, 3, 8])
+def test_swiglu_gate_matches_float64(path, dtype, bits, group, k, rows):
+    """(silu(gate) * x) @ W.T with gate and x the two halves of one (rows, 2K) array (an MLP's
+    fused gate/up output: strided rows, read in place), the hidden row rounded to the dtype."""
+    n = 23
+    keys = mx.random.split(mx.random.key(k + rows + bits), 3)
+    gate_up = (2 * mx.random.normal((rows, 2 * k), key=keys[0])).astype(dtype)
+    gate, x = gate_up[:, :k], gate_up[:, k:]
+    w = (mx.random.normal((n, k), key=keys[1]) / k**0.5).astype(dtype)
+    bias = mx.random.normal((n,), key=keys[2]).astype(dtype)
+    hidden = silu64(to_numpy(gate)) * to_numpy(x)
+    if bits == 0:
+        got = decode_linear(x, w, bias, gate=gate)
+        check(got, hidden, to_numpy(w), to_numpy(bias), dtype, x_rounded=True)
+        return
+    codes, scales, biases = mx.quantize(w, group_size=group, bits=bits)
+    got = decode_linear_quantized(
+        x, codes, scales, biases, bias, group_size=group, bits=bits, gate=gate
+    )
+    int8_w = None
+    if rounds_x_to_int8(path, dtype, bits):
+        int8_w = dequantized(codes, scales, None, bits, group)
+    wq = dequantized(codes, scales, biases, bits, group)
+    # The kernel's float32 SwiGLU (relative error ~1e-6) may round to int8 on either side of a
+    # midpoint: the tolerance's int8 term covers a whole step there (twice the half-step bound).
+    unit = int8_unit(path, group)
+    int8_w = None if int8_w is None else 2 * int8_w
+    check(got, hidden, wq, to_numpy(bias), dtype, int8_w, unit, x_rounded=True)
+
+
+def test_swiglu_gate_nan_and_infinities(path):
+    """A NaN gate makes its row NaN, and so does silu(-inf), as in MLX (-inf times 0)."""
+    w = mx.ones((4, 3))
+    gate = mx.array([[float("nan"), 0.0, 1.0], [float("-inf"), 0.0, 1.0], [0.5, 1.0, -40.0]])
+    x = mx.array([[1.0, 1.0, 1.0], [1.0, 1.0, 1.0], [2.0, 3.0, 1.0]])
+    out = np.array(decode_linear(x, w, gate=gate))
+    assert np.isnan(out[:2]).all()
+    expected = (silu64(np.array([0.5, 1.0, -40.0])) * np.array([2.0, 3.0, 1.0])).sum()
+    np.testing.assert_allclose(out[2], expected, rtol=1e-6)
+
+
 def test_strided_and_transposed_inputs(path):
     """x rows a slice apart (read in place) and a transposed weight (copied first)."""
     keys = mx.random.split(mx.random.key(5), 2)
@@ -159,6 +209,10 @@ def test_gpu_streams_take_mlx_matmuls():
     w = mx.random.normal((8, 64)).astype(mx.bfloat16)
     got = decode_linear(x, w, stream=mx.gpu)
     np.testing.assert_array_equal(np.array(got), np.array(mx.matmul(x, w.T, stream=mx.gpu)))
+    with mx.stream(mx.gpu):
+        gated = decode_linear(x, w, gate=x + 1)
+        expected = mx.matmul(mx.sigmoid(x + 1) * (x + 1) * x, w.T)
+    np.testing.assert_allclose(np.array(gated), np.array(expected), rtol=2**-6, atol=0.05)
 
 
 BAD = [
@@ -170,6 +224,14 @@ BAD = [
     ),
     (dict(x=mx.zeros((2, 8), mx.int32), weight=mx.zeros((4, 8))), "x must be float32"),
     (dict(x=mx.zeros((2, 8)), weight=mx.zeros((8,))), "weight must have 2 dimensions"),
+    (
+        dict(x=mx.zeros((2, 8)), weight=mx.zeros((4, 8)), gate=mx.zeros((1, 8))),
+        "gate must have shape (2, 8)",
+    ),
+    (
+        dict(x=mx.zeros((2, 8)), weight=mx.zeros((4, 8)), gate=mx.zeros((2, 8), mx.float16)),
+        "gate must have x's dtype",
+    ),
 ]
 
 

@@ -1,8 +1,10 @@
 """enable() runs mlx-lm's linear layers (nn.Linear, nn.QuantizedLinear, an embedding's as_linear
 as the tied LM head) through decode_linear on the CPU where attn_kernels.guard accepts them:
 greedy tokens equal mlx-lm's own in float32, bf16, 4 and 8 bits; the prompt (more than 8 rows),
-enable(linear=False), layer subclasses and other formats keep MLX's matmuls; disable() puts the
-methods back."""
+enable(linear=False), layer subclasses and other formats keep MLX's matmuls; the MLPs' SwiGLU
+runs inside down_proj's call; disable() puts the methods back."""
+
+import importlib
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -84,6 +86,48 @@ def test_decode_steps_run_decode_linear_as_close_as_mlx(arch, variant):
     if variant == "float32":
         with kernel.enabled():
             assert greedy(model, prompt, steps)[0] == theirs
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_swiglu_runs_inside_down_proj(arch, monkeypatch):
+    """Every decode step's down_proj takes the gate (one op for the SwiGLU and the matmul); the
+    prompt's rows (more than the guard's 8) run mlx-lm's swiglu and matmul."""
+    gated = []
+    original = attn_kernels.linear.decode_linear
+    monkeypatch.setattr(
+        attn_kernels.linear,
+        "decode_linear",
+        lambda *a, **k: gated.append(k.get("gate") is not None) or original(*a, **k),
+    )
+    model = tiny(arch, "float32")
+    prompt, steps = prompt_ids(12), 4
+    theirs = greedy(model, prompt, steps)[0]
+    with kernel.enabled():
+        assert greedy(model, prompt, steps)[0] == theirs
+    # Per decode step and layer 6 plain calls and 1 gated, then the head.
+    assert sum(gated) == steps * LAYERS
+    assert len(gated) == steps * LINEAR_PER_STEP
+
+
+def test_swiglu_mlps_are_mlx_lm_s_and_come_back():
+    """The MLPs enable() replaces are still mlx-lm's `down_proj(swiglu(gate_proj(x),
+    up_proj(x)))` (a changed mlx-lm fails here, not in a model), and disable() restores them."""
+    classes = [importlib.import_module(f"mlx_lm.models.{m}").MLP for m in kernel.SWIGLU_MLPS]
+    methods = [cls.__call__ for cls in classes]
+    assert all(kernel.swiglu_mlp(cls) for cls in classes)
+    kernel.enable()
+    assert all(cls.__call__.__wrapped__ is m for cls, m in zip(classes, methods, strict=True))
+    kernel.enable(linear=False)
+    assert [cls.__call__ for cls in classes] == methods
+    kernel.enable()
+    kernel.disable()
+    assert [cls.__call__ for cls in classes] == methods
+
+    class Other(nn.Module):
+        def __call__(self, x):
+            return self.down_proj(x)
+
+    assert not kernel.swiglu_mlp(Other)
 
 
 def test_linear_false_and_disable_keep_mlx_matmuls():

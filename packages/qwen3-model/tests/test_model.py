@@ -102,7 +102,7 @@ def check_parity(variant, checkpoint, prompt_len, monkeypatch):
         monkeypatch.setattr(
             attn_kernels.linear,
             name,
-            lambda *a, f=kernel, **k: linear_calls.append(1) or f(*a, **k),
+            lambda *a, f=kernel, **k: linear_calls.append(k.get("gate") is not None) or f(*a, **k),
         )
     prompt = mx.random.randint(10, 990, (1, prompt_len), key=mx.random.key(7))
     ours, our_logits = greedy(model, prompt, 16, make_cache(model), lambda m, t, c: m(t, c))
@@ -114,15 +114,41 @@ def check_parity(variant, checkpoint, prompt_len, monkeypatch):
         ]
         assert len(fused_calls) == 2 * 16 * layers
         # On the CPU each decode step's q/k/v, o, gate/up and down, and the LM head, read their
-        # weights through decode_linear (the guard's linear limits); GPUs keep MLX's matmuls.
+        # weights through decode_linear (the guard's linear limits), down with the SwiGLU
+        # inside (the gate); GPUs keep MLX's matmuls.
         on_cpu = mx.default_device() == mx.cpu
         assert len(linear_calls) == (16 * (4 * layers + 1) if on_cpu else 0)
+        assert sum(linear_calls) == (16 * layers if on_cpu else 0)
     else:
         assert steps == [] and fused_calls == [] and linear_calls == []
     theirs, their_logits = greedy(
         ref, prompt, 16, make_prompt_cache(ref), lambda m, t, c: m(t, cache=c)
     )
     assert_same_greedy(ours, theirs, our_logits, their_logits, LOGIT_ATOL[variant])
+
+
+@pytest.mark.parametrize("variant", ["float32", "bfloat16"])
+def test_swiglu_apart_is_the_same_layer(monkeypatch, variant):
+    """Model.set_swiglu_in_linear(False) (bench's A/B variant) runs MLX's SwiGLU before down_proj:
+    no decode_linear call takes a gate, and the logits are those of the SwiGLU inside down_proj
+    (float32: to accumulation order; bf16: to the hidden row's rounding, which both make once)."""
+    model = load("qwen3-tiny", dtype=getattr(mx, variant), seed=4)
+    gates = []
+    kernel = attn_kernels.linear.decode_linear
+    monkeypatch.setattr(
+        attn_kernels.linear,
+        "decode_linear",
+        lambda *a, **k: gates.append(k.get("gate") is not None) or kernel(*a, **k),
+    )
+    prompt = mx.random.randint(10, 990, (1, 12), key=mx.random.key(3))
+    inside, inside_logits = greedy(model, prompt, 6, make_cache(model), lambda m, t, c: m(t, c))
+    on_cpu = mx.default_device() == mx.cpu
+    assert sum(gates) == (6 * model.args.num_hidden_layers if on_cpu else 0)
+    gates.clear()
+    model.set_swiglu_in_linear(False)
+    apart, apart_logits = greedy(model, prompt, 6, make_cache(model), lambda m, t, c: m(t, c))
+    assert not any(gates)
+    assert_same_greedy(apart, inside, apart_logits, inside_logits, LOGIT_ATOL[variant])
 
 
 def assert_same_greedy(ours, theirs, our_logits, their_logits, atol):

@@ -50,7 +50,14 @@ VARIANTS = ("decode-attention", "composition", "mlx-lm")
 # mlx-lm's model in our generate_step: with "mlx-lm" it splits a difference into model and loop.
 # decode-attention-unfused: the checkpoint without its fused projections and AttentionStep
 # (separate ops, then the DecodeAttention op per layer), for A/B measurements of that op.
-ALL_VARIANTS = (*VARIANTS, "mlx-lm-our-loop", "decode-attention-unfused")
+# decode-attention-swiglu-apart: the MLP's SwiGLU as MLX's op before down_proj, not inside its
+# decode_linear (the CPU; elsewhere the same as decode-attention): Model.set_swiglu_in_linear.
+ALL_VARIANTS = (
+    *VARIANTS,
+    "mlx-lm-our-loop",
+    "decode-attention-unfused",
+    "decode-attention-swiglu-apart",
+)
 H200_BANDWIDTH_GBS = 4300.0  # measured copy rate (docs: the H200 notes)
 # Embedded defaults: the chapter's workload on a GPU; on a CPU a size that finishes in a minute
 # or two on two cores (MLX's bf16 CPU matmuls decode qwen3-0.6b at about a token a second).
@@ -176,8 +183,9 @@ class Models:
             )
         if variant == "mlx-lm-our-loop":
             return generate_step(prompt, self.twin, max_tokens=output_len + 1, prompt_cache=cache)
-        self.model.set_checkpoint(variant.removesuffix("-unfused"))
+        self.model.set_checkpoint("composition" if variant == "composition" else "decode-attention")
         self.model.set_fused_step(not variant.endswith("-unfused"))
+        self.model.set_swiglu_in_linear(not variant.endswith("-swiglu-apart"))
         cache = make_cache(self.model, *self.kv) if self.kv[0] else make_cache(self.model)
         return generate_step(prompt, self.model, max_tokens=output_len + 1, prompt_cache=cache)
 
@@ -345,7 +353,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         choices=ALL_VARIANTS,
         help="repeatable; default the first three (mlx-lm-our-loop: mlx-lm's model in our loop; "
         "decode-attention-unfused: without the fused projections and step, DecodeAttention per "
-        "layer)",
+        "layer; decode-attention-swiglu-apart: the MLP's SwiGLU as MLX's op, not inside the "
+        "down projection's CPU kernel)",
     )
     p.add_argument("--input-len", type=int, metavar="N", help="prompt tokens")
     p.add_argument("--output-len", type=int, metavar="N", help="generated tokens (>= 2)")

@@ -331,6 +331,7 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(dim, hidden_dim, bias=False)
         self.down_proj = nn.Linear(hidden_dim, dim, bias=False)
         self.gate_up = None  # FusedLinear of gate/up (fuse_projections)
+        self.swiglu_in_linear = True  # fused: the SwiGLU inside down_proj's decode_linear
 
     def fuse_projections(self) -> None:
         self.gate_up = FusedLinear([self.gate_proj, self.up_proj])
@@ -345,6 +346,13 @@ class MLP(nn.Module):
             and self.gate_up.fuses([self.gate_proj, self.up_proj])
         ):
             gate, up = mx.split(self.gate_up(x, decode=True), [self.gate_up.sizes[0]], axis=-1)
+            # On the CPU the SwiGLU rides in down_proj's kernel: MLX's own op costs ~80 µs a row
+            # there (docs/cpu-linear.md, "The SwiGLU inside the down projection").
+            out = None
+            if self.swiglu_in_linear and not in_matmul and guard.linear_rows():
+                out = guarded_linear(up, _weights(self.down_proj), gate=gate)
+            if out is not None:
+                return out if residual is None else residual + out
             return project_out(self.down_proj, swiglu(gate, up), residual, in_matmul, decode=True)
         hidden = swiglu(self.gate_proj(x), self.up_proj(x))
         return project_out(self.down_proj, hidden, residual, False)
@@ -480,6 +488,13 @@ class Model(nn.Module):
         the H200 (c4fc9c8) it saved a kernel per layer but decoded slower."""
         for layer in self.layers:
             layer.self_attn.add_norm = enabled
+
+    def set_swiglu_in_linear(self, enabled: bool) -> None:
+        """With the fused step, where down_proj runs decode_linear (the CPU), the MLP's SwiGLU
+        inside it (True, the default: decode_linear's gate) or as MLX's op before it (an A/B:
+        bench's decode-attention-swiglu-apart)."""
+        for layer in self.layers:
+            layer.mlp.swiglu_in_linear = enabled
 
     def set_fold_step(self, enabled: bool | None) -> None:
         """The fused step as one kernel on CUDA (attention_step's fold: the preprocessing inside

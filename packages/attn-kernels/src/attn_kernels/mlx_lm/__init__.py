@@ -38,6 +38,11 @@ default device's backend when enable() runs (a wrapped layer costs ~7 µs of Pyt
 a GPU's decode step would pay 250 times for nothing); enable(linear=False) keeps MLX's matmuls,
 enable(linear=True) installs it anyway.
 
+With the linear layers routed, enable() also replaces `MLP.__call__` of mlx-lm's llama, qwen2,
+qwen3 and qwen3_moe modules (their `down_proj(swiglu(gate_proj(x), up_proj(x)))`, checked against
+mlx-lm's source when enable() runs): where the guard accepts down_proj's call, the SwiGLU runs
+inside it (`decode_linear`'s gate), one op instead of MLX's SwiGLU and a matmul.
+
 enable() also folds a batched decode step's rows into positions in MLX's quantized layers
 (nn.QuantizedLinear, QuantizedEmbedding.as_linear): an input (B, 1, K) with B > 1 runs as
 (1, B, K), the same arithmetic, because MLX's CUDA quantized matmul runs each batch item as a
@@ -48,6 +53,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import inspect
 import sys
 import threading
 from collections.abc import Iterator
@@ -234,6 +240,41 @@ def _linear_call(method):
     return call
 
 
+# mlx-lm's modules whose MLP is down_proj(swiglu(gate_proj(x), up_proj(x))): enable() runs the
+# SwiGLU inside down_proj's decode_linear. Each method is checked against this line first.
+SWIGLU_MLPS = ("llama", "qwen2", "qwen3", "qwen3_moe")
+SWIGLU_LINE = "return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))"
+
+
+def swiglu_mlp(cls: type) -> bool:
+    """Whether `cls.__call__` (an mlx-lm MLP's own) is exactly SWIGLU_LINE after its signature."""
+    method = cls.__dict__.get("__call__")
+    try:
+        lines = [line.strip() for line in inspect.getsource(method).splitlines()]
+    except (OSError, TypeError):
+        return False
+    return lines[1:] == [SWIGLU_LINE]
+
+
+def _swiglu_call(method):
+    """An MLP's forward `method` that applies the SwiGLU inside down_proj where the guard accepts
+    it; elsewhere the same layers and mlx-lm's swiglu as `method` (or `method` itself)."""
+    from mlx_lm.models.activations import swiglu
+
+    def call(self, x):
+        if not guard.linear_rows():
+            return method(self, x)
+        gate, up = self.gate_proj(x), self.up_proj(x)
+        out = guarded_linear(up, layer_weights(self.down_proj), gate=gate)
+        if out is None:
+            return self.down_proj(swiglu(gate, up))
+        _calls["linear"] += 1
+        return out
+
+    call.__wrapped__ = method
+    return call
+
+
 def _route_linear(on: bool) -> None:
     import mlx.nn as nn
 
@@ -247,6 +288,11 @@ def _route_linear(on: bool) -> None:
         for cls, name in methods:
             _routed[(cls, name)] = cls.__dict__[name]
             setattr(cls, name, _linear_call(_routed[(cls, name)]))
+        for module in SWIGLU_MLPS:
+            mlp = importlib.import_module(f"mlx_lm.models.{module}").MLP
+            if swiglu_mlp(mlp):
+                _routed[(mlp, "__call__")] = mlp.__dict__["__call__"]
+                mlp.__call__ = _swiglu_call(_routed[(mlp, "__call__")])
     elif not on:
         for (cls, name), method in _routed.items():
             setattr(cls, name, method)
