@@ -346,8 +346,8 @@ class MLP(nn.Module):
             and self.gate_up.fuses([self.gate_proj, self.up_proj])
         ):
             gate, up = mx.split(self.gate_up(x, decode=True), [self.gate_up.sizes[0]], axis=-1)
-            # On the CPU the SwiGLU rides in down_proj's kernel: MLX's own op costs ~80 µs a row
-            # there (docs/cpu-linear.md, "The SwiGLU inside the down projection").
+            # On the CPU the SwiGLU rides in down_proj's kernel: MLX's own op there runs its exp
+            # lane by lane (docs/cpu-linear.md, "The SwiGLU inside the down projection").
             out = None
             if self.swiglu_in_linear and not in_matmul and guard.linear_rows():
                 out = guarded_linear(up, _weights(self.down_proj), gate=gate)
