@@ -557,7 +557,7 @@ void swiglu_row(const T* gate, const T* x, int K, float* hidden) {
 }
 
 // Row m of x into prepared + m * row_floats; rows from p.rows up to `bucket_rows` are zeros. With
-// a gate, each row's silu(gate) * x goes through the row after the bucket's first (scratch).
+// a gate, each row's silu(gate) * x passes through the row after the bucket's (scratch) first.
 template <typename T>
 void prepare_rows(const LinearProblem& p, float* prepared, int bucket_rows) {
   const int row_floats = static_cast<int>(prepared_floats(p));

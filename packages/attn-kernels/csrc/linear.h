@@ -20,7 +20,7 @@ namespace mx = mlx::core;
 // in x's dtype, group_size 32, 64 or 128. bias (N,) in x's dtype or none. Returns (..., N) in x's
 // dtype, accumulated in float32. Made for a few rows (up to 8 per pass over W); more rows are
 // served in passes of 8. With a gate (x's shape and dtype) the layer's input is silu(gate) * x,
-// mlx-lm's swiglu(gate, x), computed in float32 while x is prepared (never stored).
+// mlx-lm's swiglu(gate, x), computed while x is prepared: in float32, rounded once to x's dtype.
 mx::array decode_linear(
     const mx::array& x,
     const mx::array& weight,

@@ -56,8 +56,9 @@ def decode_linear(
     served in passes of 8. Bad shapes or dtypes raise ValueError naming the argument.
 
     gate: with it (x's shape and dtype) the layer multiplies silu(gate) * x, an MLP's down
-    projection of mlx-lm's `swiglu(gate, x)`: computed in float32 while x is prepared, one op
-    instead of two (MLX's CPU SwiGLU costs ~80 µs a row of 3072 on a Zen 3 core).
+    projection of mlx-lm's `swiglu(gate, x)`: computed while x is prepared (float32, rounded
+    once to x's dtype as the separate op's output would be), one op instead of MLX's SwiGLU
+    and a matmul (docs/cpu-linear.md).
     """
     _check_arrays(x=x, weight=weight, bias=bias, gate=gate)
     if not _on_cpu(stream):
