@@ -105,35 +105,44 @@ def _weights(layer) -> LayerWeights | None:
     return a["weight"], a["scales"], a["biases"], None, layer.group_size, layer.bits
 
 
-def linear(layer, x: mx.array, decode: bool) -> mx.array:
-    """layer(x) for a linear layer (or an embedding as the LM head: its as_linear). In a decode
-    step (`decode`: the decode-attention checkpoint, decode-sized x) decode_linear reads the
-    weights where attn_kernels.guard measured it to beat MLX's matmul (the CPU)."""
+def linear(layer, x: mx.array, decode: bool, gate: mx.array | None = None) -> mx.array:
+    """layer(x) for a linear layer (or an embedding as the LM head: its as_linear); with a gate,
+    layer(swiglu(gate, x)). In a decode step (`decode`: the decode-attention checkpoint,
+    decode-sized x) decode_linear reads the weights where attn_kernels.guard measured it to beat
+    MLX's matmul (the CPU), the SwiGLU inside it: MLX's own op there runs its exp lane by lane
+    (docs/cpu-linear.md, "The SwiGLU inside the down projection")."""
     # linear_rows first: 0.4 µs where the backend has no record (a GPU), against ~12 for the rest
-    out = guarded_linear(x, _weights(layer)) if decode and guard.linear_rows() else None
+    out = guarded_linear(x, _weights(layer), gate) if decode and guard.linear_rows() else None
     if out is not None:
         return out
+    if gate is not None:
+        x = swiglu(gate, x)
     if isinstance(layer, nn.Embedding | nn.QuantizedEmbedding):
         return layer.as_linear(x)
     return layer(x)
 
 
 def project_out(
-    layer: nn.Module, x: mx.array, residual: mx.array | None, in_matmul: bool, decode: bool = False
+    layer: nn.Module,
+    x: mx.array,
+    residual: mx.array | None,
+    in_matmul: bool,
+    decode: bool = False,
+    gate: mx.array | None = None,
 ):
-    """residual + layer(x) (layer through `linear`, with `decode`); with in_matmul, for a plain
-    bf16/float Linear and a decode-sized x (at most 8 positions), one mx.addmm: the add rides in
-    the matmul (one kernel fewer; an experiment, Model.set_residual_in_matmul)."""
+    """residual + layer(x) (layer through `linear`, with `decode` and `gate`); with in_matmul,
+    for a plain bf16/float Linear and a decode-sized x (at most 8 positions), one mx.addmm: the
+    add rides in the matmul (one kernel fewer; an experiment, Model.set_residual_in_matmul)."""
     if residual is None:
-        return linear(layer, x, decode)
+        return linear(layer, x, decode, gate)
     if (
         in_matmul
         and type(layer) is nn.Linear
         and "bias" not in layer
         and x.shape[-2] <= DECODE_POSITIONS
     ):
-        return mx.addmm(residual, x, layer.weight.T)
-    return residual + linear(layer, x, decode)
+        return mx.addmm(residual, x if gate is None else swiglu(gate, x), layer.weight.T)
+    return residual + linear(layer, x, decode, gate)
 
 
 class Attention(nn.Module):
@@ -346,13 +355,8 @@ class MLP(nn.Module):
             and self.gate_up.fuses([self.gate_proj, self.up_proj])
         ):
             gate, up = mx.split(self.gate_up(x, decode=True), [self.gate_up.sizes[0]], axis=-1)
-            # On the CPU the SwiGLU rides in down_proj's kernel: MLX's own op there runs its exp
-            # lane by lane (docs/cpu-linear.md, "The SwiGLU inside the down projection").
-            out = None
-            if self.swiglu_in_linear and not in_matmul and guard.linear_rows():
-                out = guarded_linear(up, _weights(self.down_proj), gate=gate)
-            if out is not None:
-                return out if residual is None else residual + out
+            if self.swiglu_in_linear:
+                return project_out(self.down_proj, up, residual, in_matmul, True, gate)
             return project_out(self.down_proj, swiglu(gate, up), residual, in_matmul, decode=True)
         hidden = swiglu(self.gate_proj(x), self.up_proj(x))
         return project_out(self.down_proj, hidden, residual, False)
