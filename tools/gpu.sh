@@ -6,8 +6,10 @@
 #
 # Builds attn-kernels against the kit's CUDA MLX once per machine (tools/h200.sh; REUSE_EXT=1
 # keeps a warm machine's build), then runs each target. Records go to $OUT/records/ and leave as
-# one archive, $OUT/records.tar, under the names benchmark_results/ gives them (the device tool
-# returns at most 8 files, none with "+" in its name); logs stay beside it. Each target fits one device call (600 s) unless noted.
+# one archive, $OUT/records.tar, under the names benchmark_results/ gives them, each starting with
+# the GPU it ran on (h200-, or h100- where the device tool lent an H100); the device tool returns
+# at most 8 files, none with "+" in its name; logs stay beside it. Each target fits one device
+# call (600 s) unless noted.
 #   tests       every package's GPU cases (attn-kernels: -k gpu, every schedule), gpu-tests.txt
 #   operators   bench-operators, the records of docs/results-h200.md; PART picks one (two calls
 #               for all): kernels (every schedule over S = 1..131072, L = 1; L = 2/4/8 causal),
@@ -49,6 +51,7 @@ source tools/h200.sh
 set +e  # h200.sh sets -e: one target's failure must not skip the others
 export PYTHONUNBUFFERED=1
 R="$OUT/records"
+G=$(python3 -c "from llm_eval.bench import machine_tag; print(machine_tag('gpu'))")  # h200, h100
 mkdir -p "$R"
 V=mlx-0.32.4
 quiet() { grep -v -E '^\[(#| )' || true; }  # progress bars; never fails the pipeline
@@ -66,7 +69,7 @@ tests() {
 }
 
 operators() {
-  local part="$1" f="$R/h200-qwen3-4b-attention"
+  local part="$1" f="$R/$G-qwen3-4b-attention"
   if [ "$part" = all ] || [ "$part" = kernels ]; then
     ops --context 1 --context 32 --context 128 --context 256 --context 1024 "${CONTEXTS_LONG[@]}" \
       --schedule auto --schedule split-gqa --schedule split --schedule chapter-8 \
@@ -118,12 +121,12 @@ coverage() {
   local contexts=(--context 128 --context 1024 --context 8192 --context 32768 --context 131072)
   if [ "$1" = all ]; then
     python3 -m llm_eval.coverage --device gpu "${contexts[@]}" --force \
-      --json-output "$R/h200-attention-coverage-$V.json" 2>&1 | quiet | tail -60
+      --json-output "$R/$G-attention-coverage-$V.json" 2>&1 | quiet | tail -60
   fi
   if [ "$1" = all ] || [ "$1" = split-mma ]; then
     python3 -m llm_eval.coverage --device gpu --schedule split-mma --head-dim 80 --head-dim 96 \
       --head-dim 256 --dtype bfloat16 --dtype float16 "${contexts[@]}" --force \
-      --json-output "$R/h200-attention-coverage-split-mma-$V.json" 2>&1 | quiet | tail -40
+      --json-output "$R/$G-attention-coverage-split-mma-$V.json" 2>&1 | quiet | tail -40
   fi
 }
 
@@ -131,8 +134,8 @@ ragged() {
   local common=(--attention-mask causal --context 512 --context 2048 --context 8192
     --implementations custom,mlx --context-repeats 2 --iterations 4)
   for b in 8 32; do
-    ops "${common[@]}" --batch "$b" --ragged --json-output "$R/h200-qwen3-4b-attention-B$b-ragged.json"
-    ops "${common[@]}" --batch "$b" --json-output "$R/h200-qwen3-4b-attention-B$b-full.json"
+    ops "${common[@]}" --batch "$b" --ragged --json-output "$R/$G-qwen3-4b-attention-B$b-ragged.json"
+    ops "${common[@]}" --batch "$b" --json-output "$R/$G-qwen3-4b-attention-B$b-full.json"
   done
 }
 
@@ -142,12 +145,12 @@ model() {
     for w in 32+97 128+129; do
       python3 -m llm_eval.progression --device gpu --model qwen3-4b --quantize "$quantize" \
         --input-len "${w%+*}" --output-len "${w#*+}" --repeats "${ROUNDS:-4}" --force \
-        --json-output "$R/h200-qwen3-4b-$tag-progression-$w-$V.json" 2>&1 | quiet | tail -4
+        --json-output "$R/$G-qwen3-4b-$tag-progression-$w-$V.json" 2>&1 | quiet | tail -4
     done
     for w in 8192+65 32768+65; do
       python3 -m llm_eval.ab_decode --quantize "$quantize" --input-len "${w%+*}" \
         --output-len "${w#*+}" --rounds "${ROUNDS:-4}" --variants decode-attention,mlx-lm --force \
-        --json-output "$R/h200-qwen3-4b-$tag-ab-decode-$w-$V.json" 2>&1 | quiet | tail -5
+        --json-output "$R/$G-qwen3-4b-$tag-ab-decode-$w-$V.json" 2>&1 | quiet | tail -5
     done
   done
 }
@@ -156,20 +159,20 @@ step() {
   python3 -m pytest -q -p no:cacheprovider packages/attn-kernels/tests/test_attention_step.py \
     packages/attn-kernels/tests/test_mlx_lm.py -k gpu 2>&1 | tail -5 | tee "$OUT/step-tests.txt"
   python3 -m llm_eval.step --count-kernels /tmp/graphs --quantize none 4bit --workloads 1024+9 \
-    --count-steps 2 --force --json-output "$R/h200-qwen3-4b-kernels-per-step-$V.json" 2>&1 | quiet
+    --count-steps 2 --force --json-output "$R/$G-qwen3-4b-kernels-per-step-$V.json" 2>&1 | quiet
   python3 -m llm_eval.step --quantize none 4bit --workloads 32+97 1024+65 8192+65 \
     --rounds "${ROUNDS:-2}" --anatomy-steps 8 --force \
-    --json-output "$R/h200-qwen3-4b-step-bench-$V.json" 2>&1 | quiet
+    --json-output "$R/$G-qwen3-4b-step-bench-$V.json" 2>&1 | quiet
   python3 -m llm_eval.host_cost --context 1 --context 128 --context 1024 --rounds 60 --force \
-    --json-output "$R/h200-host-cost-$V.json" | tail -9
+    --json-output "$R/$G-host-cost-$V.json" | tail -9
   python3 -m llm_eval.host_cost --level mlx-lm-attention --force \
-    --json-output "$R/h200-qwen3-4b-mlx-lm-step-host-cost-$V.json" | tail -3
+    --json-output "$R/$G-qwen3-4b-mlx-lm-step-host-cost-$V.json" | tail -3
   python3 -m llm_eval.mlx_lm_decode --model qwen3-4b --model llama-3-8b --quantize 4bit \
     --workload 32+97 --workload 8192+65 --rounds "${ROUNDS:-3}" --output "$R" 2>&1 | quiet
 }
 
 quantized() {
-  local f="$R/h200-qwen3-4b-attention-quantized"
+  local f="$R/$G-qwen3-4b-attention-quantized"
   python3 -m pytest -q -p no:cacheprovider packages/attn-kernels/tests/test_quantized.py -k gpu \
     2>&1 | tail -5 | tee "$OUT/quantized-tests.txt"
   for bits in 8 4; do
@@ -183,7 +186,7 @@ quantized() {
   python3 -m llm_eval.ab_decode --model qwen3-4b --quantize 4bit --kv-bits 4 --kv-group-size 64 \
     --mlx-lm-kv-bits none --input-len 32768 --output-len 65 --rounds "${ROUNDS:-4}" \
     --variants decode-attention,mlx-lm --force \
-    --json-output "$R/h200-qwen3-4b-4bit-kv4-ab-decode-32768+65-$V.json" 2>&1 | quiet | tail -8
+    --json-output "$R/$G-qwen3-4b-4bit-kv4-ab-decode-32768+65-$V.json" 2>&1 | quiet | tail -8
 }
 
 serve() {
@@ -191,7 +194,7 @@ serve() {
     --new-tokens 64)
   if [ "$1" = all ]; then
     python3 -m llm_eval.serve "${mix[@]}" --slots 8 --slots 32 --rounds "${ROUNDS:-2}" --anatomy \
-      --output "$R/h200-qwen3-4b-4bit-serve-32x256-2048+64-$V.json" 2>&1 | quiet
+      --output "$R/$G-qwen3-4b-4bit-serve-32x256-2048+64-$V.json" 2>&1 | quiet
   fi
   if [ "$1" = all ] || [ "$1" = anatomy ]; then
     local name setting
@@ -203,7 +206,7 @@ serve() {
       esac
       env $setting python3 -m llm_eval.serve "${mix[@]}" --slots 1 --slots 8 --slots 32 \
         --anatomy-only --force \
-        --output "$R/h200-qwen3-4b-4bit-serve-anatomy-$name-$V.json" 2>&1 | quiet
+        --output "$R/$G-qwen3-4b-4bit-serve-anatomy-$name-$V.json" 2>&1 | quiet
     done
   fi
 }
@@ -216,7 +219,7 @@ models() {
 }
 
 cpu_host() {
-  local f="$R/h200-host-cpu"
+  local f="$R/$G-host-cpu"
   {
     echo "nproc $(nproc); cgroup cpu.max: $(cat /sys/fs/cgroup/cpu.max 2>/dev/null || echo none)"
     lscpu | grep -E "Model name|^CPU\(s\)|Thread|Core|Socket|L3"

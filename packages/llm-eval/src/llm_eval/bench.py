@@ -275,7 +275,8 @@ def machine_tag(device: str) -> str:
     if device == "cpu":
         return f"cpu-{os.cpu_count()}core"
     if mx.cuda.is_available():
-        return "h200" if "H200" in gpu_name() else "cuda"
+        name = gpu_name()
+        return next((tag for tag in ("h200", "h100") if tag.upper() in name), "cuda")
     return "metal"
 
 
