@@ -203,6 +203,27 @@ def test_one_pass_serves_many_rows():
     np.testing.assert_allclose(together, alone, rtol=2**-7, atol=1e-2)
 
 
+@pytest.mark.parametrize(
+    "stream",
+    [mx.cpu, mx.Device(mx.cpu), mx.default_stream(mx.Device(mx.cpu))],
+    ids=["device-type", "device", "stream"],
+)
+def test_every_form_of_stream(stream):
+    """stream= takes what MLX's ops take: mx.cpu (a DeviceType), a Device or a Stream."""
+    x = mx.random.normal((3, 70)).astype(mx.bfloat16)
+    w = mx.random.normal((9, 70)).astype(mx.bfloat16)
+    codes, scales, biases = mx.quantize(mx.random.normal((9, 128)), group_size=64, bits=4)
+    xq = mx.random.normal((3, 128))
+    with mx.stream(mx.cpu):
+        dense, quantized = decode_linear(x, w), decode_linear_quantized(xq, codes, scales, biases)
+    got = decode_linear(x, w, stream=stream)
+    np.testing.assert_array_equal(
+        np.array(got.astype(mx.float32)), np.array(dense.astype(mx.float32))
+    )
+    got = decode_linear_quantized(xq, codes, scales, biases, stream=stream)
+    np.testing.assert_array_equal(np.array(got), np.array(quantized))
+
+
 @pytest.mark.skipif(not mx.is_available(mx.gpu), reason="no GPU")
 def test_gpu_streams_take_mlx_matmuls():
     x = mx.random.normal((2, 64)).astype(mx.bfloat16)

@@ -16,18 +16,18 @@ import mlx.nn as nn
 
 from attn_kernels import _ext, guard
 
-Stream = mx.Stream | mx.Device | None
+Stream = mx.Stream | mx.Device | mx.DeviceType | None
 
 
 def _on_cpu(stream: Stream) -> bool:
-    device = (
-        mx.default_device()
-        if stream is None
-        else stream.device
-        if isinstance(stream, mx.Stream)
-        else stream
-    )
-    return device.type == mx.cpu
+    if stream is None:
+        device = mx.default_device()
+    elif isinstance(stream, mx.Stream):
+        device = stream.device
+    else:
+        device = stream
+    # mx.cpu itself is a DeviceType, which MLX's ops take for a device as well
+    return getattr(device, "type", device) == mx.cpu
 
 
 def _check_arrays(**arrays) -> None:
