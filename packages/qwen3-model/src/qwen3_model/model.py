@@ -76,8 +76,11 @@ class FusedLinear:
         return all(layer.weight is w for layer, w in zip(layers, self.sources, strict=True))
 
     def __call__(self, x: mx.array, decode: bool = False) -> mx.array:
-        if decode:
-            return linear(self, x, decode)
+        """x through every fused layer; a decode step's through `linear` (the guard's kernels)."""
+        return linear(self, x, decode) if decode else self.matmul(x)
+
+    def matmul(self, x: mx.array) -> mx.array:
+        """MLX's own (quantized) matmul of the fused arrays."""
         if self.quantized:
             return mx.quantized_matmul(
                 x,
@@ -119,6 +122,8 @@ def linear(layer, x: mx.array, decode: bool, gate: mx.array | None = None) -> mx
         x = swiglu(gate, x)
     if isinstance(layer, nn.Embedding | nn.QuantizedEmbedding):
         return layer.as_linear(x)
+    if isinstance(layer, FusedLinear):
+        return layer.matmul(x)
     return layer(x)
 
 
