@@ -228,11 +228,12 @@ def test_every_form_of_stream(stream):
 def test_gpu_streams_take_mlx_matmuls():
     x = mx.random.normal((2, 64)).astype(mx.bfloat16)
     w = mx.random.normal((8, 64)).astype(mx.bfloat16)
-    got = decode_linear(x, w, stream=mx.gpu)
-    np.testing.assert_array_equal(np.array(got), np.array(mx.matmul(x, w.T, stream=mx.gpu)))
+    got = decode_linear(x, w, stream=mx.gpu).astype(mx.float32)
+    expected = mx.matmul(x, w.T, stream=mx.gpu).astype(mx.float32)
+    np.testing.assert_array_equal(np.array(got), np.array(expected))
     with mx.stream(mx.gpu):
-        gated = decode_linear(x, w, gate=x + 1)
-        expected = mx.matmul(mx.sigmoid(x + 1) * (x + 1) * x, w.T)
+        gated = decode_linear(x, w, gate=x + 1).astype(mx.float32)
+        expected = mx.matmul(mx.sigmoid(x + 1) * (x + 1) * x, w.T).astype(mx.float32)
     np.testing.assert_allclose(np.array(gated), np.array(expected), rtol=2**-6, atol=0.05)
 
 
