@@ -466,13 +466,10 @@ Plan plan(const DecodeProblem& p, Schedule schedule) {
     // split-mma 5.22/5.96/8.19); `split` (one block per query vector, no split) up to 32 positions
     // at L = 1. Through MLX the short contexts are at its per-op floor either way
     // (benchmark_results/h200-qwen3-4b-attention-L1-short-*.json).
-    // Head dims 80, 96 and 256 take split-mma only when asked for: compiled and checked under
-    // emulation, not yet timed on the device (until then `auto` keeps split-gqa there, which
-    // the coverage record measured).
-    const bool timed = p.head_dim == 64 || p.head_dim == 128;
-    schedule = p.query_len == 1 && p.context <= 32 ? Schedule::split
-               : timed                             ? Schedule::split_mma
-                                                   : Schedule::split_gqa;
+    // Head dims 80, 96 and 256 too (benchmark_results/h100-attention-coverage-split-mma-*.json,
+    // an H100: 1.0-10x mx.fast at D 80 and 96 to S = 131072, where split-gqa had lost from
+    // S = 1024; 2.8-13x at D 256 to S = 8192). Where mma_applies() fails, split-gqa.
+    schedule = p.query_len == 1 && p.context <= 32 ? Schedule::split : Schedule::split_mma;
   }
   if (schedule == Schedule::split_mma) {
     if (mma_applies(p)) return plan_mma(p);

@@ -580,8 +580,7 @@ FOLD_GRID = [
     for length in (1, 3, 8)
     for m in (3, 32)
 ] + [(mx.bfloat16, (8, 2), 128, 1, 2047), (mx.float16, (4, 4), 64, 3, 2047)]
-# the other head dims the tensor-core kernel compiles (Phi-3's 96 without GQA, 80, Gemma's 256;
-# schedule="split-mma": auto takes it at D 64 and 128 only)
+# the other head dims the tensor-core kernel compiles (Phi-3's 96 without GQA, 80, Gemma's 256)
 FOLD_GRID += [
     (mx.bfloat16, (32, 32), 96, 1, 32), (mx.float16, (8, 2), 96, 8, 3),
     (mx.bfloat16, (8, 2), 80, 3, 32), (mx.bfloat16, (8, 4), 256, 1, 32),
@@ -603,10 +602,9 @@ def test_folded_step_matches_two_kernels_gpu(dtype, heads, d, length, m):
     capacity = capacity_for(offset + length)
     inputs = make_step(offset, 1, hq, hkv, length, d, capacity, dtype)
     folds = attention_step_folds()
-    schedule = "auto" if d in (64, 128) else "split-mma"  # auto: the timed head dims only
-    folded = donated_step(inputs, capacity, offset, schedule, fold=True)
+    folded = donated_step(inputs, capacity, offset, "auto", fold=True)
     assert attention_step_folds() == folds + 1, "fold=True ran two kernels"
-    two = donated_step(inputs, capacity, offset, schedule, fold=False)
+    two = donated_step(inputs, capacity, offset, "auto", fold=False)
     assert attention_step_folds() == folds + 1, "fold=False ran the folded kernel"
     # Not bit for bit: on the H200 (354698b) 10 of these 48 cases differed from the two kernels
     # in 0.03-1.3% of the outputs (one k_cache value once) by 1-4 units in the last place (the

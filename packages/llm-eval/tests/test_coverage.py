@@ -14,7 +14,13 @@ RESULTS = Path(__file__).resolve().parents[3] / "benchmark_results"
 # pairs each speaks for (None: all it swept); a later record overrides an earlier one.
 RECORDS = {
     "cpu": [("cpu-2core-attention-coverage-mlx-0.32.4.json", None)],
-    "cuda": [("h200-attention-coverage-mlx-0.32.4.json", None)],
+    "cuda": [
+        ("h200-attention-coverage-mlx-0.32.4.json", None),
+        (
+            "h100-attention-coverage-split-mma-mlx-0.32.4.json",
+            {(d, t) for d in (80, 96, 256) for t in ("bfloat16", "float16")},
+        ),
+    ],
 }
 
 
