@@ -65,7 +65,11 @@ cuda (H200): h200-attention-coverage-mlx-0.32.4.json (the same sweep, S = 128 ..
     every pass at 546 of 900 points. The regions count a point within 5% as a tie (bench-coverage's
     TIE: the per-call floor at S = 128, the memory floor at G = 1): D 64 bf16/f16 and D 128 f16
     from S = 1024 (losing or tied at 128: 0.84-0.98x), float32 (the SIMT kernel) where it won;
-    D 80, 96 and 256 in bf16/f16 (the SIMT schedule: 0.1-1.3x) only at the short contexts it won.
+    D 80, 96 and 256 in bf16/f16 from the next record instead (the SIMT schedule had lost there).
+cuda (an H100, sm_90 as the H200): h100-attention-coverage-split-mma-mlx-0.32.4.json (the
+    tensor-core kernel at D 80/96/256 in bf16/f16, which auto takes there since this record):
+    D 80 and 96 won every point to S = 131072 (lowest 1.05x), D 256 to S = 8192 (0.37-0.96x
+    beyond); not yet run on the H200.
 metal: D=128 bf16 only.
 
 Linear layers of a decode step (decode_linear, decode_linear_quantized; LINEAR_LIMITS), against
