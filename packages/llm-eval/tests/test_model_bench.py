@@ -190,13 +190,52 @@ def test_bench_weights_folder_and_broken_files(tmp_path, capsys):
         (["--model", "qwen3-tiny", "--weights", "x"], "not both"),
         (["--input-len", "0"], "--input-len must be >= 1"),
         (["--rounds", "0"], "--rounds must be >= 1"),
+        (["--warmup", "-1"], "--warmup must be >= 0"),
         (["--variant", "mlx"], "invalid choice"),
+        (["--bandwidth-gbs", "-5"], "--bandwidth-gbs: must be > 0, got -5"),
     ],
 )
 def test_bench_bad_flags(flags, message, capsys):
     with pytest.raises(SystemExit):
         bench.parse_args(["--device", "cpu", *flags])
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "parse, flags, message",
+    [
+        (ab_decode.parse_args, ["--model", "qwen3-tin"], "--model: unknown 'qwen3-tin'"),
+        (ab_decode.parse_args, ["--model", "qwen3-tiny", "--weights", "x"], "not both"),
+        (ab_decode.parse_args, ["--output-len", "1"], "--output-len must be >= 2"),
+        (
+            progression.parse_args,
+            ["--model", "qwen3-tin", "--input-len", "8", "--output-len", "5"],
+            "--model: invalid choice: 'qwen3-tin'",
+        ),
+        (
+            progression.parse_args,
+            ["--input-len", "-8", "--output-len", "5"],
+            "--input-len: must be >= 1, got -8",
+        ),
+    ],
+)
+def test_ab_decode_and_progression_check_before_running(parse, flags, message, capsys):
+    """Refused when parsed, in one line, not by a traceback from the runs they start."""
+    with pytest.raises(SystemExit):
+        parse(["--device", "cpu", *flags])
+    assert message in capsys.readouterr().err
+
+
+def test_plot_names_what_it_cannot_chart(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        plot.main([str(tmp_path / "none.json")])
+    assert "no such file" in capsys.readouterr().err
+    text = tmp_path / "notes.md"
+    text.write_text("# not a record")
+    with pytest.raises(SystemExit) as e:
+        plot.main([str(text)])
+    assert "no chart written" in str(e.value.code)
+    assert f"skipped {text}: not a JSON record" in capsys.readouterr().out
 
 
 def test_progress_plain_when_piped_live_on_a_terminal():

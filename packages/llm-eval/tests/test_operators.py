@@ -115,6 +115,8 @@ def test_custom_kernel_allocates_no_score_rows(tmp_path):
         (["--heads", "30", "--gqa-ratio", "4"], "not a multiple"),
         (["--attention-mask", "causal", "--context", "4", "--query-length", "8"], "causal"),
         (["--context", "0"], "positive"),
+        (["--head-dim", "300"], "--head-dim must be in 1..256"),
+        (["--bandwidth-gbs", "-1"], "--bandwidth-gbs: must be > 0"),
     ],
 )
 def test_bad_flags(flags, message, capsys):

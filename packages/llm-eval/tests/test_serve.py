@@ -95,9 +95,17 @@ def test_anatomy_only_skips_the_serving_runs(tmp_path, tiny, monkeypatch, capsys
     ("argv", "message"),
     [
         (["--model", "qwen3-huge"], "--model: unknown 'qwen3-huge'"),
-        (["--slots", "0"], "--slots must be >= 1"),
-        (["--prompt-min", "9", "--prompt-max", "3"], "--prompt-min <= --prompt-max"),
-        (["--new-tokens", "1"], "--new-tokens >= 2"),
+        (["--slots", "0"], "--slots: must be >= 1, got 0"),
+        (["--prompt-min", "9", "--prompt-max", "3"], "--prompt-min 9 is above --prompt-max 3"),
+        (["--new-tokens", "1"], "--new-tokens: must be >= 2, got 1"),
+        # 0 is refused, not taken for "the default"
+        (["--new-tokens", "0"], "--new-tokens: must be >= 2, got 0"),
+        (["--requests", "0"], "--requests: must be >= 1, got 0"),
+        (["--prompt-max", "0"], "--prompt-max: must be >= 1, got 0"),
+        (["--rounds", "0"], "--rounds: must be >= 1, got 0"),
+        (["--anatomy-only", "--context", "-5"], "--context: must be >= 1, got -5"),
+        (["--bandwidth-gbs", "0"], "--bandwidth-gbs: must be > 0, got 0"),
+        (["--requests", "x"], "--requests: invalid integer value: 'x'"),
     ],
 )
 def test_arguments_are_checked(argv, message, capsys):

@@ -21,7 +21,7 @@ from qwen3_model import CheckpointError
 
 from llm_eval import bench
 from llm_eval.progress import Progress
-from llm_eval.record import refuse_overwrite, write_record
+from llm_eval.record import positive_float, refuse_overwrite, write_record
 
 DEFAULT_VARIANTS = ["composition", "decode-attention", "mlx-lm", "mlx-lm-our-loop"]
 # decode-attention-unfused (on request): the checkpoint without its fused projections and step,
@@ -33,7 +33,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="ab-decode", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--model", default="qwen3-4b", help="built-in config (random weights)")
+    p.add_argument("--model", help="built-in config, random weights (default qwen3-4b)")
     p.add_argument("--weights", type=Path, help="a local checkpoint folder instead of --model")
     p.add_argument("--quantize", choices=["none", "4bit"], default="none")
     bench.add_kv_cache_args(p)
@@ -48,7 +48,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         "memory)",
     )
     p.add_argument("--device", choices=["cpu", "gpu"], default="gpu" if bench.has_gpu() else "cpu")
-    p.add_argument("--bandwidth-gbs", type=float, help="for the read floor (see bench --help)")
+    p.add_argument(
+        "--bandwidth-gbs", type=positive_float, help="for the read floor (see bench --help)"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output", "--json-output", type=Path, dest="json_output", metavar="PATH")
     p.add_argument("--overwrite", "--force", action="store_true", dest="force")
@@ -56,11 +58,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.variants = [v for v in args.variants.split(",") if v]
     if "mlx-lm" not in args.variants or any(v not in VARIANTS for v in args.variants):
         p.error(f"--variants: a subset of {','.join(VARIANTS)} that includes mlx-lm")
-    if args.rounds < 1 or args.input_len < 1 or args.output_len < 2:
-        p.error("--rounds and --input-len must be >= 1, --output-len >= 2")
+    for name, low in (("rounds", 1), ("input_len", 1), ("output_len", 2)):
+        if getattr(args, name) < low:
+            p.error(f"--{name.replace('_', '-')} must be >= {low}")
     bench.check_kv_cache_args(p, args)
-    if args.weights:
-        args.model = None
+    bench.check_source(p, args, "qwen3-4b")
     refuse_overwrite(p, args.json_output, args.force)
     return args
 

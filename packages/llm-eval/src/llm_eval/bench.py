@@ -44,7 +44,7 @@ from qwen3_model import CheckpointError, describe_weights, generate_step, make_c
 from qwen3_model.generate import generation_stream as our_generation_stream
 
 from llm_eval.progress import Progress
-from llm_eval.record import SCHEMA_VERSION, collect_metadata, write_record
+from llm_eval.record import SCHEMA_VERSION, collect_metadata, positive_float, write_record
 
 VARIANTS = ("decode-attention", "composition", "mlx-lm")
 # mlx-lm's model in our generate_step: with "mlx-lm" it splits a difference into model and loop.
@@ -311,6 +311,22 @@ def unique_path(folder: Path, stem: str) -> Path:
     return path
 
 
+def check_source(p: argparse.ArgumentParser, args, default_model: str) -> None:
+    """--model (a built-in config) or --weights (a local folder), not both; --model defaults to
+    default_model where neither is given."""
+    if args.weights and args.model:
+        p.error("pass --model or --weights, not both")
+    if args.weights:
+        if not args.weights.exists():
+            p.error(f"--weights {args.weights}: no such folder")
+        if not args.weights.is_dir():
+            p.error(f"--weights {args.weights}: not a folder")
+        return
+    args.model = args.model or default_model
+    if args.model not in qwen3_model.CONFIGS:
+        p.error(f"--model: unknown {args.model!r} (choose from {', '.join(qwen3_model.CONFIGS)})")
+
+
 def check_kv_cache_args(p: argparse.ArgumentParser, args) -> None:
     if args.mlx_lm_kv_bits != "same" and not args.kv_bits:
         p.error("--mlx-lm-kv-bits none needs --kv-bits (without it both caches are full precision)")
@@ -346,7 +362,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--weights", type=Path, metavar="DIR", help="a local checkpoint folder")
     p.add_argument(
-        "--quantize", choices=["none", *qwen3_model.QUANTIZATIONS], help="random weights only"
+        "--quantize",
+        choices=["none", *qwen3_model.QUANTIZATIONS],
+        help="quantize the weights as loaded (random ones, or a --weights float checkpoint); "
+        "default: none with --weights, else none on a CPU and 4bit on a GPU",
     )
     p.add_argument(
         "--variant",
@@ -373,7 +392,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     add_kv_cache_args(p)
     p.add_argument(
         "--bandwidth-gbs",
-        type=float,
+        type=positive_float,
         metavar="GB/s",
         help="memory read bandwidth for the floor (default: measured on a CPU, 4300 on an H200)",
     )
@@ -395,19 +414,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.device == "gpu" and not has_gpu():
         p.error("--device gpu: this MLX has no GPU backend")
     d = DEFAULTS[args.device]
-    if args.weights and args.model:
-        p.error("pass --model or --weights, not both")
-    if args.weights:
-        if not args.weights.exists():
-            p.error(f"--weights {args.weights}: no such folder")
-        if not args.weights.is_dir():
-            p.error(f"--weights {args.weights}: not a folder")
-    else:
-        args.model = args.model or d["model"]
-        if args.model not in qwen3_model.CONFIGS:
-            p.error(
-                f"--model: unknown {args.model!r} (choose from {', '.join(qwen3_model.CONFIGS)})"
-            )
+    check_source(p, args, d["model"])
     args.quantize = args.quantize or ("none" if args.weights else d["quantize"])
     for key in ("input_len", "output_len", "rounds"):
         if getattr(args, key) is None:
@@ -418,8 +425,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     check_kv_cache_args(p, args)
     if args.output_len < 2:
         p.error("--output-len must be >= 2 (decode needs a second token)")
-    if args.rounds < 1 or args.warmup < 0:
-        p.error("--rounds must be >= 1 and --warmup >= 0")
+    if args.rounds < 1:
+        p.error("--rounds must be >= 1")
+    if args.warmup < 0:
+        p.error("--warmup must be >= 0")
     if args.output and args.output.is_file() and not args.overwrite:
         p.error(f"--output {args.output} exists; pass --overwrite to replace it")
     return args

@@ -11,11 +11,11 @@ EOS, so nothing stops a request early. Kernel requests keep their attention call
         --workload 32+97 --workload 8192+65 --rounds 6
 
 The variants: mlx-lm (no kernel) and mlx-lm+kernel: attn_kernels.mlx_lm.enable(), whose decode
-steps of mlx-lm's llama (mistral), qwen2 and qwen3 attention run as one attention_step each (q/k
-norm where the model has it, RoPE, cache write, attention; other architectures: the attention
-call alone). --attention-only adds a third, mlx-lm+kernel-attention-only:
-enable(fused_step=False), the attention call alone through the fused op (what enable() did
-before the fused step became its default).
+steps of mlx-lm's llama (mistral), qwen2, qwen3, qwen3_moe, gemma3_text and phi3 attention run as
+one attention_step each (q/k norm where the model has it, RoPE, cache write, attention; other
+architectures: the attention call alone). --attention-only adds a third,
+mlx-lm+kernel-attention-only: enable(fused_step=False), the attention call alone through the fused
+op (what enable() did before the fused step became its default).
 
 --draft-layers N decodes speculatively, as `mlx_lm.generate --draft-model` does: the draft is the
 model's first N layers (the same weights; random weights make a draft of fewer layers disagree
@@ -44,7 +44,7 @@ from mlx.utils import tree_flatten
 
 from llm_eval import bench
 from llm_eval.progress import Progress
-from llm_eval.record import SCHEMA_VERSION, collect_metadata, write_record
+from llm_eval.record import SCHEMA_VERSION, collect_metadata, positive_float, write_record
 
 BASELINE, KERNEL, ATTENTION_ONLY = "mlx-lm", "mlx-lm+kernel", "mlx-lm+kernel-attention-only"
 VARIANTS = [BASELINE, KERNEL]
@@ -155,7 +155,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--rounds", type=int, default=6, metavar="N", help="timed requests per variant")
     p.add_argument("--device", choices=["cpu", "gpu"], default="gpu" if bench.has_gpu() else "cpu")
-    p.add_argument("--bandwidth-gbs", type=float, help="for the read floor (see bench --help)")
+    p.add_argument(
+        "--bandwidth-gbs", type=positive_float, help="for the read floor (see bench --help)"
+    )
     p.add_argument("--seed", type=int, default=0, metavar="N", help="weights and prompts")
     p.add_argument("--output", type=Path, metavar="DIR", help="folder for the records")
     p.add_argument("--no-record", action="store_true", help="print the tables only")
@@ -164,7 +166,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         action="store_true",
         help=f"a third variant, {ATTENTION_ONLY}: attn_kernels.mlx_lm.enable(fused_step=False) "
         f"(the attention call alone through the fused op; {KERNEL} also fuses norms, RoPE and "
-        "the cache write of llama, qwen2 and qwen3 into one attention_step)",
+        "the cache write of the architectures it knows into one attention_step)",
     )
     p.add_argument(
         "--draft-layers",

@@ -58,7 +58,13 @@ from attn_kernels import (
 )
 
 from llm_eval.progress import Progress
-from llm_eval.record import SCHEMA_VERSION, collect_metadata, refuse_overwrite, write_record
+from llm_eval.record import (
+    SCHEMA_VERSION,
+    collect_metadata,
+    positive_float,
+    refuse_overwrite,
+    write_record,
+)
 
 IMPLEMENTATIONS = ("readable", "custom", "mlx", "torch", "torch-float32")
 DEFAULT_IMPLEMENTATIONS = ("readable", "custom", "mlx")
@@ -281,7 +287,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--query-length", type=int, action="append", help="query length L (repeatable)")
     p.add_argument("--heads", type=int, default=32, help="query heads (Qwen3-4B: 32)")
     p.add_argument("--gqa-ratio", type=int, default=4, help="query heads per KV head (Qwen3-4B: 4)")
-    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--head-dim", type=int, default=128, metavar="D", help="1-256 (default 128)")
     p.add_argument(
         "--batch", type=int, default=1, help="sequences per call (B; a decode step's requests)"
     )
@@ -366,7 +372,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument(
         "--bandwidth-gbs",
-        type=float,
+        type=positive_float,
         default=None,
         help="read bandwidth for the floor (default: on CPU the best of the read rates measured "
         "before the first and after every pass; 4300 on the H200)",
@@ -375,6 +381,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--json-output", type=Path, help="write the record here")
     p.add_argument("--force", action="store_true", help="replace an existing --json-output")
     args = p.parse_args(argv)
+    if not 1 <= args.head_dim <= 256:
+        p.error(f"--head-dim must be in 1..256 (the kernels' range), got {args.head_dim}")
     args.context = args.context or [128, 1024, 4096, 16384]
     args.query_length = args.query_length or [1]
     args.implementations = [s for s in args.implementations.split(",") if s]

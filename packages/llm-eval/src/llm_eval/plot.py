@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import sys
 from pathlib import Path
 
 import matplotlib
@@ -181,11 +182,20 @@ def main(argv=None) -> None:
     )
     p.add_argument("--out-dir", type=Path, help="default: beside each record")
     args = p.parse_args(argv)
+    missing = [str(path) for path in args.records if not path.is_file()]
+    if missing:
+        p.error(f"no such file: {', '.join(missing)}")
+    written = 0
     for path in args.records:
         try:
             print(f"wrote {plot(path, args.out_dir)}")
+            written += 1
+        except json.JSONDecodeError as e:
+            print(f"skipped {path}: not a JSON record ({e})")
         except ValueError as e:  # e.g. an unknown kind: nothing to chart
             print(f"skipped {e}")
+    if not written:
+        sys.exit("plot: error: no chart written")
 
 
 if __name__ == "__main__":

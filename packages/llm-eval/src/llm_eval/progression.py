@@ -18,11 +18,18 @@ import sys
 import tempfile
 from pathlib import Path
 
+import qwen3_model
 from attn_kernels import SCHEDULES
 
 from llm_eval.bench import ALL_VARIANTS, VARIANTS, at_or_above, has_gpu, variant_order
 from llm_eval.progress import Progress
-from llm_eval.record import SCHEMA_VERSION, collect_metadata, refuse_overwrite, write_record
+from llm_eval.record import (
+    SCHEMA_VERSION,
+    at_least,
+    collect_metadata,
+    refuse_overwrite,
+    write_record,
+)
 
 METRICS = ("decode_tok_s", "prefill_tok_s", "output_tok_s", "peak_memory_bytes")
 
@@ -45,7 +52,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=4,
         help="fresh processes per variant; 2 x variants repeats balance the order (default 4)",
     )
-    p.add_argument("--model", default=None)
+    p.add_argument("--model", choices=qwen3_model.CONFIGS, help="built-in config (bench's default)")
     p.add_argument("--quantize", choices=["none", "4bit"], default=None)
     p.add_argument(
         "--schedule",
@@ -53,9 +60,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         default="auto",
         help="GPU kernel schedule of the decode-attention variant (scheduling experiment)",
     )
-    p.add_argument("--input-len", type=int, required=True)
-    p.add_argument("--output-len", type=int, required=True)
-    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--input-len", type=at_least(1), required=True)
+    p.add_argument("--output-len", type=at_least(2), required=True, help="decode needs 2 or more")
+    p.add_argument("--warmup", type=at_least(0), default=2)
     p.add_argument("--device", choices=["cpu", "gpu"], default="gpu" if has_gpu() else "cpu")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output", "--json-output", type=Path, dest="json_output", metavar="PATH")

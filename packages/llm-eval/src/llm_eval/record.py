@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import datetime as _dt
 import json
 import os
@@ -190,3 +191,24 @@ def write_record(record: dict, path: str | Path, force: bool = False) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a number > 0 (a bandwidth: the floor's fraction divides by it)."""
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def at_least(low: int):
+    """argparse type: an integer >= low (counts and lengths: 0 is not "the default")."""
+
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {text}")
+        return value
+
+    parse.__name__ = "integer"  # argparse's message for text that is not one
+    return parse

@@ -53,7 +53,13 @@ from attn_kernels import _ext, attention_step_cache_copies
 
 from llm_eval import bench
 from llm_eval.progress import Progress
-from llm_eval.record import SCHEMA_VERSION, collect_metadata, write_record
+from llm_eval.record import (
+    SCHEMA_VERSION,
+    at_least,
+    collect_metadata,
+    positive_float,
+    write_record,
+)
 
 MLX_LM, MLX_LM_KERNEL, OURS = "mlx-lm", "mlx-lm+kernel", "ours"
 VARIANTS = [MLX_LM, MLX_LM_KERNEL, OURS]
@@ -84,13 +90,15 @@ def parse_args(argv=None) -> argparse.Namespace:
         choices=["none", *qwen3_model.QUANTIZATIONS],
         help="the weights (default per device)",
     )
-    p.add_argument("--requests", type=int, metavar="N", help="requests in the mix")
-    p.add_argument("--prompt-min", type=int, metavar="N", help="shortest prompt (tokens)")
-    p.add_argument("--prompt-max", type=int, metavar="N", help="longest prompt (tokens)")
-    p.add_argument("--new-tokens", type=int, metavar="N", help="tokens generated per request")
+    p.add_argument("--requests", type=at_least(1), metavar="N", help="requests in the mix")
+    p.add_argument("--prompt-min", type=at_least(1), metavar="N", help="shortest prompt (tokens)")
+    p.add_argument("--prompt-max", type=at_least(1), metavar="N", help="longest prompt (tokens)")
+    p.add_argument(
+        "--new-tokens", type=at_least(2), metavar="N", help="tokens generated per request"
+    )
     p.add_argument(
         "--slots",
-        type=int,
+        type=at_least(1),
         action="append",
         metavar="B",
         help="requests decoded at once (repeatable; default 8 and 32 on a GPU, 4 on a CPU)",
@@ -102,11 +110,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="repeatable; default the first three (ours-swiglu-apart: ours with the MLP's "
         "SwiGLU as MLX's op before the down projection, not inside its CPU kernel)",
     )
-    p.add_argument("--rounds", type=int, default=2, metavar="N", help="timed rounds (2)")
+    p.add_argument("--rounds", type=at_least(1), default=2, metavar="N", help="timed rounds (2)")
     p.add_argument("--device", choices=["cpu", "gpu"], default="gpu" if bench.has_gpu() else "cpu")
     p.add_argument(
         "--bandwidth-gbs",
-        type=float,
+        type=positive_float,
         metavar="GB/s",
         help="memory read bandwidth for the floor (default: measured on a CPU, 4300 on an H200)",
     )
@@ -121,7 +129,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="the anatomy alone, no serving runs (minutes less; e.g. under MLX's CUDA graph "
         "settings, MLX_USE_CUDA_GRAPHS / MLX_MAX_OPS_PER_BUFFER, one process each)",
     )
-    p.add_argument("--context", type=int, metavar="N", help="positions per row for --anatomy")
+    p.add_argument(
+        "--context", type=at_least(1), metavar="N", help="positions per row for --anatomy"
+    )
     p.add_argument("--seed", type=int, default=0, metavar="N", help="weights and prompts")
     p.add_argument("--output", type=Path, metavar="PATH", help="the record's file (or a folder)")
     p.add_argument("--force", action="store_true", help="replace an existing --output file")
@@ -134,18 +144,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.model not in qwen3_model.CONFIGS:
         p.error(f"--model: unknown {args.model!r} (choose from {', '.join(qwen3_model.CONFIGS)})")
     args.quantize = args.quantize or d["quantize"]
-    args.requests = args.requests or d["requests"]
-    args.prompt_min = args.prompt_min or d["prompt"][0]
-    args.prompt_max = args.prompt_max or d["prompt"][1]
-    args.new_tokens = args.new_tokens or d["new"]
+    # None: not given (the types above refuse 0 and negatives)
+    defaults = dict(requests=d["requests"], prompt_min=d["prompt"][0], prompt_max=d["prompt"][1])
+    defaults["new_tokens"] = d["new"]
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     args.slots = args.slots or ([8, 32] if args.device == "gpu" else [4])
     args.variant = list(dict.fromkeys(args.variant or VARIANTS))
-    if args.requests < 1 or args.new_tokens < 2 or args.rounds < 1:
-        p.error("--requests and --rounds must be >= 1, --new-tokens >= 2")
-    if not 1 <= args.prompt_min <= args.prompt_max:
-        p.error("need 1 <= --prompt-min <= --prompt-max")
-    if any(b < 1 for b in args.slots):
-        p.error("--slots must be >= 1")
+    if args.prompt_min > args.prompt_max:
+        p.error(f"--prompt-min {args.prompt_min} is above --prompt-max {args.prompt_max}")
     args.anatomy = args.anatomy or args.anatomy_only
     if args.output and args.output.is_file() and not args.force:
         p.error(f"--output {args.output} exists; pass --force to replace it")
