@@ -159,5 +159,7 @@ def test_bad_generator_settings():
     model = lively()
     with pytest.raises(ValueError, match="slots must be >= 1"):
         BatchGenerator(model, slots=0)
+    with pytest.raises(ValueError, match="slots must be >= 1"):
+        batch_generate(model, [[1, 2]], max_tokens=2, slots=0)
     with pytest.raises(ValueError, match="max_tokens must be >= 1"):
         BatchGenerator(model, max_tokens=0)

@@ -231,6 +231,14 @@ def test_cli_missing_folder_says_so(tmp_path, capsys):
     (tmp_path / "file").write_text("x")
     err = one_line_error(["--weights", str(tmp_path / "file"), "--prompt", "x"], capsys)
     assert "not a folder" in err
+    # a built-in config's name is bench's, not a checkpoint: said so
+    err = one_line_error(["--weights", "qwen3-tiny", "--prompt", "x"], capsys)
+    assert "generate needs a checkpoint folder" in err
+
+
+def test_cli_empty_prompt(checkpoint, capsys):
+    err = one_line_error(["--weights", str(checkpoint), "--prompt", ""], capsys)
+    assert "--prompt is empty" in err
 
 
 def test_cli_missing_tokenizer(tmp_path, capsys):

@@ -358,11 +358,13 @@ def batch_generate(
     max_tokens and samplers (default greedy), stop tokens (default: the tokenizer's
     eos_token_ids). Returns per prompt, in order, its token ids and, with a tokenizer (anything
     with decode(ids)), its text."""
+    if slots < 1:
+        raise ValueError(f"slots must be >= 1, got {slots}")
     if stop_tokens is None:
         stop_tokens = sorted(getattr(tokenizer, "eos_token_ids", ()) or ())
     gen = BatchGenerator(
         model,
-        slots=max(1, min(slots, len(prompts))),
+        slots=max(1, min(slots, len(prompts))),  # 1 row for an empty list: nothing to do
         sampler=sampler,
         stop_tokens=stop_tokens,
         prefill_step_size=prefill_step_size,

@@ -22,6 +22,7 @@ from pathlib import Path
 import mlx.core as mx
 
 from qwen3_model.cache import make_cache
+from qwen3_model.configs import CONFIGS
 from qwen3_model.loading import CheckpointError, load
 from qwen3_model.model import CHECKPOINTS
 from qwen3_model.tokenizer import Tokenizer
@@ -260,11 +261,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     if not 0 < args.top_p <= 1:
         p.error(f"--top-p must be in (0, 1], got {args.top_p}")
     if not args.weights.exists():
-        p.error(f"--weights {args.weights}: no such folder")
+        hint = (
+            " (built-in configs are random weights for llm-eval's bench --model; generate needs a "
+            "checkpoint folder)"
+            if str(args.weights) in CONFIGS
+            else ""
+        )
+        p.error(f"--weights {args.weights}: no such folder{hint}")
     if not args.weights.is_dir():
         p.error(f"--weights {args.weights}: not a folder")
     if args.prompt == "-":
         args.prompt = sys.stdin.read()
+    if not args.prompt:
+        p.error("--prompt is empty")
     return args
 
 

@@ -174,9 +174,9 @@ def enable(fused_step: bool = True, linear: bool | None = None) -> None:
     """Send mlx-lm's decode attention through the fused kernel (idempotent). Starts calls()
     from zero when it was disabled.
 
-    fused_step: also run the decode steps of mlx-lm's llama (mistral), qwen2 and qwen3 attention
-    as one `attention_step` (q/k norm where the model has it, RoPE, cache write, attention)
-    where the guard accepts them. False leaves mlx-lm's attention methods as they are (only
+    fused_step: also run the decode steps of mlx-lm's llama (mistral), qwen2, qwen3, qwen3_moe,
+    gemma3_text and phi3 attention (step.STEP_MODELS) as one `attention_step` (q/k norm where
+    the model has it, RoPE, cache write, attention) where the guard accepts them. False leaves mlx-lm's attention methods as they are (only
     the attention function is replaced), or puts them back if an earlier call replaced them.
     linear: also run decode-sized calls of mlx.nn's linear layers through decode_linear where
     the guard accepts them; None (default): where the guard has linear limits for the default

@@ -4,16 +4,16 @@
     python -m attn_kernels.mlx_lm chat --model mlx-community/Qwen3-4B-4bit
     python -m attn_kernels.mlx_lm server --model mlx-community/Qwen3-4B-4bit --port 8080
 
-Everything after the command name is mlx-lm's own options, passed through unchanged (see
-`python -m attn_kernels.mlx_lm generate --help`, which is mlx-lm's). Decode steps the guard
-accepts run fused: llama, mistral, qwen2 and qwen3 models as one attention_step per layer (norms,
-RoPE, cache write, attention), other models' attention calls as the DecodeAttention op; prefill
-and every other call run mlx-lm's attention. On a CPU the decode steps' linear layers run
-decode_linear (reading each weight once, over every core). `server` is mlx_lm.server (its OpenAI-style API):
-concurrent requests are batched by mlx-lm's BatchGenerator, and every batched decode step runs
-fused over its batch cache, each request at its own position. After the command (a server: once
-it is stopped, Ctrl-C), one line on stderr says how many attention calls took each path, and
-how many linear-layer calls ran decode_linear.
+Everything after the command name is mlx-lm's own options, passed through unchanged (see `python
+-m attn_kernels.mlx_lm generate --help`, which is mlx-lm's). Decode steps the guard accepts run
+fused: llama, mistral, qwen2, qwen3, qwen3_moe, gemma3_text and phi3 models as one attention_step
+per layer (norms, RoPE, cache write, attention), other models' attention calls as the
+DecodeAttention op; prefill and every other call run mlx-lm's attention. On a CPU the decode
+steps' linear layers run decode_linear (reading each weight once, over every core). `server` is
+mlx_lm.server (its OpenAI-style API): concurrent requests are batched by mlx-lm's BatchGenerator,
+and every batched decode step runs fused over its batch cache, each request at its own position.
+After the command (a server: once it is stopped, Ctrl-C), one line on stderr says how many
+attention calls took each path, and how many linear-layer calls ran decode_linear.
 """
 
 from __future__ import annotations
