@@ -155,3 +155,10 @@ def test_draft_arguments(capsys):
         with pytest.raises(SystemExit):
             mlx_lm_decode.parse_args(argv)
         assert named in capsys.readouterr().err
+
+
+def test_every_qwen3_config_and_8_bits():
+    """The built-in Qwen3 configs bench knows are mlx-lm-decode's too, in 8 bits as well."""
+    args = mlx_lm_decode.parse_args(["--model", "qwen3-tiny", "--quantize", "8bit"])
+    model = mlx_lm_decode.build(args.model[0], args.quantize, 0)
+    assert model.layers[0].mlp.down_proj.bits == 8

@@ -1,3 +1,4 @@
+import importlib
 import io
 import json
 import statistics
@@ -445,3 +446,27 @@ def test_ab_decode_variants_subset():
     for bad in ("decode-attention,composition", "mlx-lm,nope"):
         with pytest.raises(SystemExit):
             ab_decode.parse_args(["--variants", bad])
+
+
+@pytest.mark.parametrize(
+    "module, required",
+    [
+        ("bench", ["--device", "cpu"]),
+        ("ab_decode", ["--device", "cpu"]),
+        ("progression", ["--device", "cpu", "--input-len", "4", "--output-len", "3"]),
+        ("serve", ["--device", "cpu"]),
+        ("linear", []),
+        ("operators", []),
+        ("coverage", []),
+        ("step", []),
+        ("host_cost", []),
+    ],
+)
+def test_record_flags_have_one_spelling_everywhere(module, required, tmp_path):
+    """--output / --json-output name the record, --force / --overwrite replace it, in every
+    entry point that writes one (each tool had one pair of the two)."""
+    parse = importlib.import_module(f"llm_eval.{module}").parse_args
+    path = tmp_path / "record.json"
+    one = vars(parse([*required, "--output", str(path), "--force"]))
+    other = vars(parse([*required, "--json-output", str(path), "--overwrite"]))
+    assert one == other and str(path) in map(str, one.values()) and True in one.values()

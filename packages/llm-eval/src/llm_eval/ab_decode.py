@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import mlx.core as mx
+import qwen3_model
 from qwen3_model import CheckpointError
 
 from llm_eval import bench
@@ -35,7 +36,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--model", help="built-in config, random weights (default qwen3-4b)")
     p.add_argument("--weights", type=Path, help="a local checkpoint folder instead of --model")
-    p.add_argument("--quantize", choices=["none", "4bit"], default="none")
+    p.add_argument("--quantize", choices=["none", *qwen3_model.QUANTIZATIONS], default="none")
     bench.add_kv_cache_args(p)
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=129)

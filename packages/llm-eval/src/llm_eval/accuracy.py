@@ -57,8 +57,16 @@ def main(argv=None) -> None:
     p.add_argument(
         "--group-size", type=int, choices=[32, 64, 128], action="append", help="(default all)"
     )
-    p.add_argument("--json-output", type=Path, help="write the record here")
-    p.add_argument("--force", action="store_true", help="replace an existing --json-output")
+    p.add_argument(
+        "--json-output", "--output", type=Path, dest="json_output", help="write the record here"
+    )
+    p.add_argument(
+        "--force",
+        "--overwrite",
+        action="store_true",
+        dest="force",
+        help="replace an existing --json-output",
+    )
     args = p.parse_args(argv)
     if any(c < 4 for c in args.context or []):
         p.error("--context must be >= 4 (the causal L = 4 rows)")

@@ -71,8 +71,16 @@ def parse_args(argv=None) -> argparse.Namespace:
         "head dims auto does not give it yet)",
     )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json-output", type=Path, help="write the record here")
-    p.add_argument("--force", action="store_true", help="replace an existing --json-output")
+    p.add_argument(
+        "--json-output", "--output", type=Path, dest="json_output", help="write the record here"
+    )
+    p.add_argument(
+        "--force",
+        "--overwrite",
+        action="store_true",
+        dest="force",
+        help="replace an existing --json-output",
+    )
     args = p.parse_args(argv)
     args.head_dim = args.head_dim or list(HEAD_DIMS)
     args.dtype = args.dtype or list(DTYPES)

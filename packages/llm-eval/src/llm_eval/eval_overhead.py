@@ -277,8 +277,16 @@ def main(argv=None) -> None:
         "record's execution_order says how many ran)",
     )
     p.add_argument("--busy-companion", action="store_true", help="one other process spins")
-    p.add_argument("--json-output", type=Path, help="write the record here")
-    p.add_argument("--force", action="store_true", help="replace an existing --json-output")
+    p.add_argument(
+        "--json-output", "--output", type=Path, dest="json_output", help="write the record here"
+    )
+    p.add_argument(
+        "--force",
+        "--overwrite",
+        action="store_true",
+        dest="force",
+        help="replace an existing --json-output",
+    )
     args = p.parse_args(argv)
     args.context = args.context or [1024, 4096, 16384]
     args.calls = args.calls or [1, 8]

@@ -265,8 +265,20 @@ def parse_args(argv=None):
         metavar="REV",
         help="op: also time decode_attention_custom as attention.py had it at git revision REV",
     )
-    p.add_argument("--json-output", type=Path, help="write the record (every sample) here")
-    p.add_argument("--force", action="store_true", help="replace an existing --json-output")
+    p.add_argument(
+        "--json-output",
+        "--output",
+        type=Path,
+        dest="json_output",
+        help="write the record (every sample) here",
+    )
+    p.add_argument(
+        "--force",
+        "--overwrite",
+        action="store_true",
+        dest="force",
+        help="replace an existing --json-output",
+    )
     args = p.parse_args(argv)
     contexts, rounds, calls = DEFAULTS[args.level]
     args.context = args.context or contexts

@@ -87,9 +87,20 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--weights-mb", type=int, default=512, metavar="MB", help="weight copies rotated (512)"
     )
     p.add_argument(
-        "--output", type=Path, metavar="PATH", help="the record (default: benchmark_results/)"
+        "--output",
+        "--json-output",
+        type=Path,
+        dest="output",
+        metavar="PATH",
+        help="the record (default: benchmark_results/)",
     )
-    p.add_argument("--force", action="store_true", help="replace an existing --output file")
+    p.add_argument(
+        "--force",
+        "--overwrite",
+        action="store_true",
+        dest="force",
+        help="replace an existing --output file",
+    )
     p.add_argument("--no-record", action="store_true", help="print the table only")
     args = p.parse_args(argv)
     if args.model and args.shape:

@@ -50,8 +50,7 @@ BASELINE, KERNEL, ATTENTION_ONLY = "mlx-lm", "mlx-lm+kernel", "mlx-lm+kernel-att
 VARIANTS = [BASELINE, KERNEL]
 # mlx-lm config.json values of the published checkpoints (random weights here).
 MODELS = {
-    "qwen3-0.6b": qwen3_model.CONFIGS["qwen3-0.6b"].to_dict(),
-    "qwen3-4b": qwen3_model.CONFIGS["qwen3-4b"].to_dict(),
+    **{name: config.to_dict() for name, config in qwen3_model.CONFIGS.items()},
     "llama-3-8b": dict(
         model_type="llama",
         hidden_size=4096,
@@ -145,7 +144,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         action="append",
         help="config with random weights, repeatable (default qwen3-4b)",
     )
-    p.add_argument("--quantize", choices=["none", "4bit"], default="4bit")
+    p.add_argument("--quantize", choices=["none", "4bit", "8bit"], default="4bit")
     p.add_argument(
         "--workload",
         type=workload,
@@ -201,15 +200,15 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def build(name: str, quantize: str, seed: int):
-    """mlx-lm's own model class for the config, seeded random weights in bf16 (4-bit: mlx-lm's
-    default quantization)."""
+    """mlx-lm's own model class for the config, seeded random weights in bf16 (4- or 8-bit:
+    mlx-lm's default quantization, groups of 64)."""
     config = MODELS[name]
     module = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
     mx.random.seed(seed)
     model = module.Model(module.ModelArgs.from_dict(config))
     model.set_dtype(mx.bfloat16)
-    if quantize == "4bit":
-        nn.quantize(model, group_size=64, bits=4)
+    if quantize != "none":
+        nn.quantize(model, group_size=64, bits=int(quantize.removesuffix("bit")))
     mx.eval(model.parameters())
     return model
 

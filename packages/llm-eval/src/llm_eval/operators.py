@@ -378,8 +378,16 @@ def parse_args(argv=None) -> argparse.Namespace:
         "before the first and after every pass; 4300 on the H200)",
     )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json-output", type=Path, help="write the record here")
-    p.add_argument("--force", action="store_true", help="replace an existing --json-output")
+    p.add_argument(
+        "--json-output", "--output", type=Path, dest="json_output", help="write the record here"
+    )
+    p.add_argument(
+        "--force",
+        "--overwrite",
+        action="store_true",
+        dest="force",
+        help="replace an existing --json-output",
+    )
     args = p.parse_args(argv)
     if not 1 <= args.head_dim <= 256:
         p.error(f"--head-dim must be in 1..256 (the kernels' range), got {args.head_dim}")

@@ -53,7 +53,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="fresh processes per variant; 2 x variants repeats balance the order (default 4)",
     )
     p.add_argument("--model", choices=qwen3_model.CONFIGS, help="built-in config (bench's default)")
-    p.add_argument("--quantize", choices=["none", "4bit"], default=None)
+    p.add_argument("--quantize", choices=["none", *qwen3_model.QUANTIZATIONS], default=None)
     p.add_argument(
         "--schedule",
         choices=SCHEDULES,

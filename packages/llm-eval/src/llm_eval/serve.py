@@ -133,8 +133,21 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--context", type=at_least(1), metavar="N", help="positions per row for --anatomy"
     )
     p.add_argument("--seed", type=int, default=0, metavar="N", help="weights and prompts")
-    p.add_argument("--output", type=Path, metavar="PATH", help="the record's file (or a folder)")
-    p.add_argument("--force", action="store_true", help="replace an existing --output file")
+    p.add_argument(
+        "--output",
+        "--json-output",
+        type=Path,
+        dest="output",
+        metavar="PATH",
+        help="the record's file (or a folder)",
+    )
+    p.add_argument(
+        "--force",
+        "--overwrite",
+        action="store_true",
+        dest="force",
+        help="replace an existing --output file",
+    )
     p.add_argument("--no-record", action="store_true", help="print the table only")
     args = p.parse_args(argv)
     if args.device == "gpu" and not bench.has_gpu():

@@ -97,8 +97,16 @@ def parse_args(argv=None):
     p.add_argument("--count-kernels", metavar="DIR", help="count kernels per step (graphs to DIR)")
     p.add_argument("--count-steps", type=int, default=4)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json-output", type=Path, help="write the record here")
-    p.add_argument("--force", action="store_true", help="replace an existing --json-output")
+    p.add_argument(
+        "--json-output", "--output", type=Path, dest="json_output", help="write the record here"
+    )
+    p.add_argument(
+        "--force",
+        "--overwrite",
+        action="store_true",
+        dest="force",
+        help="replace an existing --json-output",
+    )
     args = p.parse_args(argv)
     refuse_overwrite(p, args.json_output, args.force)
     try:
