@@ -176,8 +176,9 @@ def enable(fused_step: bool = True, linear: bool | None = None) -> None:
 
     fused_step: also run the decode steps of mlx-lm's llama (mistral), qwen2, qwen3, qwen3_moe,
     gemma3_text and phi3 attention (step.STEP_MODELS) as one `attention_step` (q/k norm where
-    the model has it, RoPE, cache write, attention) where the guard accepts them. False leaves mlx-lm's attention methods as they are (only
-    the attention function is replaced), or puts them back if an earlier call replaced them.
+    the model has it, RoPE, cache write, attention) where the guard accepts them. False leaves
+    mlx-lm's attention methods as they are (only the attention function is replaced), or puts
+    them back if an earlier call replaced them.
     linear: also run decode-sized calls of mlx.nn's linear layers through decode_linear where
     the guard accepts them; None (default): where the guard has linear limits for the default
     device's backend (the CPU); False keeps (or puts back) MLX's matmuls."""
