@@ -249,11 +249,12 @@ def test_short_prefill_is_causal_and_fused(fused_calls):
 
 
 @pytest.mark.usefixtures("any_head_dim_and_dtype")
-def test_sliding_window_layers_leave_once_the_rotating_cache_wraps(fused_calls):
+def test_sliding_window_layers_stay_fused_once_the_rotating_cache_wraps(fused_calls):
     """gemma3_text: layer 0 keeps 8 positions in a RotatingKVCache, layer 1 a KVCache. A 5-token
-    prompt (fused, causal), then 10 steps: layer 0's attention is fused until its cache wraps
-    (offset > 8), then mlx-lm's; layer 1 runs the fused step throughout (its 1 + weight q/k
-    norms, its query scaling). Tokens match mlx-lm's."""
+    prompt (fused, causal), then 10 steps: layer 0's attention is fused throughout, over its
+    whole window once the cache has wrapped (offset > 8: one query sees every key, in whatever
+    order the buffer holds them); layer 1 runs the fused step throughout (its 1 + weight q/k
+    norms, its query scaling). Tokens and logits match mlx-lm's."""
     model = tiny_model("gemma3_text")
     theirs, their_logits, _ = greedy(model, prompt_ids(5), 10)
     with kernel.enabled():
@@ -262,7 +263,7 @@ def test_sliding_window_layers_leave_once_the_rotating_cache_wraps(fused_calls):
     assert [type(c) for c in cache] == [RotatingKVCache, KVCache]
     assert ours == theirs
     assert max_difference(our_logits, their_logits) <= 1e-4
-    sliding = [(5, 5)] + [(1, s) for s in range(6, 9)]  # offsets 5..8, then wrapped
+    sliding = [(5, 5)] + [(1, min(s, 8)) for s in range(6, 16)]  # wrapped from offset 9
     assert sorted(fused_calls) == sorted(sliding)
     assert counts == {
         "fused": len(sliding),
@@ -293,8 +294,8 @@ PUBLISHED = {
 def test_architectures_decode_fused_under_the_guards_own_table(case, monkeypatch):
     """enable() as a user gets it (the fused step where the architecture has it) with the guard
     as recorded: a 12-token prompt (mlx-lm's path: past the query limit), then 10 decode steps,
-    each layer's fused (gemma3_text's sliding layer excepted: its rotating cache has wrapped);
-    mlx-lm's greedy tokens (bf16: until a near tie)."""
+    each layer's fused (gemma3_text's sliding layer through the attention op over its wrapped
+    window); mlx-lm's greedy tokens (bf16: until a near tie)."""
     arch, dtype, changes = PUBLISHED[case]
     monkeypatch.setitem(ARCHS, arch, {**ARCHS[arch], **changes})
     model = tiny_model(arch, dtype)
@@ -307,9 +308,8 @@ def test_architectures_decode_fused_under_the_guards_own_table(case, monkeypatch
         assert ours == theirs
     else:
         assert_same_until_a_near_tie(ours, theirs, their_logits)
-    fused_layers = 1 if arch == "gemma3_text" else LAYERS
-    assert counts["fused"] + counts["fused_step"] == fused_layers * steps
-    assert counts["mlx_lm"] == LAYERS + (LAYERS - fused_layers) * steps  # the prefill, windows
+    assert counts["fused"] + counts["fused_step"] == LAYERS * steps
+    assert counts["mlx_lm"] == LAYERS  # the prefill
 
 
 @pytest.mark.parametrize(
@@ -390,7 +390,12 @@ FALLBACKS = {
     "value head dim differs": lambda: (*qkv(1, 40, d=64, dv=32), None, None, None),
     "head dim above the kernel's": lambda: (*qkv(1, 40, d=320), None, None, None),
     "mixed dtypes": lambda: (*mixed(*qkv(1, 40)), None, None, None),
-    "rotating cache once wrapped": lambda: (*qkv(1, 4), wrapped_rotating_cache(), None, None),
+    "rotating cache once wrapped, two query tokens": lambda: (
+        *qkv(2, 4),
+        wrapped_rotating_cache(),
+        "causal",
+        None,
+    ),
 }
 
 
@@ -435,6 +440,24 @@ def test_supported_calls_match_mlx_lm(length, context, mask, dtype, fused_calls)
     assert fused_calls == [(length, context)]
     tol = {name: 2 * bound for name, bound in TOLERANCE[dtype].items()}
     assert out.dtype == dtype and mx.allclose(out, expected, **tol).item()
+
+
+@pytest.mark.usefixtures("any_head_dim_and_dtype")
+def test_one_query_over_a_wrapped_rotating_cache_matches_mlx_lm(fused_calls):
+    """A sliding window past its size: the buffer holds the window's keys out of order, which one
+    query's softmax sum does not see (mlx-lm's own call attends the buffer unmasked too)."""
+    from conftest import TOLERANCE
+
+    cache = RotatingKVCache(max_size=7)
+    for s in range(12):  # wrapped at offset 8
+        k = mx.random.normal((1, 2, 1, 64), key=mx.random.key(s))
+        keys, values = cache.update_and_fetch(k, 2 * k + 1)
+    q = qkv(1, 7)[0]
+    expected = MLX_LM_SDPA(q, keys, values, cache, scale=0.125, mask=None)
+    with kernel.enabled():
+        out = base.scaled_dot_product_attention(q, keys, values, cache, scale=0.125, mask=None)
+    assert fused_calls == [(1, 7)]
+    assert mx.allclose(out, expected, **TOLERANCE[mx.float32]).item()
 
 
 def holders(fn):

@@ -96,7 +96,8 @@ def _mlx_lm_modules():
 
 def _fused(queries, keys, cache, mask, sinks) -> bool:
     """The guard's question, for calls in the op's form: no sinks, mask None or a string, a plain
-    K/V cache in temporal order. Shapes and dtypes the op does not take it rejects itself."""
+    K/V cache (a wrapped RotatingKVCache for one query only). Shapes and dtypes the op does not
+    take it rejects itself."""
     # Explicit masks stay with mlx-lm although the guard has a region for them: a padded row of
     # mlx-lm's batch masks can lose every key, which mx.fast and the fused op (zeros) treat
     # differently.
@@ -104,8 +105,11 @@ def _fused(queries, keys, cache, mask, sinks) -> bool:
         return False
     if not isinstance(keys, mx.array):
         return False  # quantized caches hand over (data, scales, biases) tuples
-    if isinstance(cache, _rotating) and cache.offset > cache.max_size:
-        return False  # wrapped: the keys are no longer in temporal order
+    # A wrapped rotating cache (a sliding window: Gemma 3's local layers) holds its keys out of
+    # temporal order, which a causal mask over several queries needs; one query sees every key of
+    # the window, and mlx-lm's own call then attends the whole buffer unmasked, as the op does.
+    if isinstance(cache, _rotating) and cache.offset > cache.max_size and queries.shape[-2] > 1:
+        return False
     shape = queries.shape
     return use_fused(shape[-2], keys.shape[-2], shape[-1], mask, dtype=queries.dtype)
 
