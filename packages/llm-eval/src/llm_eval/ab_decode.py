@@ -22,7 +22,7 @@ from qwen3_model import CheckpointError
 
 from llm_eval import bench
 from llm_eval.progress import Progress
-from llm_eval.record import positive_float, refuse_overwrite, write_record
+from llm_eval.record import add_record_args, positive_float, refuse_overwrite, write_record
 
 DEFAULT_VARIANTS = ["composition", "decode-attention", "mlx-lm", "mlx-lm-our-loop"]
 # decode-attention-unfused (on request): the checkpoint without its fused projections and step,
@@ -53,8 +53,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--bandwidth-gbs", type=positive_float, help="for the read floor (see bench --help)"
     )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--output", "--json-output", type=Path, dest="json_output", metavar="PATH")
-    p.add_argument("--overwrite", "--force", action="store_true", dest="force")
+    add_record_args(p)
     args = p.parse_args(argv)
     args.variants = [v for v in args.variants.split(",") if v]
     if "mlx-lm" not in args.variants or any(v not in VARIANTS for v in args.variants):

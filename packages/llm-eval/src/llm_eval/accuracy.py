@@ -14,14 +14,19 @@ over the dequantized codes (scale * code + bias in float32), the function both p
 
 import argparse
 from functools import partial
-from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
 from attn_kernels import decode_attention_quantized
 from mlx_lm.models.base import quantized_scaled_dot_product_attention
 
-from llm_eval.record import SCHEMA_VERSION, collect_metadata, refuse_overwrite, write_record
+from llm_eval.record import (
+    SCHEMA_VERSION,
+    add_record_args,
+    collect_metadata,
+    refuse_overwrite,
+    write_record,
+)
 
 
 def to_numpy(a: mx.array) -> np.ndarray:
@@ -57,16 +62,7 @@ def main(argv=None) -> None:
     p.add_argument(
         "--group-size", type=int, choices=[32, 64, 128], action="append", help="(default all)"
     )
-    p.add_argument(
-        "--json-output", "--output", type=Path, dest="json_output", help="write the record here"
-    )
-    p.add_argument(
-        "--force",
-        "--overwrite",
-        action="store_true",
-        dest="force",
-        help="replace an existing --json-output",
-    )
+    add_record_args(p, help="write the record here")
     args = p.parse_args(argv)
     if any(c < 4 for c in args.context or []):
         p.error("--context must be >= 4 (the causal L = 4 rows)")

@@ -44,7 +44,13 @@ from qwen3_model import CheckpointError, describe_weights, generate_step, make_c
 from qwen3_model.generate import generation_stream as our_generation_stream
 
 from llm_eval.progress import Progress
-from llm_eval.record import SCHEMA_VERSION, collect_metadata, positive_float, write_record
+from llm_eval.record import (
+    SCHEMA_VERSION,
+    add_record_args,
+    collect_metadata,
+    positive_float,
+    write_record,
+)
 
 VARIANTS = ("decode-attention", "composition", "mlx-lm")
 # mlx-lm's model in our generate_step: with "mlx-lm" it splits a difference into model and loop.
@@ -399,15 +405,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--seed", type=int, default=0, metavar="N", help="weights and prompts (default 0)"
     )
-    p.add_argument(
-        "--output",
-        "--json-output",
-        type=Path,
-        metavar="PATH",
+    add_record_args(
+        p,
         help="the record's file (or a folder for the default name)",
-    )
-    p.add_argument(
-        "--overwrite", "--force", action="store_true", help="replace an existing --output file"
+        path_dest="output",
+        force_dest="overwrite",
     )
     p.add_argument("--no-record", action="store_true", help="print the table only")
     args = p.parse_args(argv)

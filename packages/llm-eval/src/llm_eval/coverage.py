@@ -31,7 +31,13 @@ from attn_kernels import _ext
 
 from llm_eval import operators
 from llm_eval.progress import Progress
-from llm_eval.record import SCHEMA_VERSION, collect_metadata, refuse_overwrite, write_record
+from llm_eval.record import (
+    SCHEMA_VERSION,
+    add_record_args,
+    collect_metadata,
+    refuse_overwrite,
+    write_record,
+)
 
 HEAD_DIMS = (64, 80, 96, 128, 256)
 DTYPES = ("bfloat16", "float16", "float32")
@@ -71,16 +77,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         "head dims auto does not give it yet)",
     )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--json-output", "--output", type=Path, dest="json_output", help="write the record here"
-    )
-    p.add_argument(
-        "--force",
-        "--overwrite",
-        action="store_true",
-        dest="force",
-        help="replace an existing --json-output",
-    )
+    add_record_args(p, help="write the record here")
     args = p.parse_args(argv)
     args.head_dim = args.head_dim or list(HEAD_DIMS)
     args.dtype = args.dtype or list(DTYPES)

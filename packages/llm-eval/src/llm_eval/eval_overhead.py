@@ -41,6 +41,8 @@ from pathlib import Path
 
 import mlx.core as mx
 
+from llm_eval.record import add_record_args
+
 SPIN_VARIABLE = "ATTN_KERNELS_POOL_SPIN_US"
 PREWAKE_VARIABLE = "ATTN_KERNELS_POOL_PREWAKE_US"
 PATH_VARIABLE = "ATTN_KERNELS_CPU_PATH"
@@ -277,16 +279,7 @@ def main(argv=None) -> None:
         "record's execution_order says how many ran)",
     )
     p.add_argument("--busy-companion", action="store_true", help="one other process spins")
-    p.add_argument(
-        "--json-output", "--output", type=Path, dest="json_output", help="write the record here"
-    )
-    p.add_argument(
-        "--force",
-        "--overwrite",
-        action="store_true",
-        dest="force",
-        help="replace an existing --json-output",
-    )
+    add_record_args(p, help="write the record here")
     args = p.parse_args(argv)
     args.context = args.context or [1024, 4096, 16384]
     args.calls = args.calls or [1, 8]

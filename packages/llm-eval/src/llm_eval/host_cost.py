@@ -49,7 +49,13 @@ from mlx_lm.models import qwen3
 from mlx_lm.models.cache import KVCache
 
 from llm_eval.operators import implementation_orders
-from llm_eval.record import SCHEMA_VERSION, collect_metadata, refuse_overwrite, write_record
+from llm_eval.record import (
+    SCHEMA_VERSION,
+    add_record_args,
+    collect_metadata,
+    refuse_overwrite,
+    write_record,
+)
 
 WRAPPER = "packages/attn-kernels/src/attn_kernels/attention.py"
 
@@ -265,20 +271,7 @@ def parse_args(argv=None):
         metavar="REV",
         help="op: also time decode_attention_custom as attention.py had it at git revision REV",
     )
-    p.add_argument(
-        "--json-output",
-        "--output",
-        type=Path,
-        dest="json_output",
-        help="write the record (every sample) here",
-    )
-    p.add_argument(
-        "--force",
-        "--overwrite",
-        action="store_true",
-        dest="force",
-        help="replace an existing --json-output",
-    )
+    add_record_args(p, help="write the record (every sample) here")
     args = p.parse_args(argv)
     contexts, rounds, calls = DEFAULTS[args.level]
     args.context = args.context or contexts

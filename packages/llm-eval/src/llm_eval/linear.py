@@ -26,7 +26,6 @@ import itertools
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import mlx.core as mx
 import qwen3_model
@@ -34,7 +33,13 @@ from attn_kernels import _ext, decode_linear, decode_linear_quantized
 
 from llm_eval import bench
 from llm_eval.progress import Progress
-from llm_eval.record import SCHEMA_VERSION, collect_metadata, refuse_overwrite, write_record
+from llm_eval.record import (
+    SCHEMA_VERSION,
+    add_record_args,
+    collect_metadata,
+    refuse_overwrite,
+    write_record,
+)
 
 FORMATS = {
     "bf16": (mx.bfloat16, 0),
@@ -86,21 +91,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--weights-mb", type=int, default=512, metavar="MB", help="weight copies rotated (512)"
     )
-    p.add_argument(
-        "--output",
-        "--json-output",
-        type=Path,
-        dest="output",
-        metavar="PATH",
-        help="the record (default: benchmark_results/)",
-    )
-    p.add_argument(
-        "--force",
-        "--overwrite",
-        action="store_true",
-        dest="force",
-        help="replace an existing --output file",
-    )
+    add_record_args(p, help="the record (default: benchmark_results/)", path_dest="output")
     p.add_argument("--no-record", action="store_true", help="print the table only")
     args = p.parse_args(argv)
     if args.model and args.shape:

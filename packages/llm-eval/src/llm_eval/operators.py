@@ -60,6 +60,7 @@ from attn_kernels import (
 from llm_eval.progress import Progress
 from llm_eval.record import (
     SCHEMA_VERSION,
+    add_record_args,
     collect_metadata,
     positive_float,
     refuse_overwrite,
@@ -378,16 +379,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         "before the first and after every pass; 4300 on the H200)",
     )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--json-output", "--output", type=Path, dest="json_output", help="write the record here"
-    )
-    p.add_argument(
-        "--force",
-        "--overwrite",
-        action="store_true",
-        dest="force",
-        help="replace an existing --json-output",
-    )
+    add_record_args(p, help="write the record here")
     args = p.parse_args(argv)
     if not 1 <= args.head_dim <= 256:
         p.error(f"--head-dim must be in 1..256 (the kernels' range), got {args.head_dim}")

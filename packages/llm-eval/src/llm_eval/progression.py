@@ -25,6 +25,7 @@ from llm_eval.bench import ALL_VARIANTS, VARIANTS, at_or_above, has_gpu, variant
 from llm_eval.progress import Progress
 from llm_eval.record import (
     SCHEMA_VERSION,
+    add_record_args,
     at_least,
     collect_metadata,
     refuse_overwrite,
@@ -65,8 +66,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--warmup", type=at_least(0), default=2)
     p.add_argument("--device", choices=["cpu", "gpu"], default="gpu" if has_gpu() else "cpu")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--output", "--json-output", type=Path, dest="json_output", metavar="PATH")
-    p.add_argument("--overwrite", "--force", action="store_true", dest="force")
+    add_record_args(p)
     args = p.parse_args(argv)
     args.variant = args.variant or list(VARIANTS)
     if args.repeats < 2:

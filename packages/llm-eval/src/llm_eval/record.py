@@ -212,3 +212,23 @@ def at_least(low: int):
 
     parse.__name__ = "integer"  # argparse's message for text that is not one
     return parse
+
+
+def add_record_args(
+    p: argparse.ArgumentParser,
+    help: str = "write the record here",
+    path_dest: str = "json_output",
+    force_dest: str = "force",
+) -> None:
+    """The record's path (--output, or --json-output) and permission to replace an existing one
+    (--force, or --overwrite): the same spellings in every entry point."""
+    p.add_argument(
+        "--output", "--json-output", type=Path, dest=path_dest, metavar="PATH", help=help
+    )
+    p.add_argument(
+        "--force",
+        "--overwrite",
+        action="store_true",
+        dest=force_dest,
+        help="replace an existing record file",
+    )

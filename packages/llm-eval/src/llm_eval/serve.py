@@ -55,6 +55,7 @@ from llm_eval import bench
 from llm_eval.progress import Progress
 from llm_eval.record import (
     SCHEMA_VERSION,
+    add_record_args,
     at_least,
     collect_metadata,
     positive_float,
@@ -133,21 +134,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--context", type=at_least(1), metavar="N", help="positions per row for --anatomy"
     )
     p.add_argument("--seed", type=int, default=0, metavar="N", help="weights and prompts")
-    p.add_argument(
-        "--output",
-        "--json-output",
-        type=Path,
-        dest="output",
-        metavar="PATH",
-        help="the record's file (or a folder)",
-    )
-    p.add_argument(
-        "--force",
-        "--overwrite",
-        action="store_true",
-        dest="force",
-        help="replace an existing --output file",
-    )
+    add_record_args(p, help="the record's file (or a folder)", path_dest="output")
     p.add_argument("--no-record", action="store_true", help="print the table only")
     args = p.parse_args(argv)
     if args.device == "gpu" and not bench.has_gpu():

@@ -47,7 +47,13 @@ from mlx_lm.generate import generate_step, generation_stream
 
 from llm_eval import bench
 from llm_eval.progress import Progress
-from llm_eval.record import SCHEMA_VERSION, collect_metadata, refuse_overwrite, write_record
+from llm_eval.record import (
+    SCHEMA_VERSION,
+    add_record_args,
+    collect_metadata,
+    refuse_overwrite,
+    write_record,
+)
 
 # decode-attention-unfused: the decode-attention checkpoint before the fused step (separate
 # projections, norm/RoPE/slice-update ops, DecodeAttention): Model.set_fused_step(False).
@@ -97,16 +103,7 @@ def parse_args(argv=None):
     p.add_argument("--count-kernels", metavar="DIR", help="count kernels per step (graphs to DIR)")
     p.add_argument("--count-steps", type=int, default=4)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--json-output", "--output", type=Path, dest="json_output", help="write the record here"
-    )
-    p.add_argument(
-        "--force",
-        "--overwrite",
-        action="store_true",
-        dest="force",
-        help="replace an existing --json-output",
-    )
+    add_record_args(p, help="write the record here")
     args = p.parse_args(argv)
     refuse_overwrite(p, args.json_output, args.force)
     try:
