@@ -145,9 +145,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(f"--model: unknown {args.model!r} (choose from {', '.join(qwen3_model.CONFIGS)})")
     args.quantize = args.quantize or d["quantize"]
     # None: not given (the types above refuse 0 and negatives)
-    defaults = dict(requests=d["requests"], prompt_min=d["prompt"][0], prompt_max=d["prompt"][1])
-    defaults["new_tokens"] = d["new"]
-    for name, value in defaults.items():
+    for name, value in (
+        ("requests", d["requests"]),
+        ("prompt_min", d["prompt"][0]),
+        ("prompt_max", d["prompt"][1]),
+        ("new_tokens", d["new"]),
+    ):
         if getattr(args, name) is None:
             setattr(args, name, value)
     args.slots = args.slots or ([8, 32] if args.device == "gpu" else [4])
