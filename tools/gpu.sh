@@ -38,11 +38,11 @@
 #   models      issue 40's shapes through mlx-lm's own generate with and without enable():
 #               Llama-3.2-1B, Phi-3-mini, Gemma-3-4B, 4-bit, 8192+65; and Qwen3-4B decoding
 #               speculatively (its own weights as the draft)
-#   cpu-host    the 16-core host's CPU through the kit's MLX (its CPU backend): the linear kernel
-#               alone (make bench-linear-kernel, every core and 2 threads), bench --device cpu
-#               Qwen3-4B 4-bit, the attention kernel alone (make bench-cpu-kernel),
-#               bench-operators --device cpu per x86 path, bench-eval-overhead, bench-linear on
-#               Qwen3-4B's projections
+#   cpu-host    the 16-core host's CPU through the kit's MLX (its CPU backend), two calls; PART
+#               kernels: the linear kernel alone (make bench-linear-kernel, every core and 2
+#               threads), the attention kernel alone (make bench-cpu-kernel), bench-operators
+#               --device cpu per x86 path, bench-eval-overhead (~8 min); model: bench --device
+#               cpu Qwen3-4B 4-bit, bench-linear on Qwen3-4B's projections
 # Set LLM_EVAL_GIT_SHA (and LLM_EVAL_GIT_DIRTY) to the workstation's: the device's copy of the
 # tree carries a stale .git. ROUNDS sets the whole-model targets' rounds.
 set -uo pipefail
@@ -219,34 +219,40 @@ models() {
 }
 
 cpu_host() {
-  local f="$R/$G-host-cpu"
+  local f="$R/$G-host-cpu" part="$1"
   {
     echo "nproc $(nproc); cgroup cpu.max: $(cat /sys/fs/cgroup/cpu.max 2>/dev/null || echo none)"
     lscpu | grep -E "Model name|^CPU\(s\)|Thread|Core|Socket|L3"
     grep -o -w -E "avx512f|avx512bw|avx512_bf16|avx512_vnni|avx2|fma|f16c" /proc/cpuinfo |
       sort | uniq -c
   } | tee "$OUT/cpu.txt"
-  # Issue 41's first: the linear kernel alone (every core, then 2 threads as on a 2-vCPU VM),
-  # and the whole 4-bit model against the host's read floor
-  local linear=(--format q4 --format q8 --format bf16 --rows 1 avx512 avx2)
-  make -j8 bench-linear-kernel ARGS="${linear[*]}" 2>&1 | grep -v -E "^(/|g\+\+|c\+\+)" |
-    tee "$OUT/bench-linear-kernel.txt"
-  ATTN_KERNELS_NUM_THREADS=2 make bench-linear-kernel ARGS="${linear[*]}" 2>&1 |
-    tee "$OUT/bench-linear-kernel-2-threads.txt"
-  python3 -m llm_eval.bench --device cpu --model qwen3-4b --quantize 4bit --input-len 8 \
-    --output-len 17 --rounds 3 --variant decode-attention --force \
-    --output "$f-qwen3-4b-4bit-bench-$V.json" 2>&1 | quiet
-  make -j8 bench-cpu-kernel 2>&1 | grep -v -E "^(/|g\+\+|c\+\+)" | tee "$OUT/bench-cpu-kernel.txt"
-  for path in avx512 avx2; do
-    ATTN_KERNELS_CPU_PATH=$path python3 -m llm_eval.operators --device cpu --force \
-      --implementations custom,mlx --iterations 10 --context 1024 --context 4096 \
-      --context 16384 --context 65536 --context-repeats 3 \
-      --json-output "$f-qwen3-4b-attention-L1-$path-$V.json" 2>&1 | quiet | tail -8
-  done
-  python3 -m llm_eval.eval_overhead --rounds 8 --force \
-    --json-output "$f-eval-overhead-$V.json" 2>&1 | grep -v '^round'
-  python3 -m llm_eval.linear --model qwen3-4b --format bf16 --format q4 --format q8 --rows 1 \
-    --iterations 2 --force --output "$f-qwen3-4b-linear-$V.json" 2>&1 | quiet
+  if [ "$part" = all ] || [ "$part" = kernels ]; then
+    # Issue 41's first: the linear kernel alone (every core, then 2 threads as on a 2-vCPU VM)
+    local linear=(--format q4 --format q8 --format bf16 --rows 1 avx512 avx2)
+    make -j8 bench-linear-kernel ARGS="${linear[*]}" 2>&1 | grep -v -E "^(/|g\+\+|c\+\+)" |
+      tee "$OUT/bench-linear-kernel.txt"
+    ATTN_KERNELS_NUM_THREADS=2 make bench-linear-kernel ARGS="${linear[*]}" 2>&1 |
+      tee "$OUT/bench-linear-kernel-2-threads.txt"
+    make -j8 bench-cpu-kernel 2>&1 | grep -v -E "^(/|g\+\+|c\+\+)" |
+      tee "$OUT/bench-cpu-kernel.txt"
+    for path in avx512 avx2; do
+      ATTN_KERNELS_CPU_PATH=$path python3 -m llm_eval.operators --device cpu --force \
+        --implementations custom,mlx --iterations 10 --context 1024 --context 4096 \
+        --context 16384 --context 65536 --context-repeats 3 \
+        --json-output "$f-qwen3-4b-attention-L1-$path-$V.json" 2>&1 | quiet | tail -8
+    done
+    python3 -m llm_eval.eval_overhead --rounds 8 --force \
+      --json-output "$f-eval-overhead-$V.json" 2>&1 | grep -v '^round'
+  fi
+  if [ "$part" = all ] || [ "$part" = model ]; then
+    # The whole 4-bit model against the host's read floor (loading quantizes 4B weights on the
+    # CPU: ~100 s), then Qwen3-4B's projections through MLX
+    python3 -m llm_eval.bench --device cpu --model qwen3-4b --quantize 4bit --input-len 8 \
+      --output-len 17 --rounds 3 --variant decode-attention --force \
+      --output "$f-qwen3-4b-4bit-bench-$V.json" 2>&1 | quiet
+    python3 -m llm_eval.linear --model qwen3-4b --format bf16 --format q4 --format q8 --rows 1 \
+      --iterations 2 --force --output "$f-qwen3-4b-linear-$V.json" 2>&1 | quiet
+  fi
 }
 
 for target in "$@"; do
@@ -256,10 +262,10 @@ for target in "$@"; do
   case "$name" in
     operators | coverage | serve) "$name" "$part" ;;
     tests | ragged | model | models | step | quantized) "$name" ;;
-    cpu-host) cpu_host ;;
+    cpu-host) cpu_host "$part" ;;
     *) echo "tools/gpu.sh: unknown target $target (tests, operators[:kernels|grid|short|long]," \
       "coverage[:split-mma], ragged, model, models, step, quantized, serve[:anatomy]," \
-      "cpu-host)" >&2 ;;
+      "cpu-host[:kernels|model])" >&2 ;;
   esac
   # After each target, so that a call stopped at its limit still returns the finished ones
   tar -C "$OUT" -cf "$OUT/records.tar" records
