@@ -124,7 +124,8 @@ void AttentionStep::eval_gpu(
   const auto donated = donate_caches(inputs, outputs, owned_caches_);
   allocate_caches(outputs, donated);
   StepProblem step = make_step_problem(inputs, outputs, offset_, qk_norm_, kQNormInput, eps_,
-                                       rope_base_, rope_freqs_, 0, 0, row_ranges_, device_pointer);
+                                       rope_base_, rope_freqs_, 0, 0, row_ranges_, position_,
+                                       device_pointer);
 
   const int L = step.length;
   const Scratch at = scratch_layout(step, out);
@@ -185,7 +186,8 @@ void AttentionStepQuantized::eval_gpu(
   allocate_caches(outputs, donated);
   StepProblem step =
       make_step_problem(inputs, outputs, offset_, qk_norm_, kQuantizedQNormInput, eps_,
-                        rope_base_, rope_freqs_, bits_, group_size_, row_ranges_, device_pointer);
+                        rope_base_, rope_freqs_, bits_, group_size_, row_ranges_, -1,
+                        device_pointer);
 
   const int L = step.length;
   const Scratch at = scratch_layout(step, out);

@@ -72,7 +72,8 @@ template <typename T>
   // Each batch row at its own place and RoPE position (the same for all without per-row ranges).
   const int D = p.head_dim, half_d = D / 2;
   const int position = step_write_position(p.row_ranges, p.offset, row_offsets, b) + i;
-  const int rotation = step_rope_position(p.row_ranges, p.offset, row_starts, row_offsets, b) + i;
+  const int rotation =
+      step_rope_position(p.row_ranges, p.offset, p.rope_shift, row_starts, row_offsets, b) + i;
   const bool is_q = head < p.q_heads;
   const int h = is_q ? head : head - p.q_heads;
   constant attn_i64* s = is_q ? p.q_strides : p.k_strides;

@@ -56,7 +56,7 @@ void AttentionStep::eval_gpu(
   }
   // Geometry and strides only: the buffers are bound to the encoder below.
   const StepProblem s = make_step_problem(inputs, outputs, offset_, qk_norm_, kQNormInput, eps_,
-                                          rope_base_, rope_freqs_, 0, 0, row_ranges_,
+                                          rope_base_, rope_freqs_, 0, 0, row_ranges_, position_,
                                           [](const mx::array&) -> void* { return nullptr; });
   const AttentionStepParams p = s;
   // The per-row starts and offsets (after the norm weights), or q as a never-read stand-in.

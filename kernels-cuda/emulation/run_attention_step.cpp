@@ -6,8 +6,9 @@
 //   run_attention_step --rotations DIR
 //   run_attention_step --quantized DIR
 //
-// DIR holds config.txt ("B Hq Hkv L offset D dtype splits capacity qk_norm", dtype 0 = f16,
-// 1 = bf16) and float32 inputs, each exactly representable in the dtype: q.bin (B, L, Hq·D), k.bin
+// DIR holds config.txt ("B Hq Hkv L offset D dtype splits capacity qk_norm [position]", dtype
+// 0 = f16, 1 = bf16, position a full ring's sequence position as attention_step takes it) and
+// float32 inputs, each exactly representable in the dtype: q.bin (B, L, Hq·D), k.bin
 // and v.bin (B, L, Hkv·D), qw.bin and kw.bin (D; read only with qk_norm), kc.bin and vc.bin
 // (B, Hkv, capacity, D); with per-row ranges, starts.bin and offsets.bin (int32 (B,): the rows'
 // first positions and write positions; offset is then the largest write position). It writes
@@ -114,10 +115,11 @@ struct StepInputs {
 
 template <typename T, int D>
 int run(const std::string& dir, int b, int hq, int hkv, int L, int offset, int splits,
-        int capacity, bool qk_norm) {
+        int capacity, bool qk_norm, int position) {
   const StepInputs<T> in(dir, qk_norm);
   const auto kc0 = to_t<T>(read(dir + "/kc.bin")), vc0 = to_t<T>(read(dir + "/vc.bin"));
   StepProblem s = in.problem(b, hq, hkv, L, offset, D, qk_norm, capacity);
+  if (position >= 0) s.ring = 1, s.rope_shift = position - offset;
   const int64_t cache[4] = {int64_t(hkv) * capacity * D, int64_t(capacity) * D, D, 1};
   for (int a = 0; a < 4; ++a) s.kc_strides[a] = s.vc_strides[a] = cache[a];
 
@@ -271,15 +273,17 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bad %s/config.txt\n", dir.c_str());
     return 2;
   }
+  int position = -1;
+  config >> position;  // optional
   const bool norm = qk_norm != 0;
   // The head dims decode_attention.cu compiles (mma_head_dim).
   auto dispatch = [&]<typename T>() {
     switch (D) {
-      case 64: return run<T, 64>(dir, b, hq, hkv, L, offset, splits, capacity, norm);
-      case 80: return run<T, 80>(dir, b, hq, hkv, L, offset, splits, capacity, norm);
-      case 96: return run<T, 96>(dir, b, hq, hkv, L, offset, splits, capacity, norm);
-      case 128: return run<T, 128>(dir, b, hq, hkv, L, offset, splits, capacity, norm);
-      case 256: return run<T, 256>(dir, b, hq, hkv, L, offset, splits, capacity, norm);
+      case 64: return run<T, 64>(dir, b, hq, hkv, L, offset, splits, capacity, norm, position);
+      case 80: return run<T, 80>(dir, b, hq, hkv, L, offset, splits, capacity, norm, position);
+      case 96: return run<T, 96>(dir, b, hq, hkv, L, offset, splits, capacity, norm, position);
+      case 128: return run<T, 128>(dir, b, hq, hkv, L, offset, splits, capacity, norm, position);
+      case 256: return run<T, 256>(dir, b, hq, hkv, L, offset, splits, capacity, norm, position);
     }
     std::fprintf(stderr, "the mma kernel takes head_dim 64, 80, 96, 128 or 256\n");
     return 2;

@@ -3,7 +3,8 @@
 //
 //   run_attention_step DIR
 //
-// DIR holds config.txt ("dtype groups scale B L Hq Hkv D offset capacity qk_norm eps base"), q.bin,
+// DIR holds config.txt ("dtype groups scale B L Hq Hkv D offset capacity qk_norm eps base
+// [position]": position, a full ring's sequence position as attention_step takes it), q.bin,
 // k.bin, v.bin (B, L, heads·D), q_norm.bin and k_norm.bin (only with qk_norm), k_cache.bin,
 // v_cache.bin (B, Hkv, capacity, D) (raw storage: float32, float16 or bfloat16 bits, contiguous),
 // and with per-row ranges starts.bin and offsets.bin (int32 (B,): the rows' first positions and
@@ -130,6 +131,8 @@ int main(int argc, char** argv) {
   p.eps = eps, p.log2_base = std::log2(base);
   p.row_ranges = (std::ifstream(dir + "/starts.bin") ? kRowStarts : 0) |
                  (std::ifstream(dir + "/offsets.bin") ? kRowEnds : 0);
+  int position = -1;
+  if (config >> position && position >= 0) p.ring = 1, p.rope_shift = position - offset;
   const attn_i64 q[3] = {attn_i64(L) * hq * D, attn_i64(hq) * D, 1};
   const attn_i64 kv[3] = {attn_i64(L) * hkv * D, attn_i64(hkv) * D, 1};
   const attn_i64 cache[4] = {attn_i64(hkv) * capacity * D, attn_i64(capacity) * D, D, 1};

@@ -115,10 +115,15 @@ ATTN_INLINE KeyRange visible_keys(CacheRange row, int query_len, int i, int caus
 // D/group_size, strides sb_strides for all four). Token i of batch row b goes to cache position
 // offset + i (with kRowEnds: offsets[b] + i, the row's own) and is rotated by RoPE at that
 // position minus the row's start (0 without kRowStarts), as mlx-lm's batch caches count.
+// A ring (a sliding window that has wrapped: mlx-lm's RotatingKVCache past its size) holds its
+// keys out of temporal order: its one new token goes to slot `offset`, is rotated at its sequence
+// position (offset + rope_shift), and attends every position of the caches.
 struct StepGeometry {
   int batch, length, q_heads, kv_heads, head_dim;
   int offset;    // the write position (per-row offsets: the largest of them)
   int capacity;  // the caches' positions (no write lands past them)
+  int ring;        // 1: the caches are a full ring; the attention reads [0, capacity)
+  int rope_shift;  // added to every RoPE position (a ring's sequence position minus its slot)
   int qk_norm;     // 1: RMS-normalise q and k first (Qwen3); 0: rotate them as given
   int row_ranges;  // RowRanges bits: per-row starts; per-row offsets (the rows' write positions)
   int bits, group_size;  // a quantized cache (bits 4 or 8); 0, 0: a cache of the dtype
@@ -129,7 +134,8 @@ struct StepGeometry {
 };
 
 // Where token 0 of batch row b goes in the caches (its own offset with kRowEnds, else
-// `offset`), and the position RoPE rotates it by: that minus the row's start (kRowStarts). Ints
+// `offset`), and the position RoPE rotates it by: that plus rope_shift minus the row's start
+// (kRowStarts). Ints
 // as in row_range; StepGeometry's fields as scalars (no references: Metal's would need an
 // address space).
 template <typename Ints>
@@ -137,8 +143,9 @@ ATTN_INLINE int step_write_position(int row_ranges, int offset, Ints offsets, in
   return (row_ranges & kRowEnds) ? offsets[b] : offset;
 }
 template <typename Ints>
-ATTN_INLINE int step_rope_position(int row_ranges, int offset, Ints starts, Ints offsets, int b) {
-  return step_write_position(row_ranges, offset, offsets, b) -
+ATTN_INLINE int step_rope_position(int row_ranges, int offset, int rope_shift, Ints starts,
+                                   Ints offsets, int b) {
+  return step_write_position(row_ranges, offset, offsets, b) + rope_shift -
          ((row_ranges & kRowStarts) ? starts[b] : 0);
 }
 
@@ -174,10 +181,11 @@ inline AttentionGeometry make_geometry(int batch, int q_heads, int kv_heads, int
 
 // The attention an AttentionStep runs after its cache write: the rotated queries (B, Hq, L, D)
 // contiguous, causal, over the caches' first offset + L positions (per row: from the row's start
-// to its offset + L, the row ends being its offsets), scale given.
+// to its offset + L, the row ends being its offsets; a ring: all of them), scale given.
 inline AttentionGeometry make_step_geometry(const StepGeometry& s, float scale) {
-  AttentionGeometry g = make_geometry(s.batch, s.q_heads, s.kv_heads, s.length,
-                                      s.offset + s.length, s.head_dim, scale, true, nullptr);
+  const int context = s.ring ? s.capacity : s.offset + s.length;
+  AttentionGeometry g = make_geometry(s.batch, s.q_heads, s.kv_heads, s.length, context,
+                                      s.head_dim, scale, true, nullptr);
   g.row_ranges = s.row_ranges;
   g.ends_add = s.length;
   return g;

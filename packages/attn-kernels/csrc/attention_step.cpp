@@ -205,6 +205,7 @@ std::vector<mx::array> attention_step(
     const std::optional<mx::array>& starts,
     const std::optional<mx::array>& offsets,
     const std::vector<float>& rope_freqs,
+    int position,
     mx::StreamOrDevice s) {
   constexpr const char* op = "attention_step";
   auto fail = [](const std::string& message) { attn_kernels::fail(op, message); };
@@ -245,12 +246,27 @@ std::vector<mx::array> attention_step(
   check_rope(op, rope_base, rope_freqs, head_dim, stream);
   const int row_ranges =
       add_step_ranges(op, inputs, starts, offsets, q.shape(0), offset, stream);
+  if (position != -1) {
+    // A full ring: every slot holds a key of the window, so its one query may see them all.
+    const int capacity = k_cache.shape(2);
+    if (position < 0 || position < offset || position < capacity - 1) {
+      fail("position (a full ring's sequence position) must be -1 or at least offset " +
+           std::to_string(offset) + " and capacity - 1 = " + std::to_string(capacity - 1) +
+           ", got " + std::to_string(position));
+    }
+    if (q.shape(1) != 1) {
+      fail("position (a ring) takes one new token, got length " + std::to_string(q.shape(1)));
+    }
+    if (row_ranges != 0) {
+      fail("position (a ring) takes no per-row starts or offsets");
+    }
+  }
   return mx::array::make_arrays(
       {q.shape(), k_cache.shape(), v_cache.shape()},
       {dtype, dtype, dtype},
       std::make_shared<AttentionStep>(
           stream, offset, qk_norm, qk_norm ? eps : 0.0f, rope_base, scale, schedule,
-          owned_caches, fold, row_ranges, rope_freqs),
+          owned_caches, fold, row_ranges, rope_freqs, position),
       std::move(inputs));
 }
 
@@ -259,7 +275,7 @@ bool AttentionStep::is_equivalent(const mx::Primitive& other) const {
   return offset_ == o.offset_ && qk_norm_ == o.qk_norm_ && eps_ == o.eps_ &&
          rope_base_ == o.rope_base_ && scale_ == o.scale_ && schedule_ == o.schedule_ &&
          owned_caches_ == o.owned_caches_ && fold_ == o.fold_ && row_ranges_ == o.row_ranges_ &&
-         rope_freqs_ == o.rope_freqs_;
+         rope_freqs_ == o.rope_freqs_ && position_ == o.position_;
 }
 
 std::vector<mx::array> attention_step_quantized(

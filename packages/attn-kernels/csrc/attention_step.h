@@ -41,6 +41,9 @@ namespace attn_kernels {
 // rope_freqs: RoPE's period of each pair j < D/2 (mx.fast.rope's freqs: the angle at position p is
 // p / rope_freqs[j]; Llama 3's scaled frequencies, linear position scaling) instead of
 // rope_base's base^(2j/D); CPU and CUDA.
+// position (>= 0): the caches are a full ring (a sliding window that has wrapped, mlx-lm's
+// RotatingKVCache): the one new token (L = 1) is written at slot `offset`, rotated by RoPE at
+// `position`, and attends every position of the caches; no per-row starts or offsets. -1: none.
 std::vector<mx::array> attention_step(
     const mx::array& q,
     const mx::array& k,
@@ -59,6 +62,7 @@ std::vector<mx::array> attention_step(
     const std::optional<mx::array>& starts = std::nullopt,
     const std::optional<mx::array>& offsets = std::nullopt,
     const std::vector<float>& rope_freqs = {},
+    int position = -1,
     mx::StreamOrDevice s = {});
 
 // The primitive's inputs: q, k, v, the caches, then the norm weights when it normalises, then the
@@ -78,7 +82,8 @@ class AttentionStep : public mx::Primitive {
       bool owned_caches,
       std::optional<bool> fold,
       int row_ranges,
-      std::vector<float> rope_freqs)
+      std::vector<float> rope_freqs,
+      int position)
       : mx::Primitive(stream),
         offset_(offset),
         qk_norm_(qk_norm),
@@ -89,7 +94,8 @@ class AttentionStep : public mx::Primitive {
         owned_caches_(owned_caches),
         fold_(fold),
         row_ranges_(row_ranges),
-        rope_freqs_(std::move(rope_freqs)) {}
+        rope_freqs_(std::move(rope_freqs)),
+        position_(position) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
@@ -109,6 +115,7 @@ class AttentionStep : public mx::Primitive {
   std::optional<bool> fold_;       // unset: the process default (CUDA only)
   int row_ranges_;                 // RowRanges bits: per-row starts, per-row offsets
   std::vector<float> rope_freqs_;  // RoPE's periods per pair (empty: from rope_base)
+  int position_;                   // a full ring's sequence position (-1: not a ring)
 };
 
 // The step over a quantized cache (mlx-lm's QuantizedKVCache layout): k_cache and v_cache are
@@ -220,7 +227,8 @@ void set_inverse_frequencies(StepProblem& p, const std::vector<float>& rope_freq
 // pointer as `pointer(array)` gives it (CPU: data(), CUDA: gpu_ptr; Metal: nullptr), q_out left
 // for the backend. With bits (the quantized step) the outputs are out and the two triples.
 // norms_at: the input index of the q norm weight (none without qk_norm); the per-row starts and
-// offsets that row_ranges names follow the norm weights.
+// offsets that row_ranges names follow the norm weights. ring_position: attention_step's
+// `position` (-1: the caches are not a ring).
 template <typename Pointer>
 StepProblem make_step_problem(
     const std::vector<mx::array>& inputs,
@@ -234,6 +242,7 @@ StepProblem make_step_problem(
     int bits,
     int group_size,
     int row_ranges,
+    int ring_position,
     Pointer pointer) {
   const auto& q = inputs[0];
   const auto& k_cache = outputs[1];
@@ -252,6 +261,8 @@ StepProblem make_step_problem(
   p.offset = offset;
   p.capacity = k_cache.shape(2);
   p.row_ranges = row_ranges;
+  p.ring = ring_position >= 0 ? 1 : 0;
+  p.rope_shift = ring_position >= 0 ? ring_position - offset : 0;
   p.eps = eps;
   p.log2_base = std::log2(rope_base);
   set_inverse_frequencies(p, rope_freqs);

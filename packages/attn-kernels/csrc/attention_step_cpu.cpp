@@ -244,7 +244,7 @@ void AttentionStep::eval_cpu(
   }
   const StepProblem step =
       make_step_problem(inputs, outputs, offset_, qk_norm_, kQNormInput, eps_, rope_base_,
-                        rope_freqs_, 0, 0, row_ranges_, host_pointer);
+                        rope_freqs_, 0, 0, row_ranges_, position_, host_pointer);
   // The CPU path is resolved here: a bad ATTN_KERNELS_CPU_PATH raises to the caller.
   encoder.dispatch([step,
                     scale = scale_,
@@ -289,7 +289,7 @@ void AttentionStepQuantized::eval_cpu(
   }
   const StepProblem step = make_step_problem(
       inputs, outputs, offset_, qk_norm_, kQuantizedQNormInput, eps_, rope_base_, rope_freqs_,
-      bits_, group_size_, row_ranges_, host_pointer);
+      bits_, group_size_, row_ranges_, -1, host_pointer);
   // (The quantized kernel picks its instruction set itself: the path argument goes unused.)
   encoder.dispatch(
       [step, scale = scale_, o = out.data<void>(), copies = std::move(copies)]() {

@@ -113,6 +113,7 @@ Returns:
       "starts"_a = nb::none(),
       "offsets"_a = nb::none(),
       "rope_freqs"_a = std::vector<float>{},
+      "position"_a = -1,
       "stream"_a = nb::none(),
       "One decode step of attention after the projections (see attn_kernels.attention_step).");
   m.def(

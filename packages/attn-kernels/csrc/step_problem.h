@@ -42,7 +42,7 @@ struct StepProblem : StepGeometry {
     return step_write_position(row_ranges, offset, row_offsets, b);
   }
   ATTN_INLINE int rope_position(int b) const {
-    return step_rope_position(row_ranges, offset, row_starts, row_offsets, b);
+    return step_rope_position(row_ranges, offset, rope_shift, row_starts, row_offsets, b);
   }
 };
 

@@ -159,3 +159,27 @@ def ragged_step_f64(q, k, v, q_w, k_w, k_cache, v_cache, starts, offsets, eps, b
         rows = np.einsum("hls,hsd->hld", np.nan_to_num(probs), values)
         out[r] = rows.transpose(1, 0, 2).reshape(length, hq * d)
     return out, kc, vc
+
+
+def ring_step_f64(q, k, v, q_w, k_w, k_cache, v_cache, slot, position, eps, base, scale=None):
+    """step_f64 over a full ring (a sliding window that has wrapped): the one new token is
+    rotated at its sequence `position`, written at `slot`, and attends every position of the
+    caches, whatever their order. Returns (out (B, 1, Hq·D), k_cache, v_cache) as float64."""
+    b, length, _ = q.shape
+    assert length == 1
+    d = k_cache.shape[-1]
+    qh = norm_rope_f64(q, q_w, position, d, eps, base).transpose(0, 2, 1, 3)  # (B, Hq, 1, D)
+    kh = norm_rope_f64(k, k_w, position, d, eps, base).transpose(0, 2, 1, 3)
+    vh = to_numpy(v).reshape(b, 1, -1, d).transpose(0, 2, 1, 3)
+    kc, vc = to_numpy(k_cache).copy(), to_numpy(v_cache).copy()
+    kc[:, :, slot : slot + 1] = kh
+    vc[:, :, slot : slot + 1] = vh
+    hq, hkv = qh.shape[1], kc.shape[1]
+    keys = np.repeat(kc, hq // hkv, axis=1)
+    values = np.repeat(vc, hq // hkv, axis=1)
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    scores = np.einsum("bhld,bhsd->bhls", qh, keys) * scale
+    probs = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    probs /= probs.sum(axis=-1, keepdims=True)
+    out = np.einsum("bhls,bhsd->bhld", probs, values)
+    return out.transpose(0, 2, 1, 3).reshape(b, 1, -1), kc, vc

@@ -10,7 +10,7 @@ import pytest
 from attn_kernels import attention_step, attention_step_cache_copies, attention_step_folds
 from conftest import TOLERANCE
 from reference import to_numpy
-from step_reference import make_step, step_f64, unfused_step
+from step_reference import make_step, ring_step_f64, step_f64, unfused_step
 from tiers import few_rows
 
 DTYPES = [mx.float32, mx.float16, mx.bfloat16]
@@ -537,6 +537,86 @@ def test_bad_inputs_without_norms(changes, message):
     args = bad(q_norm_weight=None, k_norm_weight=None, **changes)
     with pytest.raises(ValueError, match=message):
         attention_step(**args, rope_base=BASE)
+
+
+def ring_chain(q, k, v, q_w, k_w, k_cache, v_cache, slot, position):
+    """What mlx-lm runs on a wrapped RotatingKVCache: q/k norm, RoPE at the sequence position,
+    the slice update at the ring's slot, mx.fast's attention over the whole window unmasked."""
+    b, d = q.shape[0], k_cache.shape[-1]
+
+    def heads(x, w):
+        x = mx.fast.rms_norm(x.reshape(b, 1, -1, d), w, EPS).transpose(0, 2, 1, 3)
+        return mx.fast.rope(x, d, traditional=False, base=BASE, scale=1.0, offset=position)
+
+    ring_k, ring_v = mx.array(k_cache), mx.array(v_cache)
+    ring_k[:, :, slot : slot + 1] = heads(k, k_w)
+    ring_v[:, :, slot : slot + 1] = v.reshape(b, 1, -1, d).transpose(0, 2, 1, 3)
+    out = mx.fast.scaled_dot_product_attention(heads(q, q_w), ring_k, ring_v, scale=d**-0.5)
+    return out.transpose(0, 2, 1, 3).reshape(q.shape)
+
+
+# (dtype, Hq/Hkv, D, window, slot, position): mlx-lm's RotatingKVCache once wrapped, windows that
+# are not multiples of 32, slots at the ring's first, a middle and its last position.
+RING = [
+    (mx.bfloat16, (8, 4), 256, 37, 0, 37),  # Gemma 3's heads and head dim
+    (mx.bfloat16, (8, 4), 256, 37, 36, 1000),
+    (mx.float16, (32, 8), 128, 300, 151, 4247),
+    (mx.float32, (4, 4), 64, 129, 128, 128),  # the step that fills the window: slot = position
+    (mx.float32, (6, 2), 80, 50, 7, 20007),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    "dtype,heads,d,window,slot,position",
+    few_rows(RING, RING[1], RING[3]),
+    ids=[f"{str(r[0]).split('.')[-1]}-D{r[2]}-w{r[3]}-slot{r[4]}-p{r[5]}" for r in RING],
+)
+def test_ring(device, dtype, heads, d, window, slot, position):
+    """A full ring (position): the new token rotated at its sequence position, written at its
+    slot, attending every position of the caches, against float64 and against the chain mlx-lm
+    runs there (mx.fast.rope at the position, a slice update at the slot, attention over the whole
+    window unmasked); nothing else of the caches changes."""
+    hq, hkv = heads
+    inputs = make_step(window + slot, 1, hq, hkv, 1, d, window, dtype)
+    before = [to_numpy(c) for c in inputs[5:]]
+    out, new_k, new_v = attention_step(
+        *inputs, slot, position=position, eps=EPS, rope_base=BASE, stream=device
+    )
+    expected, exp_k, exp_v = ring_step_f64(*inputs, slot, position, EPS, BASE)
+    tol = {key: 2 * value for key, value in TOLERANCE[dtype].items()}
+    np.testing.assert_allclose(to_numpy(out), expected, **tol, err_msg="vs float64")
+    chain = ring_chain(*inputs, slot, position)
+    np.testing.assert_allclose(to_numpy(out), to_numpy(chain), **tol, err_msg="vs the chain")
+    key_tol = dict(atol=2e-4, rtol=2e-4) if dtype == mx.float32 else TOLERANCE[dtype]
+    got_k, got_v = to_numpy(new_k), to_numpy(new_v)
+    written = slice(slot, slot + 1)
+    np.testing.assert_allclose(got_k[:, :, written], exp_k[:, :, written], **key_tol)
+    np.testing.assert_array_equal(got_v[:, :, written], exp_v[:, :, written])
+    for got, was in zip((got_k, got_v), before, strict=True):
+        np.testing.assert_array_equal(got[:, :, :slot], was[:, :, :slot])
+        np.testing.assert_array_equal(got[:, :, slot + 1 :], was[:, :, slot + 1 :])
+
+
+@pytest.mark.parametrize(
+    "changes,message",
+    [
+        (dict(position=5), "at least offset 10 and capacity - 1 = 255"),
+        (dict(position=254), "at least offset 10 and capacity - 1 = 255"),
+        (dict(position=-2), "must be -1 or at least"),
+        (dict(starts=[0]), "no per-row starts or offsets"),
+        (dict(offset=[10]), "no per-row starts or offsets"),
+    ],
+)
+def test_bad_ring(changes, message):
+    """A ring's position: past every written slot, one token, no per-row ranges."""
+    args = bad(q=mx.zeros((1, 1, 4 * 64), mx.float16), k=mx.zeros((1, 1, 2 * 64), mx.float16))
+    args["v"] = args["k"]
+    args.update({"position": 300, **changes})
+    with pytest.raises(ValueError, match=message):
+        attention_step(**args, eps=EPS, rope_base=BASE)
+    with pytest.raises(ValueError, match="takes one new token, got length 2"):
+        attention_step(**bad(), position=300, eps=EPS, rope_base=BASE)
 
 
 def donated_step(inputs, capacity, offset, schedule, fold=None):

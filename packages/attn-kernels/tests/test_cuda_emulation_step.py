@@ -19,7 +19,7 @@ import pytest
 from conftest import TOLERANCE
 from emulation import CSRC, KERNELS_CUDA, build_runner
 from quantize_reference import mlx_quantize
-from step_reference import make_step, ragged_step_f64, rope_angles, step_f64
+from step_reference import make_step, ragged_step_f64, ring_step_f64, rope_angles, step_f64
 from tiers import few_rows
 
 EPS, BASE = 1e-6, 1_000_000.0  # as the runner sets them
@@ -126,6 +126,40 @@ def test_folded_step_under_emulation(
     for got, before in ((kc, before_k), (vc, before_v)):
         np.testing.assert_array_equal(got[:, :, :offset], before[:, :, :offset])
         np.testing.assert_array_equal(got[:, :, end:], before[:, :, end:])
+
+
+# (Hq, Hkv, D, dtype, splits, window, slot): a full ring (position), its slot in the first, a
+# middle or the last chunk, so that the folded kernel's block that writes it is not always the
+# first.
+RING_CASES = [
+    (8, 4, 256, mx.bfloat16, 2, 300, 0),  # Gemma 3's heads and head dim
+    (8, 4, 256, mx.bfloat16, 3, 300, 299),
+    (32, 8, 128, mx.float16, 4, 521, 200),
+    (4, 4, 80, mx.bfloat16, 1, 37, 5),
+]
+
+
+@pytest.mark.parametrize(
+    ("hq", "hkv", "d", "dtype", "splits", "window", "slot"),
+    few_rows(RING_CASES, RING_CASES[1]),
+)
+def test_ring_under_emulation(emulator, tmp_path, hq, hkv, d, dtype, splits, window, slot):
+    """A full ring: the new token rotated at its sequence position, written at its slot, and
+    attending every position of the caches, in both kernels alike."""
+    position = 5 * window + slot
+    inputs = list(make_step(window + slot, 1, hq, hkv, 1, d, window, dtype))
+    config = f"1 {hq} {hkv} 1 {slot} {d} {int(dtype == mx.bfloat16)} {splits} {window} 1 {position}"
+    _, out, kc, vc = run_step(emulator, tmp_path, config, inputs, hq)
+    expected, exp_k, exp_v = ring_step_f64(*inputs, slot, position, EPS, BASE)
+    tol = {key: 2 * value for key, value in TOLERANCE[dtype].items()}
+    np.testing.assert_allclose(out, expected, **tol, err_msg="vs float64")
+    at = slice(slot, slot + 1)
+    np.testing.assert_allclose(kc[:, :, at], exp_k[:, :, at], **TOLERANCE[dtype])
+    np.testing.assert_array_equal(vc[:, :, at], exp_v[:, :, at])
+    before_k, before_v = (np.array(x.astype(mx.float32)) for x in inputs[5:])
+    for got, before in ((kc, before_k), (vc, before_v)):
+        np.testing.assert_array_equal(got[:, :, :slot], before[:, :, :slot])
+        np.testing.assert_array_equal(got[:, :, slot + 1 :], before[:, :, slot + 1 :])
 
 
 # (batch, Hq, Hkv, L, D, splits): rows of their own ranges (a start and a write position per

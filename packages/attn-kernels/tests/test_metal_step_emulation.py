@@ -13,7 +13,7 @@ import pytest
 from conftest import TOLERANCE
 from emulation import CSRC, KERNELS_METAL, build_runner
 from reference import to_numpy
-from step_reference import ragged_step_f64, step_f64
+from step_reference import ragged_step_f64, ring_step_f64, step_f64
 from test_metal_emulation import from_storage, quantized, storage
 from tiers import few_rows
 
@@ -133,3 +133,44 @@ def test_metal_step_ragged_rows_under_emulation(step_emulator, tmp_path):
         at = slice(int(offsets[r]), int(offsets[r]) + length)
         np.testing.assert_allclose(new_k[r, :, at], exp_k[r, :, at], atol=2e-4, rtol=2e-4)
         np.testing.assert_array_equal(new_v[r, :, at], exp_v[r, :, at])
+
+
+def test_metal_step_ring_under_emulation(step_emulator, tmp_path):
+    """A full ring (position): the new token rotated at its sequence position, written at its
+    slot, attending every position of the caches."""
+    hq, hkv, d, window, slot, groups = 8, 4, 256, 45, 17, 8
+    position = 4 * window + slot
+    rng = np.random.default_rng(13)
+    arrays = {
+        "q": rng.standard_normal((1, 1, hq * d)),
+        "k": 2.0 * rng.standard_normal((1, 1, hkv * d)),
+        "v": rng.standard_normal((1, 1, hkv * d)),
+        "q_norm": 1.0 + 0.2 * rng.standard_normal(d),
+        "k_norm": 1.0 + 0.2 * rng.standard_normal(d),
+        "k_cache": rng.standard_normal((1, hkv, window, d)),
+        "v_cache": rng.standard_normal((1, hkv, window, d)),
+    }
+    for name, a in arrays.items():
+        (tmp_path / f"{name}.bin").write_bytes(storage(a, "float32"))
+    scale = float(1.0 / np.sqrt(d))
+    (tmp_path / "config.txt").write_text(
+        f"float32 {groups} {scale!r} 1 1 {hq} {hkv} {d} {slot} {window} 1 {EPS!r} {BASE!r} "
+        f"{position}\n"
+    )
+    subprocess.run([str(step_emulator), str(tmp_path)], check=True, timeout=120)
+    inputs = [
+        mx.array(arrays[n].astype(np.float32))
+        for n in ("q", "k", "v", "q_norm", "k_norm", "k_cache", "v_cache")
+    ]
+    expected, exp_k, exp_v = ring_step_f64(*inputs, slot, position, EPS, BASE)
+    out = read(tmp_path / "out.bin", "float32", (1, 1, hq * d))
+    new_k = read(tmp_path / "k_cache.bin", "float32", (1, hkv, window, d))
+    new_v = read(tmp_path / "v_cache.bin", "float32", (1, hkv, window, d))
+    np.testing.assert_allclose(out, expected, **TOLERANCE[mx.float32])
+    at = slice(slot, slot + 1)
+    np.testing.assert_allclose(new_k[:, :, at], exp_k[:, :, at], atol=2e-4, rtol=2e-4)
+    np.testing.assert_array_equal(new_v[:, :, at], exp_v[:, :, at])
+    for got, name in ((new_k, "k_cache"), (new_v, "v_cache")):
+        before = arrays[name].astype(np.float32)
+        np.testing.assert_array_equal(got[:, :, :slot], before[:, :, :slot])
+        np.testing.assert_array_equal(got[:, :, slot + 1 :], before[:, :, slot + 1 :])

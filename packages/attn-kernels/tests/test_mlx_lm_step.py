@@ -331,10 +331,6 @@ FALLBACKS = {
         ),
         make_prompt_cache,
     ),
-    "rotating cache": lambda: (
-        qwen3_model(),
-        lambda _: [RotatingKVCache(max_size=64) for _ in range(LAYERS)],
-    ),
     "norm weights in bf16, projections in float32": lambda: (
         with_norms(qwen3_model(), dtype=mx.bfloat16),
         make_prompt_cache,
@@ -343,10 +339,6 @@ FALLBACKS = {
     "llama: traditional rope": lambda: (
         arch_model("llama", rope_traditional=True),
         make_prompt_cache,
-    ),
-    "llama: rotating cache": lambda: (
-        arch_model("llama"),
-        lambda _: [RotatingKVCache(max_size=64) for _ in range(LAYERS)],
     ),
     "mistral: quantized cache, D 96 (the quantized step takes multiples of 64)": lambda: (
         arch_model("mistral"),
@@ -378,6 +370,62 @@ def test_unsupported_steps_run_mlx_lm_unchanged(case, steps):
     assert steps == (refused if "refuses" in case else []) and calls["fused_step"] == 0
     assert tokens == plain_tokens and calls == plain_calls
     assert max_difference(logits, plain_logits) == 0
+
+
+# (arch, window, keep, prompt length, config changes): a sliding window (mlx-lm's
+# RotatingKVCache) filled and wrapped during decoding; a prompt longer than the window (its first
+# step trims the buffer: mlx-lm's method, once); positions kept at the ring's start (keep: the
+# ring turns over the rest); Gemma 3's D 256 with its 1 + weight norms and query scaling.
+ROTATING = {
+    "qwen3-wraps-while-decoding": ("qwen3", 16, 0, 12, {}),
+    "llama-prompt-past-the-window": ("llama", 13, 0, 20, {}),
+    "llama-keep-2": ("llama", 9, 2, 6, {}),
+    # the window its config names (a larger buffer makes mlx-lm pass a mask: its path)
+    "gemma3_text-D256": ("gemma3_text", 8, 0, 6, dict(head_dim=256, query_pre_attn_scalar=256)),
+}
+
+
+@pytest.mark.usefixtures("any_head_dim_and_dtype")
+@pytest.mark.parametrize("case", ROTATING)
+def test_rotating_cache_decodes_fused_through_the_wrap(case, steps):
+    """Every layer's cache a RotatingKVCache: its single-token steps run the fused step, at the
+    offset until the window fills, then at the ring's slot with the sequence position (one query
+    sees every key of the full ring, as mlx-lm's unmasked call does). Greedy tokens, logits and
+    the caches (size, offset, slot, contents) as mlx-lm's."""
+    arch, window, keep, prompt_len, changes = ROTATING[case]
+    model = arch_model(arch, **changes)
+
+    def run(on):
+        cache = [RotatingKVCache(max_size=window, keep=keep) for _ in range(LAYERS)]
+        with kernel.enabled(fused_step=on):
+            logits = [model(prompt_ids(prompt_len), cache=cache)[:, -1]]
+            tokens = []
+            for _ in range(10):
+                tokens.append(mx.argmax(logits[-1], axis=-1).item())
+                logits.append(model(mx.array([[tokens[-1]]]), cache=cache)[:, -1])
+            return tokens, logits, cache, kernel.calls()
+
+    theirs, their_logits, their_cache, _ = run(False)
+    ours, our_logits, our_cache, calls = run(True)
+    assert ours == theirs
+    assert max_difference(our_logits, their_logits) <= 1e-4
+    for a, b in zip(our_cache, their_cache, strict=True):
+        assert a.keys.shape == b.keys.shape and (a.offset, a._idx) == (b.offset, b._idx)
+        for x, y in ((a.keys, b.keys), (a.values, b.values)):
+            assert mx.allclose(x, y, atol=1e-4, rtol=1e-4).item()
+    # Each step's slot: the offset until the window fills, then around the ring from `keep`; a
+    # prompt past the window leaves its first step to mlx-lm's method (it trims the buffer to
+    # the window and writes at `keep`).
+    slots, slot = [], prompt_len
+    if prompt_len > window:
+        slot = keep + 1
+    for _ in range(10 - len(slots) - (prompt_len > window)):
+        slot = keep if slot == window else slot
+        slots.append(slot)
+        slot += 1
+    expected = [(1, s, window) for s in slots]
+    assert steps == [s for s in expected for _ in range(LAYERS)]
+    assert calls["fused_step"] == len(expected) * LAYERS
 
 
 def test_outside_the_guard_no_fused_step(steps):

@@ -64,6 +64,7 @@ def attention_step(
     offset: int | Sequence[int] | mx.array,
     *,
     starts: Sequence[int] | mx.array | None = None,
+    position: int | None = None,
     eps: float | None = None,
     rope_base: float | None = None,
     rope_freqs: Sequence[float] | mx.array | None = None,
@@ -88,6 +89,12 @@ def attention_step(
         starts: per batch row, its first valid cache position (int32 (B,) or a sequence; default
             0): mlx-lm's left padding. Row b attends to [starts[b], its offset + L) and rotates
             its tokens by RoPE at their position minus starts[b], as mlx-lm's batch caches count.
+        position: for caches that are a full ring (a sliding window that has wrapped: mlx-lm's
+            RotatingKVCache past its max_size, its keys out of temporal order), the new token's
+            sequence position: it is written at slot `offset`, rotated by RoPE at `position`,
+            and attends every position of the caches, as mlx-lm's unmasked call over the window
+            does. One token (L = 1), an int offset, no starts; at least offset and capacity - 1
+            (every slot written). None: the caches are in temporal order.
         eps: RMSNorm epsilon, needed with the norm weights (ignored without them).
         rope_base: RoPE base (non-traditional rotation, all D dims): the period of pair j is
             rope_base^(2j/D).
@@ -116,7 +123,7 @@ def attention_step(
 
     Returns:
         (out, k_cache, v_cache): out (B, L, Hq·D) in q's dtype, causal attention over
-        [0, offset + L); the caches with the new positions written. A cache buffer that nothing
+        [0, offset + L) (a ring: over the whole caches); the caches with the new positions written. A cache buffer that nothing
         else references is updated in place (MLX's donation rule; see owned_caches); otherwise
         the op copies it (counted by attention_step_cache_copies). Use the returned caches from
         then on.
@@ -157,6 +164,7 @@ def attention_step(
         starts=row_bounds("starts", starts, batch),
         offsets=offsets,
         rope_freqs=rope_freqs,
+        position=-1 if position is None else int(position),
         stream=stream,
     )
     return out, k_cache, v_cache

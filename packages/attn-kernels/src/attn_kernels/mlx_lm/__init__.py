@@ -12,21 +12,22 @@ rebound name from base. disable() puts mlx-lm's function back under every name t
 
 A call runs `decode_attention_custom` when attn_kernels.guard accepts it (query length, context,
 head dim and dtype inside the backend's measured region) and it has the op's form: mask None or
-"causal", no attention sinks, a plain K/V cache in temporal order. Everything else goes to
-mlx-lm's function, unchanged: longer prefill, explicit masks (batched generation, sliding
-windows), sinks, a RotatingKVCache once it has wrapped, and inputs the op rejects (mixed dtypes,
-K and V head dims that differ). A QuantizedKVCache's decode steps run
+"causal", no attention sinks, a plain K/V cache in temporal order (or one query over a wrapped
+RotatingKVCache: it sees the whole window in any order). Everything else goes to mlx-lm's
+function, unchanged: longer prefill, explicit masks (batched generation, sliding windows), sinks,
+several queries over a wrapped RotatingKVCache, and inputs the op rejects (mixed dtypes, K and V
+head dims that differ). A QuantizedKVCache's decode steps run
 `decode_attention_quantized` where the guard's quantized region accepts them (CPU: L = 1,
 S <= 32768, the measured head dim and dtype), mlx-lm's quantized path elsewhere. docs/mlx-lm.md has the table and the
 records. mlx-lm itself is optional: this module imports without it, enable() needs it.
 
 enable() also replaces `Attention.__call__` of mlx-lm's llama (and so mistral), qwen2, qwen3,
 qwen3_moe, gemma3_text and phi3 modules (step.STEP_MODELS): decode steps the guard accepts
-(guard.use_step) with a plain KVCache and a RoPE the op takes (plain, position-scaled or Llama 3's
-frequencies) run q/k norm (Qwen3, Gemma 3), RoPE, the cache write and attention as one
-`attention_step` on the cache's buffers (step.py), and with a QuantizedKVCache (guard.use_step_quantized: head dim
-a multiple of 64) one `attention_step_quantized` on its triples; everything else runs mlx-lm's
-method. enable(fused_step=False)
+(guard.use_step) with a plain KVCache (or a RotatingKVCache: one token, at its ring's slot) and a
+RoPE the op takes (plain, position-scaled or Llama 3's frequencies) run q/k norm (Qwen3, Gemma 3),
+RoPE, the cache write and attention as one `attention_step` on the cache's buffers (step.py), and
+with a QuantizedKVCache (guard.use_step_quantized: head dim a multiple of 64) one
+`attention_step_quantized` on its triples; everything else runs mlx-lm's method. enable(fused_step=False)
 leaves those methods alone: only the attention function is replaced.
 
 enable() also runs the linear layers of decode steps through `decode_linear` where the guard
@@ -199,7 +200,11 @@ def enable(fused_step: bool = True, linear: bool | None = None) -> None:
             _fold_rows(True)
             _enabled = True
         types = step.CacheTypes(
-            cache.KVCache, cache.QuantizedKVCache, cache.BatchKVCache, cache.BatchRotatingKVCache
+            cache.KVCache,
+            cache.QuantizedKVCache,
+            cache.BatchKVCache,
+            cache.BatchRotatingKVCache,
+            cache.RotatingKVCache,
         )
         _set_fused_step(fused_step, types)
         _route_linear(guard.linear_rows() > 0 if linear is None else linear)

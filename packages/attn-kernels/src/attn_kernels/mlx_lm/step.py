@@ -11,8 +11,10 @@ does). The q/k/v projections stay mlx-lm's Linear layers (with Qwen2's biases; P
 qkv_proj split as mlx-lm splits it); the op takes their outputs. The cache grows exactly as
 KVCache.update_and_fetch grows it, and afterwards holds only the buffers the op returned
 (owned_caches: nothing else holds them, and the cache reads [0, offset) of them). With mlx-lm's BatchKVCache (and BatchRotatingKVCache until
-it wraps) a decode step runs every row in one attention_step, each from its left padding.
-Every other call runs mlx-lm's method unchanged: prefill
+it wraps) a decode step runs every row in one attention_step, each from its left padding. With a
+RotatingKVCache (a sliding window) a single-token step writes at the ring's slot (ring_slot) and,
+once the window is full, attends all of it at the token's own position (attention_step's
+`position`). Every other call runs mlx-lm's method unchanged: prefill
 past the guard's query limit, other cache types, explicit masks, RoPE other than nn.RoPE (plain
 or with a position scale) and Llama 3's scaled frequencies (rope_options: other scalings such as
 yarn and longrope, traditional pairs, partial rotary dims, NoPE), dtypes that differ between the
@@ -46,7 +48,7 @@ STEP_MODELS: dict[str, StepModel] = {
     "qwen2": StepModel(),
     "qwen3": StepModel(norms=("q_norm", "k_norm")),
     "qwen3_moe": StepModel(norms=("q_norm", "k_norm")),  # Qwen3's attention; experts in the MLP
-    # its global layers (plain caches); the sliding ones hold a RotatingKVCache: mlx-lm's path
+    # its global layers on plain caches, the sliding ones on a RotatingKVCache's ring
     "gemma3_text": StepModel(norms=("q_norm", "k_norm"), norm_plus_one=True),
     "phi3": StepModel(fused_qkv="qkv_proj"),
 }
@@ -145,6 +147,24 @@ def grow_rotating(cache, b: int, heads: int, head_dim: int, dtype: mx.Dtype):
     return cache.keys, cache.values
 
 
+def ring_slot(cache, b: int, heads: int, head_dim: int, dtype: mx.Dtype) -> int | None:
+    """Where mlx-lm's RotatingKVCache writes its next single position, its buffers grown as its
+    _update_in_place grows them (step positions at a time up to max_size) and the slot wrapped
+    to `keep` at the end of the ring; None where that method would first trim a buffer longer
+    than max_size (the step after a prefill past the window: left to mlx-lm's method, once)."""
+    prev = cache.offset
+    if cache.keys is None:
+        return None
+    if prev >= cache.keys.shape[2] and cache.keys.shape[2] < cache.max_size:
+        shape = (b, heads, min(cache.step, cache.max_size - prev), head_dim)
+        cache.keys = mx.concatenate([cache.keys, mx.zeros(shape, dtype)], axis=2)
+        cache.values = mx.concatenate([cache.values, mx.zeros(shape, dtype)], axis=2)
+        cache._idx = prev
+    if cache.keys.shape[2] > cache.max_size:
+        return None
+    return cache.keep if cache._idx == cache.max_size else cache._idx
+
+
 def grow_quantized(cache, b: int, heads: int, length: int, head_dim: int, dtype: mx.Dtype):
     """The (codes, scales, biases) triples of mlx-lm's QuantizedKVCache with room for `length`
     more positions, grown as its update_and_fetch grows them."""
@@ -181,6 +201,7 @@ class CacheTypes:
     quantized: type
     batch: type
     batch_rotating: type
+    rotating: type
 
 
 def _batch_layout_ready(cache) -> bool:
@@ -206,8 +227,11 @@ def fused_call(original: Callable, types: CacheTypes, calls: dict, model: StepMo
         kind = type(cache)
         quantized = kind is types.quantized
         batched = kind is types.batch or kind is types.batch_rotating
-        if weight is None or not (kind is types.kv or quantized or batched):
+        rotating = kind is types.rotating
+        if weight is None or not (kind is types.kv or quantized or batched or rotating):
             return original(self, x, mask, cache)
+        if rotating and (x.shape[1] != 1 or cache.keys is None):
+            return original(self, x, mask, cache)  # prefill: mlx-lm's concatenation and trims
         if batched:
             # Decode steps only; the mask is the cache's own (left padding, causal).
             if x.shape[1] != 1 or not _batch_layout_ready(cache) or isinstance(mask, str):
@@ -230,6 +254,8 @@ def fused_call(original: Callable, types: CacheTypes, calls: dict, model: StepMo
             if batched
             else cache.offset
         )
+        # The context the step attends: a rotating cache's window once full.
+        context = min(offset + length, cache.max_size) if rotating else offset + length
         # The guard before the projections, so that prefill and long contexts go straight to
         # mlx-lm's method without projections built twice.
         dtype = x.dtype
@@ -241,7 +267,7 @@ def fused_call(original: Callable, types: CacheTypes, calls: dict, model: StepMo
         else:
             taken = use_step(
                 length,
-                offset + length,
+                context,
                 head_dim,
                 "causal" if batched else mask,
                 dtype=dtype,
@@ -289,6 +315,17 @@ def fused_call(original: Callable, types: CacheTypes, calls: dict, model: StepMo
                 out, keys, values = attention_step(
                     q, k, v, *weights, *grown, offset, starts=starts, **options
                 )
+            elif rotating:
+                slot = ring_slot(cache, b, heads, head_dim, dtype)
+                if slot is None:
+                    return original(self, x, mask, cache)
+                # Until the window fills, the slot is the offset and the keys are in order; from
+                # then on the ring is full and its one query attends all of it.
+                ring = dict(position=offset) if slot != offset else {}
+                out, keys, values = attention_step(
+                    q, k, v, *weights, cache.keys, cache.values, slot, **ring, **options
+                )
+                cache._idx = slot + length
             else:
                 keys, values = grow(cache, b, heads, length, head_dim, dtype, offset)
                 out, keys, values = attention_step(
