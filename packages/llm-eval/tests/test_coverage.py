@@ -11,14 +11,18 @@ from llm_eval import coverage, plot
 
 RESULTS = Path(__file__).resolve().parents[3] / "benchmark_results"
 # Per backend: the coverage records the guard's further shapes come from, and the (D, dtype)
-# pairs each speaks for (None: all it swept); a later record overrides an earlier one.
+# pairs each speaks for (None: all it swept). A record that names a pair replaces what the
+# sweeps of all pairs (None) measured there; the records that name the same pair add up, a later
+# one's point replacing an earlier one's.
+SPLIT_MMA = {(d, t) for d in (80, 96, 256) for t in ("bfloat16", "float16")}
 RECORDS = {
     "cpu": [("cpu-2core-attention-coverage-mlx-0.32.4.json", None)],
     "cuda": [
         ("h200-attention-coverage-mlx-0.32.4.json", None),
+        ("h100-attention-coverage-split-mma-mlx-0.32.4.json", SPLIT_MMA),
         (
-            "h100-attention-coverage-split-mma-mlx-0.32.4.json",
-            {(d, t) for d in (80, 96, 256) for t in ("bfloat16", "float16")},
+            "h100-attention-coverage-split-mma-D256-16384-mlx-0.32.4.json",
+            {(256, "bfloat16"), (256, "float16")},
         ),
     ],
 }
@@ -103,12 +107,22 @@ def test_bad_arguments(capsys):
 def test_guard_regions_are_the_records(backend):
     """Every further shape of the backend's guard is the region its coverage record derives, and
     every region the records derive (except the reference shape's own) is in the guard."""
-    derived = {}
+    points = {}  # (D, dtype) -> (named by a record?, its points)
     for name, speaks_for in RECORDS[backend]:
         record = json.loads((RESULTS / name).read_text())
-        for shape, region in coverage.derive_regions(record["results"]).items():
-            if speaks_for is None or shape in speaks_for:
-                derived[shape] = region
+        for key, point in record["results"].items():
+            shape = (point["head_dim"], point["dtype"])
+            named = speaks_for is not None
+            if named and shape not in speaks_for:
+                continue
+            was_named, kept = points.get(shape, (False, {}))
+            if named and not was_named:
+                kept = {}
+            if named or not was_named:
+                points[shape] = (named, {**kept, key: point})
+    derived = {}
+    for _, shape_points in points.values():
+        derived.update(coverage.derive_regions(shape_points))
     limits = guard.LIMITS[backend]
     reference = {(d, t) for d in limits.head_dims for t in limits.dtypes}
     expected = {

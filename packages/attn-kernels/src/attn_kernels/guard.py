@@ -69,7 +69,8 @@ cuda (H200): h200-attention-coverage-mlx-0.32.4.json (the same sweep, S = 128 ..
 cuda (an H100, sm_90 as the H200): h100-attention-coverage-split-mma-mlx-0.32.4.json (the
     tensor-core kernel at D 80/96/256 in bf16/f16, which auto takes there since this record):
     D 80 and 96 won every point to S = 131072 (lowest 1.05x), D 256 to S = 8192 (0.37-0.96x
-    beyond); not yet run on the H200.
+    from 32768); h100-attention-coverage-split-mma-D256-16384-mlx-0.32.4.json adds D 256 at
+    S = 16384 (won every point, lowest 1.74x), so D 256 runs to 16384; not yet run on the H200.
 metal: D=128 bf16 only.
 
 Linear layers of a decode step (decode_linear, decode_linear_quantized; LINEAR_LIMITS), against
@@ -153,8 +154,8 @@ LIMITS: dict[str, Limits] = {
             (96, mx.float16, 8, 1, 131072),
             (128, mx.float16, 8, 1024, 131072),
             (128, mx.float32, 4, 8192, 131072),
-            (256, mx.bfloat16, 8, 1, 8192),
-            (256, mx.float16, 8, 1, 8192),
+            (256, mx.bfloat16, 8, 1, 16384),
+            (256, mx.float16, 8, 1, 16384),
             (256, mx.float32, 4, 1, 131072),
         ),
     ),
