@@ -95,11 +95,12 @@ def test_metal_step_under_emulation(
         np.testing.assert_array_equal(got[:, :, end:], before[:, :, end:])
 
 
-def test_metal_step_ragged_rows_under_emulation(step_emulator, tmp_path):
-    """Per-row starts and write positions: each row rotated at its own position (from its
-    start), written at its own place and attending to its own range."""
-    b, hq, hkv, length, d, cap, groups = 3, 8, 2, 2, 64, 256, 8
-    rng = np.random.default_rng(12)
+def emulate_float32(emulator, tmp_path, rng, shape, offset, position=None):
+    """The emulated float32 step with q/k norms on random inputs of `shape` (b, hq, hkv, L, D,
+    capacity, simdgroups), written at `offset` (a ring's slot with `position`); any starts.bin
+    and offsets.bin already in tmp_path. Returns the inputs as MLX arrays (q, k, v, both norm
+    weights, both caches) and the step's out, k_cache and v_cache."""
+    b, hq, hkv, length, d, cap, groups = shape
     arrays = {
         "q": rng.standard_normal((b, length, hq * d)),
         "k": 2.0 * rng.standard_normal((b, length, hkv * d)),
@@ -111,23 +112,35 @@ def test_metal_step_ragged_rows_under_emulation(step_emulator, tmp_path):
     }
     for name, a in arrays.items():
         (tmp_path / f"{name}.bin").write_bytes(storage(a, "float32"))
+    scale = float(1.0 / np.sqrt(d))
+    ring = "" if position is None else f" {position}"
+    (tmp_path / "config.txt").write_text(
+        f"float32 {groups} {scale!r} {b} {length} {hq} {hkv} {d} {offset} {cap} 1 "
+        f"{EPS!r} {BASE!r}{ring}\n"
+    )
+    subprocess.run([str(emulator), str(tmp_path)], check=True, timeout=120)
+    inputs = [mx.array(arrays[n].astype(np.float32)) for n in arrays]
+    outputs = (
+        read(tmp_path / "out.bin", "float32", (b, length, hq * d)),
+        read(tmp_path / "k_cache.bin", "float32", (b, hkv, cap, d)),
+        read(tmp_path / "v_cache.bin", "float32", (b, hkv, cap, d)),
+    )
+    return inputs, outputs
+
+
+def test_metal_step_ragged_rows_under_emulation(step_emulator, tmp_path):
+    """Per-row starts and write positions: each row rotated at its own position (from its
+    start), written at its own place and attending to its own range."""
+    b, hq, hkv, length, d, cap, groups = 3, 8, 2, 2, 64, 256, 8
     starts, offsets = np.array([0, 17, 90], np.int32), np.array([200, 33, 90], np.int32)
     (tmp_path / "starts.bin").write_bytes(starts.tobytes())
     (tmp_path / "offsets.bin").write_bytes(offsets.tobytes())
-    scale = float(1.0 / np.sqrt(d))
-    (tmp_path / "config.txt").write_text(
-        f"float32 {groups} {scale!r} {b} {length} {hq} {hkv} {d} {offsets.max()} {cap} 1 "
-        f"{EPS!r} {BASE!r}\n"
+    shape = (b, hq, hkv, length, d, cap, groups)
+    rng = np.random.default_rng(12)
+    inputs, (out, new_k, new_v) = emulate_float32(
+        step_emulator, tmp_path, rng, shape, offsets.max()
     )
-    subprocess.run([str(step_emulator), str(tmp_path)], check=True, timeout=120)
-    inputs = [
-        mx.array(arrays[n].astype(np.float32))
-        for n in ("q", "k", "v", "q_norm", "k_norm", "k_cache", "v_cache")
-    ]
     expected, exp_k, exp_v = ragged_step_f64(*inputs, starts, offsets, EPS, BASE)
-    out = read(tmp_path / "out.bin", "float32", (b, length, hq * d))
-    new_k = read(tmp_path / "k_cache.bin", "float32", (b, hkv, cap, d))
-    new_v = read(tmp_path / "v_cache.bin", "float32", (b, hkv, cap, d))
     np.testing.assert_allclose(out, expected, **TOLERANCE[mx.float32])
     for r in range(b):
         at = slice(int(offsets[r]), int(offsets[r]) + length)
@@ -140,37 +153,16 @@ def test_metal_step_ring_under_emulation(step_emulator, tmp_path):
     slot, attending every position of the caches."""
     hq, hkv, d, window, slot, groups = 8, 4, 256, 45, 17, 8
     position = 4 * window + slot
+    shape = (1, hq, hkv, 1, d, window, groups)
     rng = np.random.default_rng(13)
-    arrays = {
-        "q": rng.standard_normal((1, 1, hq * d)),
-        "k": 2.0 * rng.standard_normal((1, 1, hkv * d)),
-        "v": rng.standard_normal((1, 1, hkv * d)),
-        "q_norm": 1.0 + 0.2 * rng.standard_normal(d),
-        "k_norm": 1.0 + 0.2 * rng.standard_normal(d),
-        "k_cache": rng.standard_normal((1, hkv, window, d)),
-        "v_cache": rng.standard_normal((1, hkv, window, d)),
-    }
-    for name, a in arrays.items():
-        (tmp_path / f"{name}.bin").write_bytes(storage(a, "float32"))
-    scale = float(1.0 / np.sqrt(d))
-    (tmp_path / "config.txt").write_text(
-        f"float32 {groups} {scale!r} 1 1 {hq} {hkv} {d} {slot} {window} 1 {EPS!r} {BASE!r} "
-        f"{position}\n"
+    inputs, (out, new_k, new_v) = emulate_float32(
+        step_emulator, tmp_path, rng, shape, slot, position
     )
-    subprocess.run([str(step_emulator), str(tmp_path)], check=True, timeout=120)
-    inputs = [
-        mx.array(arrays[n].astype(np.float32))
-        for n in ("q", "k", "v", "q_norm", "k_norm", "k_cache", "v_cache")
-    ]
     expected, exp_k, exp_v = ring_step_f64(*inputs, slot, position, EPS, BASE)
-    out = read(tmp_path / "out.bin", "float32", (1, 1, hq * d))
-    new_k = read(tmp_path / "k_cache.bin", "float32", (1, hkv, window, d))
-    new_v = read(tmp_path / "v_cache.bin", "float32", (1, hkv, window, d))
     np.testing.assert_allclose(out, expected, **TOLERANCE[mx.float32])
     at = slice(slot, slot + 1)
     np.testing.assert_allclose(new_k[:, :, at], exp_k[:, :, at], atol=2e-4, rtol=2e-4)
     np.testing.assert_array_equal(new_v[:, :, at], exp_v[:, :, at])
-    for got, name in ((new_k, "k_cache"), (new_v, "v_cache")):
-        before = arrays[name].astype(np.float32)
+    for got, before in ((new_k, to_numpy(inputs[5])), (new_v, to_numpy(inputs[6]))):
         np.testing.assert_array_equal(got[:, :, :slot], before[:, :, :slot])
         np.testing.assert_array_equal(got[:, :, slot + 1 :], before[:, :, slot + 1 :])
