@@ -135,9 +135,8 @@ struct StepGeometry {
 
 // Where token 0 of batch row b goes in the caches (its own offset with kRowEnds, else
 // `offset`), and the position RoPE rotates it by: that plus rope_shift minus the row's start
-// (kRowStarts). Ints
-// as in row_range; StepGeometry's fields as scalars (no references: Metal's would need an
-// address space).
+// (kRowStarts). Ints as in row_range; StepGeometry's fields as scalars (no references: Metal's
+// would need an address space).
 template <typename Ints>
 ATTN_INLINE int step_write_position(int row_ranges, int offset, Ints offsets, int b) {
   return (row_ranges & kRowEnds) ? offsets[b] : offset;

@@ -123,10 +123,10 @@ def attention_step(
 
     Returns:
         (out, k_cache, v_cache): out (B, L, Hq·D) in q's dtype, causal attention over
-        [0, offset + L) (a ring: over the whole caches); the caches with the new positions written. A cache buffer that nothing
-        else references is updated in place (MLX's donation rule; see owned_caches); otherwise
-        the op copies it (counted by attention_step_cache_copies). Use the returned caches from
-        then on.
+        [0, offset + L) (a ring: over the whole caches); the caches with the new positions
+        written. A cache buffer that nothing else references is updated in place (MLX's
+        donation rule; see owned_caches); otherwise the op copies it (counted by
+        attention_step_cache_copies). Use the returned caches from then on.
     """
     if (q_norm_weight is None) != (k_norm_weight is None):
         given, missing = (

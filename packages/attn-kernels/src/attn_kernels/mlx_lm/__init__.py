@@ -27,8 +27,8 @@ qwen3_moe, gemma3_text and phi3 modules (step.STEP_MODELS): decode steps the gua
 RoPE the op takes (plain, position-scaled or Llama 3's frequencies) run q/k norm (Qwen3, Gemma 3),
 RoPE, the cache write and attention as one `attention_step` on the cache's buffers (step.py), and
 with a QuantizedKVCache (guard.use_step_quantized: head dim a multiple of 64) one
-`attention_step_quantized` on its triples; everything else runs mlx-lm's method. enable(fused_step=False)
-leaves those methods alone: only the attention function is replaced.
+`attention_step_quantized` on its triples; everything else runs mlx-lm's method.
+enable(fused_step=False) leaves those methods alone: only the attention function is replaced.
 
 enable() also runs the linear layers of decode steps through `decode_linear` where the guard
 measured it to beat MLX's matmul (guard.use_linear: the CPU, up to 8 rows of x, bf16/f16/f32
