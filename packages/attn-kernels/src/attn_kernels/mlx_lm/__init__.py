@@ -16,10 +16,10 @@ head dim and dtype inside the backend's measured region) and it has the op's for
 RotatingKVCache: it sees the whole window in any order). Everything else goes to mlx-lm's
 function, unchanged: longer prefill, explicit masks (batched generation, sliding windows), sinks,
 several queries over a wrapped RotatingKVCache, and inputs the op rejects (mixed dtypes, K and V
-head dims that differ). A QuantizedKVCache's decode steps run
-`decode_attention_quantized` where the guard's quantized region accepts them (CPU: L = 1,
-S <= 32768, the measured head dim and dtype), mlx-lm's quantized path elsewhere. docs/mlx-lm.md has the table and the
-records. mlx-lm itself is optional: this module imports without it, enable() needs it.
+head dims that differ). A QuantizedKVCache's decode steps run `decode_attention_quantized` where
+the guard's quantized region accepts them (CPU: L = 1, S <= 32768, the measured head dim and
+dtype), mlx-lm's quantized path elsewhere. docs/mlx-lm.md has the table and the records. mlx-lm
+itself is optional: this module imports without it, enable() needs it.
 
 enable() also replaces `Attention.__call__` of mlx-lm's llama (and so mistral), qwen2, qwen3,
 qwen3_moe, gemma3_text and phi3 modules (step.STEP_MODELS): decode steps the guard accepts

@@ -10,11 +10,12 @@ it, one `attention_step_quantized` on its triples (the new position quantized as
 does). The q/k/v projections stay mlx-lm's Linear layers (with Qwen2's biases; Phi-3's one
 qkv_proj split as mlx-lm splits it); the op takes their outputs. The cache grows exactly as
 KVCache.update_and_fetch grows it, and afterwards holds only the buffers the op returned
-(owned_caches: nothing else holds them, and the cache reads [0, offset) of them). With mlx-lm's BatchKVCache (and BatchRotatingKVCache until
-it wraps) a decode step runs every row in one attention_step, each from its left padding. With a
-RotatingKVCache (a sliding window) a single-token step writes at the ring's slot (ring_slot) and,
-once the window is full, attends all of it at the token's own position (attention_step's
-`position`). Every other call runs mlx-lm's method unchanged: prefill
+(owned_caches: nothing else holds them, and the cache reads [0, offset) of them). With mlx-lm's
+BatchKVCache (and BatchRotatingKVCache until it wraps) a decode step runs every row in one
+attention_step, each from its left padding. With a RotatingKVCache (a sliding window) a
+single-token step writes at the ring's slot (ring_slot) and, once the window is full, attends all
+of it at the token's own position (attention_step's `position`). Every other call runs mlx-lm's
+method unchanged: prefill
 past the guard's query limit, other cache types, explicit masks, RoPE other than nn.RoPE (plain
 or with a position scale) and Llama 3's scaled frequencies (rope_options: other scalings such as
 yarn and longrope, traditional pairs, partial rotary dims, NoPE), dtypes that differ between the
