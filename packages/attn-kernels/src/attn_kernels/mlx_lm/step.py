@@ -15,11 +15,11 @@ BatchKVCache (and BatchRotatingKVCache until it wraps) a decode step runs every 
 attention_step, each from its left padding. With a RotatingKVCache (a sliding window) a
 single-token step writes at the ring's slot (ring_slot) and, once the window is full, attends all
 of it at the token's own position (attention_step's `position`). Every other call runs mlx-lm's
-method unchanged: prefill
-past the guard's query limit, other cache types, explicit masks, RoPE other than nn.RoPE (plain
-or with a position scale) and Llama 3's scaled frequencies (rope_options: other scalings such as
-yarn and longrope, traditional pairs, partial rotary dims, NoPE), dtypes that differ between the
-projections, the norms and the cache, and anything the op refuses.
+method unchanged: prefill past the guard's query limit, other cache types, explicit masks, RoPE
+other than nn.RoPE (plain or with a position scale) and Llama 3's scaled frequencies
+(rope_options: other scalings such as yarn and longrope, traditional pairs, partial rotary dims,
+NoPE), dtypes that differ between the projections, the norms and the cache, and anything the op
+refuses.
 """
 
 from __future__ import annotations
