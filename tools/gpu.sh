@@ -42,7 +42,8 @@
 #               kernels: the linear kernel alone (make bench-linear-kernel, every core and 2
 #               threads), the attention kernel alone (make bench-cpu-kernel), bench-operators
 #               --device cpu per x86 path, bench-eval-overhead (~8 min); model: bench --device
-#               cpu Qwen3-4B 4-bit, bench-linear on Qwen3-4B's projections
+#               cpu Qwen3-4B 4-bit with the pool's workers sleeping and polling between ops,
+#               bench-linear on Qwen3-4B's projections
 # Set LLM_EVAL_GIT_SHA (and LLM_EVAL_GIT_DIRTY) to the workstation's: the device's copy of the
 # tree carries a stale .git. ROUNDS sets the whole-model targets' rounds.
 set -uo pipefail
@@ -246,10 +247,16 @@ cpu_host() {
   fi
   if [ "$part" = all ] || [ "$part" = model ]; then
     # The whole 4-bit model against the host's read floor (loading quantizes 4B weights on the
-    # CPU: ~100 s), then Qwen3-4B's projections through MLX
-    python3 -m llm_eval.bench --device cpu --model qwen3-4b --quantize 4bit --input-len 8 \
-      --output-len 17 --rounds 3 --variant decode-attention --force \
-      --output "$f-qwen3-4b-4bit-bench-$V.json" 2>&1 | quiet
+    # CPU: ~100 s), with the pool's workers sleeping between ops (the default) and polling
+    # 200 µs (a step hands ~200 ops to 16 workers: +90 µs each from sleep at 934ef29), then
+    # Qwen3-4B's projections through MLX
+    local spin
+    for spin in 0 200; do
+      ATTN_KERNELS_POOL_SPIN_US=$spin python3 -m llm_eval.bench --device cpu --model qwen3-4b \
+        --quantize 4bit --input-len 8 --output-len 17 --rounds 3 --variant decode-attention \
+        --force --output "$f-qwen3-4b-4bit-bench$([ $spin = 0 ] || echo "-spin-${spin}us")-$V.json" \
+        2>&1 | quiet
+    done
     python3 -m llm_eval.linear --model qwen3-4b --format bf16 --format q4 --format q8 --rows 1 \
       --iterations 2 --force --output "$f-qwen3-4b-linear-$V.json" 2>&1 | quiet
   fi

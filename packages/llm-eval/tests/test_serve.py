@@ -76,6 +76,7 @@ def test_anatomy_names_each_part(tmp_path, tiny):
         assert parts[key] > 0
     for key in ("sync_build_ms", "sync_encode_ms", "sync_wait_ms", "pipelined_step_ms"):
         assert parts[key] >= 0
+    assert parts["cache_copies"] == 0  # the steps update their caches in place
     ops = parts["graph_ops"]  # one AttentionStep a layer; the total counts every primitive
     assert ops["AttentionStep"] == record["model_config"]["num_hidden_layers"]
     assert ops["total"] == sum(v for k, v in ops.items() if k != "total")

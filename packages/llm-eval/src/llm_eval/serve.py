@@ -28,8 +28,9 @@ positions per row (the mix's mean context by default): the whole step (forward a
 with the rows folded into one row's positions for the linear layers (Model.fold_rows, the
 default) and without; the graph building alone (host time); a synchronous step's build, encode
 (async_eval's return: MLX encoding every op) and wait, and the step pipelined as generate_step
-runs it; the primitives in one step's graph; the attention steps alone (one layer's, times the
-layers); each quantized projection of a layer on (B, 1, K) and on (1, B, K). --anatomy-only
+runs it; the primitives in one step's graph; the caches those steps copied instead of updating
+in place (0 expected); the attention steps alone (one layer's, times the layers); each quantized
+projection of a layer on (B, 1, K) and on (1, B, K). --anatomy-only
 skips the serving runs (one process per MLX setting, e.g. MLX_USE_CUDA_GRAPHS=0).
 
 Records under benchmark_results/ (the nearest such folder upwards) or --output.
@@ -397,6 +398,7 @@ def anatomy(model, rows: int, context: int) -> dict:
         return mx.argmax(logits, axis=-1)
 
     out = {}
+    copies = attention_step_cache_copies()
     for fold in (True, False):
         model.fold_rows = fold
         out["step_ms" if fold else "step_unfolded_ms"] = _time(step) * 1e3
@@ -406,6 +408,8 @@ def anatomy(model, rows: int, context: int) -> dict:
     out["host_build_ms"] = (time.perf_counter() - start) / 5 * 1e3
     mx.eval(built)
     out.update(step_phases(step))
+    # Whole layers' caches the steps above copied instead of updating in place (0 expected).
+    out["cache_copies"] = attention_step_cache_copies() - copies
     out["graph_ops"] = graph_ops(step())
     attn, layer = model.layers[0].self_attn, model.layers[0]
     q = mx.random.normal((rows, 1, a.num_attention_heads * a.head_dim)).astype(mx.bfloat16)
