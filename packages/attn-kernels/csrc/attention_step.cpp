@@ -247,12 +247,12 @@ std::vector<mx::array> attention_step(
   const int row_ranges =
       add_step_ranges(op, inputs, starts, offsets, q.shape(0), offset, stream);
   if (position != -1) {
-    // A full ring: every slot holds a key of the window, so its one query may see them all.
+    // A full ring: every slot holds a key of the window, so its one query may see them all
+    // (position >= capacity - 1 >= offset, as check_step keeps offset + length in the caches).
     const int capacity = k_cache.shape(2);
-    if (position < 0 || position < offset || position < capacity - 1) {
-      fail("position (a full ring's sequence position) must be -1 or at least offset " +
-           std::to_string(offset) + " and capacity - 1 = " + std::to_string(capacity - 1) +
-           ", got " + std::to_string(position));
+    if (position < 0 || position < capacity - 1) {
+      fail("position (a full ring's sequence position) must be -1 or at least capacity - 1 = " +
+           std::to_string(capacity - 1) + ", got " + std::to_string(position));
     }
     if (q.shape(1) != 1) {
       fail("position (a ring) takes one new token, got length " + std::to_string(q.shape(1)));

@@ -28,8 +28,9 @@ namespace attn_kernels {
 // [0, offset + L) in o_proj's layout. The caches are updated in place when their buffers can be
 // donated (MLX's rule, as SliceUpdate applies it); otherwise they are copied once, in this op.
 // owned_caches: the caller promises that no other array reading the caches' memory (a view of
-// them) is read past offset after this step; then a cache array nothing else holds is updated in
-// place even while an earlier step that read it still runs (MLX's rule copies it then).
+// them) is read after this step at the positions it writes ([offset, offset + L), a ring's slot);
+// then a cache array nothing else holds is updated in place even while an earlier step that read
+// it still runs (MLX's rule copies it then).
 // fold: on CUDA, where the attention plan is split-mma (bf16/f16, D 64, 80, 96, 128 or 256),
 // L <= 8 and both caches are donated, the step runs as one kernel (attend_mma_step) instead of
 // the preprocessing kernel and the attend kernel; unset: the process default (on;

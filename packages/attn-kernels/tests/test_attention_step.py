@@ -569,7 +569,7 @@ RING = [
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(
     "dtype,heads,d,window,slot,position",
-    few_rows(RING, RING[1], RING[3]),
+    few_rows(RING, RING[0], RING[2]),  # slots before the last: the whole ring is attended
     ids=[f"{str(r[0]).split('.')[-1]}-D{r[2]}-w{r[3]}-slot{r[4]}-p{r[5]}" for r in RING],
 )
 def test_ring(device, dtype, heads, d, window, slot, position):
@@ -601,9 +601,10 @@ def test_ring(device, dtype, heads, d, window, slot, position):
 @pytest.mark.parametrize(
     "changes,message",
     [
-        (dict(position=5), "at least offset 10 and capacity - 1 = 255"),
-        (dict(position=254), "at least offset 10 and capacity - 1 = 255"),
-        (dict(position=-2), "must be -1 or at least"),
+        (dict(position=5), "at least capacity - 1 = 255, got 5"),
+        (dict(position=254), "at least capacity - 1 = 255, got 254"),
+        (dict(position=-1), "position must be >= 0 \\(or None\\), got -1"),
+        (dict(position=300.5), "position must be an int or None, got 300.5"),
         (dict(starts=[0]), "no per-row starts or offsets"),
         (dict(offset=[10]), "no per-row starts or offsets"),
     ],

@@ -141,7 +141,7 @@ RING_CASES = [
 
 @pytest.mark.parametrize(
     ("hq", "hkv", "d", "dtype", "splits", "window", "slot"),
-    few_rows(RING_CASES, RING_CASES[1]),
+    few_rows(RING_CASES, RING_CASES[0], RING_CASES[2]),  # slot 0 of 2 chunks, 200 of 4
 )
 def test_ring_under_emulation(emulator, tmp_path, hq, hkv, d, dtype, splits, window, slot):
     """A full ring: the new token rotated at its sequence position, written at its slot, and

@@ -428,6 +428,35 @@ def test_rotating_cache_decodes_fused_through_the_wrap(case, steps):
     assert calls["fused_step"] == len(expected) * LAYERS
 
 
+@pytest.mark.usefixtures("any_head_dim_and_dtype")
+def test_a_window_smaller_than_the_ring_keeps_mlx_lms_masked_step(steps):
+    """gemma3_text's sliding window (8) inside a larger RotatingKVCache (11): once the window is
+    full mlx-lm masks the ring's oldest positions, so those steps of the sliding layer run
+    mlx-lm's method; the global layer's steps stay fused. Tokens, logits and caches as mlx-lm's."""
+    model = arch_model("gemma3_text")
+
+    def run(on):
+        cache = [RotatingKVCache(max_size=11) for _ in range(LAYERS)]
+        with kernel.enabled(fused_step=on):
+            logits = [model(prompt_ids(6), cache=cache)[:, -1]]
+            for _ in range(8):
+                token = mx.argmax(logits[-1], axis=-1)
+                logits.append(model(token[None], cache=cache)[:, -1])
+            return logits, cache, kernel.calls()
+
+    their_logits, their_cache, _ = run(False)
+    our_logits, our_cache, calls = run(True)
+    assert max_difference(our_logits, their_logits) <= 1e-4
+    for a, b in zip(our_cache, their_cache, strict=True):
+        assert a.keys.shape == b.keys.shape and (a.offset, a._idx) == (b.offset, b._idx)
+        assert mx.allclose(a.keys, b.keys, atol=1e-4, rtol=1e-4).item()
+    # (L, slot, capacity) of each fused step: both layers while the sliding one's offset is
+    # below its window (6 and 7), then the global layer's alone, around its ring from offset 11.
+    both = [(1, p, 11) for p in (6, 7) for _ in range(LAYERS)]
+    assert steps == both + [(1, p % 11, 11) for p in range(8, 14)]
+    assert calls["fused_step"] == len(steps)
+
+
 def test_outside_the_guard_no_fused_step(steps):
     """The guard's own table: head dims no record covers (48, in float32 and bf16) and contexts
     past the largest measured run mlx-lm's method, bit-equal."""

@@ -39,6 +39,17 @@ def _offsets(offset, batch: int) -> tuple[int, mx.array | None]:
     return largest, offsets
 
 
+def _ring_position(position) -> int:
+    """attention_step's `position` as the op takes it: -1 for None (no ring), else an int >= 0."""
+    if position is None:
+        return -1
+    if isinstance(position, bool) or not isinstance(position, int | np.integer):
+        raise ValueError(f"[attention_step] position must be an int or None, got {position!r}")
+    if position < 0:
+        raise ValueError(f"[attention_step] position must be >= 0 (or None), got {position}")
+    return int(position)
+
+
 def _rope(op: str, rope_base, rope_freqs) -> tuple[float, list[float]]:
     """RoPE's frequencies as the ops take them: exactly one of rope_base and rope_freqs (the
     period of each pair, mx.fast.rope's `freqs`; an array is read to the host)."""
@@ -93,8 +104,11 @@ def attention_step(
             RotatingKVCache past its max_size, its keys out of temporal order), the new token's
             sequence position: it is written at slot `offset`, rotated by RoPE at `position`,
             and attends every position of the caches, as mlx-lm's unmasked call over the window
-            does. One token (L = 1), an int offset, no starts; at least offset and capacity - 1
-            (every slot written). None: the caches are in temporal order.
+            does. One token (L = 1), an int offset, no starts; at least capacity - 1 (every slot
+            written). None: the caches are in temporal order. RoPE stays float32 arithmetic as
+            mx.fast.rope's: an angle's rounding grows with the position, in mlx-lm's own call as
+            here (the two round the inverse frequencies differently on the CPU: float32 logits
+            1e-5 apart at small positions, ~0.02 at 100000).
         eps: RMSNorm epsilon, needed with the norm weights (ignored without them).
         rope_base: RoPE base (non-traditional rotation, all D dims): the period of pair j is
             rope_base^(2j/D).
@@ -106,7 +120,8 @@ def attention_step(
         scale: multiplier of the dot products (default 1/sqrt(D)).
         schedule: GPU attention schedule (as in `decode_attention_custom`).
         owned_caches: the caller's promise that no other array sharing the caches' memory (an
-            evaluated view or slice of them) is read past `offset` after this step. Then a cache
+            evaluated view or slice of them) is read after this step at the positions it writes
+            ([offset, offset + L); a ring's slot). Then a cache
             array that nothing else holds is updated in place even while an earlier step that
             read it is still running, which MLX's donation rule refuses (MLX holds the buffers of
             a step until it completes, so under pipelined generation, when the GPU is behind,
@@ -164,7 +179,7 @@ def attention_step(
         starts=row_bounds("starts", starts, batch),
         offsets=offsets,
         rope_freqs=rope_freqs,
-        position=-1 if position is None else int(position),
+        position=_ring_position(position),
         stream=stream,
     )
     return out, k_cache, v_cache
