@@ -74,6 +74,7 @@ def test_anatomy_names_each_part(tmp_path, tiny):
     assert parts["context"] == 42  # the context asked, plus half the new tokens
     for key in ("step_ms", "step_unfolded_ms", "host_build_ms", "attention_ms"):
         assert parts[key] > 0
+    assert parts["attention_unfolded_ms"] > 0 and parts["attention_op_ms"] > 0
     for key in ("sync_build_ms", "sync_encode_ms", "sync_wait_ms", "pipelined_step_ms"):
         assert parts[key] >= 0
     assert parts["cache_copies"] == 0  # the steps update their caches in place

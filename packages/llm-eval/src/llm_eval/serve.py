@@ -29,7 +29,8 @@ with the rows folded into one row's positions for the linear layers (Model.fold_
 default) and without; the graph building alone (host time); a synchronous step's build, encode
 (async_eval's return: MLX encoding every op) and wait, and the step pipelined as generate_step
 runs it; the primitives in one step's graph; the caches those steps copied instead of updating
-in place (0 expected); the attention steps alone (one layer's, times the layers); each quantized
+in place (0 expected); the attention steps alone (one layer's, times the layers), the same as
+two kernels (CUDA's fold off) and the attention op alone over the same rows; each quantized
 projection of a layer on (B, 1, K) and on (1, B, K). --anatomy-only
 skips the serving runs (one process per MLX setting, e.g. MLX_USE_CUDA_GRAPHS=0).
 
@@ -381,7 +382,7 @@ def graph_ops(y: mx.array) -> dict[str, int]:
 def anatomy(model, rows: int, context: int) -> dict:
     """Milliseconds of one decode step's parts at `rows` rows of `context` positions (module doc):
     a batch cache filled with random K/V, every row written at the same position each time."""
-    from attn_kernels import attention_step
+    from attn_kernels import attention_step, decode_attention_custom
 
     a = model.args
     lengths = [context] * rows
@@ -418,14 +419,27 @@ def anatomy(model, rows: int, context: int) -> dict:
     held = [cache[0].keys, cache[0].values]
     cache[0].keys = cache[0].values = None
 
-    def attend():
+    def attend(fold=None):
         out, held[0], held[1] = attention_step(
             q, kv, kv, attn.q_norm.weight, attn.k_norm.weight, *held, lengths,
             eps=attn.eps, rope_base=attn.rope_base, scale=attn.scale, owned_caches=True,
+            fold=fold,
         )  # fmt: skip
         return out
 
     out["attention_ms"] = _time(attend, calls=20) * 1e3 * len(model.layers)
+    # The same step as two kernels (CUDA's fold off), and the attention op alone over the same
+    # rows: what the step's preprocessing and cache write cost beside the attention itself.
+    out["attention_unfolded_ms"] = (
+        _time(lambda: attend(fold=False), calls=20) * 1e3 * len(model.layers)
+    )
+    heads = mx.random.normal((rows, a.num_attention_heads, 1, a.head_dim)).astype(mx.bfloat16)
+    ends = mx.array([n + 1 for n in lengths], dtype=mx.int32)
+    out["attention_op_ms"] = (
+        _time(lambda: decode_attention_custom(heads, *held, scale=attn.scale, ends=ends), 10, 20)
+        * 1e3
+        * len(model.layers)
+    )
     # each projection with its input width
     projections = {
         "qkv": (attn.qkv, a.hidden_size),
