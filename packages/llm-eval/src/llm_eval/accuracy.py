@@ -62,7 +62,7 @@ def main(argv=None) -> None:
     p.add_argument(
         "--group-size", type=int, choices=[32, 64, 128], action="append", help="(default all)"
     )
-    add_record_args(p, help="write the record here")
+    add_record_args(p)
     args = p.parse_args(argv)
     if any(c < 4 for c in args.context or []):
         p.error("--context must be >= 4 (the causal L = 4 rows)")

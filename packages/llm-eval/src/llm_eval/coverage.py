@@ -77,7 +77,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         "head dims auto does not give it yet)",
     )
     p.add_argument("--seed", type=int, default=0)
-    add_record_args(p, help="write the record here")
+    add_record_args(p)
     args = p.parse_args(argv)
     args.head_dim = args.head_dim or list(HEAD_DIMS)
     args.dtype = args.dtype or list(DTYPES)

@@ -279,7 +279,7 @@ def main(argv=None) -> None:
         "record's execution_order says how many ran)",
     )
     p.add_argument("--busy-companion", action="store_true", help="one other process spins")
-    add_record_args(p, help="write the record here")
+    add_record_args(p)
     args = p.parse_args(argv)
     args.context = args.context or [1024, 4096, 16384]
     args.calls = args.calls or [1, 8]

@@ -379,7 +379,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         "before the first and after every pass; 4300 on the H200)",
     )
     p.add_argument("--seed", type=int, default=0)
-    add_record_args(p, help="write the record here")
+    add_record_args(p)
     args = p.parse_args(argv)
     if not 1 <= args.head_dim <= 256:
         p.error(f"--head-dim must be in 1..256 (the kernels' range), got {args.head_dim}")

@@ -427,18 +427,17 @@ def anatomy(model, rows: int, context: int) -> dict:
         )  # fmt: skip
         return out
 
-    out["attention_ms"] = _time(attend, calls=20) * 1e3 * len(model.layers)
+    def per_step_ms(fn):  # one layer's call, 20 to an eval, times the layers
+        return _time(fn, calls=20) * 1e3 * len(model.layers)
+
+    out["attention_ms"] = per_step_ms(attend)
     # The same step as two kernels (CUDA's fold off), and the attention op alone over the same
     # rows: what the step's preprocessing and cache write cost beside the attention itself.
-    out["attention_unfolded_ms"] = (
-        _time(lambda: attend(fold=False), calls=20) * 1e3 * len(model.layers)
-    )
+    out["attention_unfolded_ms"] = per_step_ms(lambda: attend(fold=False))
     heads = mx.random.normal((rows, a.num_attention_heads, 1, a.head_dim)).astype(mx.bfloat16)
     ends = mx.array([n + 1 for n in lengths], dtype=mx.int32)
-    out["attention_op_ms"] = (
-        _time(lambda: decode_attention_custom(heads, *held, scale=attn.scale, ends=ends), 10, 20)
-        * 1e3
-        * len(model.layers)
+    out["attention_op_ms"] = per_step_ms(
+        lambda: decode_attention_custom(heads, *held, scale=attn.scale, ends=ends)
     )
     # each projection with its input width
     projections = {
@@ -457,12 +456,11 @@ def anatomy(model, rows: int, context: int) -> dict:
             plain = mx.dequantize(
                 plain, arrays["scales"], arrays.get("biases"), proj.group_size, proj.bits
             )
-        times = {
-            "rows_as_batch": _time(lambda p=proj, x=x: p(x), calls=20),
-            "rows_as_positions": _time(lambda p=proj, x=folded: p(x), calls=20),
-            "bf16_weights": _time(lambda w=plain, x=folded: x @ w.T, calls=20),
+        out[f"{name}_ms"] = {
+            "rows_as_batch": per_step_ms(lambda p=proj, x=x: p(x)),
+            "rows_as_positions": per_step_ms(lambda p=proj, x=folded: p(x)),
+            "bf16_weights": per_step_ms(lambda w=plain, x=folded: x @ w.T),
         }
-        out[f"{name}_ms"] = {k: v * 1e3 * len(model.layers) for k, v in times.items()}
     x = mx.random.normal((rows, 1, a.hidden_size)).astype(mx.bfloat16)
     head = model.model.embed_tokens.as_linear if a.tie_word_embeddings else model.lm_head
     out["lm_head_ms"] = {

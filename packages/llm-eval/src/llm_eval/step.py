@@ -103,7 +103,7 @@ def parse_args(argv=None):
     p.add_argument("--count-kernels", metavar="DIR", help="count kernels per step (graphs to DIR)")
     p.add_argument("--count-steps", type=int, default=4)
     p.add_argument("--seed", type=int, default=0)
-    add_record_args(p, help="write the record here")
+    add_record_args(p)
     args = p.parse_args(argv)
     refuse_overwrite(p, args.json_output, args.force)
     try:

@@ -231,7 +231,7 @@ def fused_call(original: Callable, types: CacheTypes, calls: dict, model: StepMo
         rotating = kind is types.rotating
         if weight is None or not (kind is types.kv or quantized or batched or rotating):
             return original(self, x, mask, cache)
-        if rotating and (x.shape[1] != 1 or cache.keys is None):
+        if rotating and x.shape[1] != 1:
             return original(self, x, mask, cache)  # prefill: mlx-lm's concatenation and trims
         if batched:
             # Decode steps only; the mask is the cache's own (left padding, causal).
