@@ -385,6 +385,25 @@ ROTATING = {
 }
 
 
+def decode_on_rings(model, window, keep, prompt_len, count, fused_step):
+    """Greedy tokens, logits (the prompt's, then `count` steps'), the caches and the kernel's call
+    counts of `model` with a RotatingKVCache(window, keep) in every layer."""
+    cache = [RotatingKVCache(max_size=window, keep=keep) for _ in range(LAYERS)]
+    with kernel.enabled(fused_step=fused_step):
+        logits = [model(prompt_ids(prompt_len), cache=cache)[:, -1]]
+        tokens = []
+        for _ in range(count):
+            tokens.append(mx.argmax(logits[-1], axis=-1).item())
+            logits.append(model(mx.array([[tokens[-1]]]), cache=cache)[:, -1])
+        return tokens, logits, cache, kernel.calls()
+
+
+def same_rings(ours, theirs):
+    """same_caches, and every ring's write slot as mlx-lm's."""
+    same_caches(ours, theirs, 1e-4)
+    assert [c._idx for c in ours] == [c._idx for c in theirs]
+
+
 @pytest.mark.usefixtures("any_head_dim_and_dtype")
 @pytest.mark.parametrize("case", ROTATING)
 def test_rotating_cache_decodes_fused_through_the_wrap(case, steps):
@@ -394,32 +413,19 @@ def test_rotating_cache_decodes_fused_through_the_wrap(case, steps):
     the caches (size, offset, slot, contents) as mlx-lm's."""
     arch, window, keep, prompt_len, changes = ROTATING[case]
     model = arch_model(arch, **changes)
-
-    def run(on):
-        cache = [RotatingKVCache(max_size=window, keep=keep) for _ in range(LAYERS)]
-        with kernel.enabled(fused_step=on):
-            logits = [model(prompt_ids(prompt_len), cache=cache)[:, -1]]
-            tokens = []
-            for _ in range(10):
-                tokens.append(mx.argmax(logits[-1], axis=-1).item())
-                logits.append(model(mx.array([[tokens[-1]]]), cache=cache)[:, -1])
-            return tokens, logits, cache, kernel.calls()
-
-    theirs, their_logits, their_cache, _ = run(False)
-    ours, our_logits, our_cache, calls = run(True)
+    theirs, their_logits, their_cache, _ = decode_on_rings(
+        model, window, keep, prompt_len, 10, False
+    )
+    ours, our_logits, our_cache, calls = decode_on_rings(model, window, keep, prompt_len, 10, True)
     assert ours == theirs
     assert max_difference(our_logits, their_logits) <= 1e-4
-    for a, b in zip(our_cache, their_cache, strict=True):
-        assert a.keys.shape == b.keys.shape and (a.offset, a._idx) == (b.offset, b._idx)
-        for x, y in ((a.keys, b.keys), (a.values, b.values)):
-            assert mx.allclose(x, y, atol=1e-4, rtol=1e-4).item()
+    same_rings(our_cache, their_cache)
     # Each step's slot: the offset until the window fills, then around the ring from `keep`; a
     # prompt past the window leaves its first step to mlx-lm's method (it trims the buffer to
     # the window and writes at `keep`).
-    slots, slot = [], prompt_len
-    if prompt_len > window:
-        slot = keep + 1
-    for _ in range(10 - len(slots) - (prompt_len > window)):
+    trimmed = prompt_len > window
+    slot, slots = keep + 1 if trimmed else prompt_len, []
+    for _ in range(10 - trimmed):
         slot = keep if slot == window else slot
         slots.append(slot)
         slot += 1
@@ -434,22 +440,10 @@ def test_a_window_smaller_than_the_ring_keeps_mlx_lms_masked_step(steps):
     full mlx-lm masks the ring's oldest positions, so those steps of the sliding layer run
     mlx-lm's method; the global layer's steps stay fused. Tokens, logits and caches as mlx-lm's."""
     model = arch_model("gemma3_text")
-
-    def run(on):
-        cache = [RotatingKVCache(max_size=11) for _ in range(LAYERS)]
-        with kernel.enabled(fused_step=on):
-            logits = [model(prompt_ids(6), cache=cache)[:, -1]]
-            for _ in range(8):
-                token = mx.argmax(logits[-1], axis=-1)
-                logits.append(model(token[None], cache=cache)[:, -1])
-            return logits, cache, kernel.calls()
-
-    their_logits, their_cache, _ = run(False)
-    our_logits, our_cache, calls = run(True)
+    _, their_logits, their_cache, _ = decode_on_rings(model, 11, 0, 6, 8, False)
+    _, our_logits, our_cache, calls = decode_on_rings(model, 11, 0, 6, 8, True)
     assert max_difference(our_logits, their_logits) <= 1e-4
-    for a, b in zip(our_cache, their_cache, strict=True):
-        assert a.keys.shape == b.keys.shape and (a.offset, a._idx) == (b.offset, b._idx)
-        assert mx.allclose(a.keys, b.keys, atol=1e-4, rtol=1e-4).item()
+    same_rings(our_cache, their_cache)
     # (L, slot, capacity) of each fused step: both layers while the sliding one's offset is
     # below its window (6 and 7), then the global layer's alone, around its ring from offset 11.
     both = [(1, p, 11) for p in (6, 7) for _ in range(LAYERS)]

@@ -107,21 +107,20 @@ def test_bad_arguments(capsys):
 def test_guard_regions_are_the_records(backend):
     """Every further shape of the backend's guard is the region its coverage record derives, and
     every region the records derive (except the reference shape's own) is in the guard."""
-    points = {}  # (D, dtype) -> (named by a record?, its points)
+    points, named = {}, set()  # (D, dtype) -> its points; the pairs a record has named
     for name, speaks_for in RECORDS[backend]:
         record = json.loads((RESULTS / name).read_text())
         for key, point in record["results"].items():
             shape = (point["head_dim"], point["dtype"])
-            named = speaks_for is not None
-            if named and shape not in speaks_for:
-                continue
-            was_named, kept = points.get(shape, (False, {}))
-            if named and not was_named:
-                kept = {}
-            if named or not was_named:
-                points[shape] = (named, {**kept, key: point})
+            if speaks_for is not None and shape in speaks_for:
+                if shape not in named:  # the first record naming it replaces the sweeps of all
+                    named.add(shape)
+                    points[shape] = {}
+                points[shape][key] = point
+            elif speaks_for is None and shape not in named:
+                points.setdefault(shape, {})[key] = point
     derived = {}
-    for _, shape_points in points.values():
+    for shape_points in points.values():
         derived.update(coverage.derive_regions(shape_points))
     limits = guard.LIMITS[backend]
     reference = {(d, t) for d in limits.head_dims for t in limits.dtypes}
