@@ -29,7 +29,7 @@ namespace {
 constexpr int kPair = 2 * W;  // head-dimension values per step: one pair of vectors
 // Positions per online-softmax step: one block max, one rescale of the accumulators.
 constexpr int kBlock = 16;
-// Query vectors that share each widened slice of K or V.
+// Query vectors that share each widened slice of K or V (then tiles of 2 and 1).
 constexpr int kTile = 4;
 // Key positions scored at once: kTile * J accumulators plus J widened keys stay in registers.
 constexpr int J = ATTN_CPU_SCORE_POSITIONS;
@@ -88,24 +88,50 @@ ATTN_ALWAYS_INLINE Vec transpose_sum(Vec* v) {  // clobbers v
   return v[0];
 }
 
-// Scores of R query vectors (q: R rows of Dp floats) against J positions j0.. of `keys`, times
-// scale, into scores[r * kBlock + j0 + jj]. The R x J partial sums stay in registers over the
-// head dimension, then transpose-sums.
+// Independent multiply-add chains a tile keeps going: two FMA pipes times a latency of ~4 cycles.
+// A tile of R query vectors scores kChains / R positions at once (at least J) and accumulates
+// kChains / (2R) pairs of the head dimension at once, so that a group of one or two (no GQA) is
+// not bound by the latency of a few chains: with J positions and one pair at a time such tiles
+// took 1.1-1.6x as long (dev/ab_cpu.cpp; docs/cpu-kernel.md, design choices).
+constexpr int kChains = W > 8 ? W : 8;
+template <int R>
+constexpr int score_positions() {
+  return R * J >= kChains ? J : kChains / R;
+}
+
+// Scores of R query vectors (q: R rows of Dp floats) against P positions j0.. of `keys`, times
+// scale, into scores[r * kBlock + j0 + jj]. The R x P partial sums stay in registers over the
+// head dimension, then transpose-sums. Whichever of the keys and the query vectors is fewer is
+// held in registers across the other.
 template <int R, typename Rows>
 ATTN_ALWAYS_INLINE void score_tile(const float* q, int Dp, const Rows& keys, int j0, float* scores,
                                    float scale) {
-  constexpr int N = R * J, Groups = (N + W - 1) / W;
+  constexpr int P = score_positions<R>(), N = R * P, Groups = (N + W - 1) / W;
   Vec acc[Groups * W] = {};
   for (int c = 0; c < Dp / kPair; ++c) {
-    Pair k[J];
-    for (int jj = 0; jj < J; ++jj) {
-      k[jj] = keys.at(j0 + jj, c);
-    }
-    for (int r = 0; r < R; ++r) {
-      const Pair qv = widen(q + r * Dp + c * kPair);
-      for (int jj = 0; jj < J; ++jj) {
-        acc[r * J + jj] += qv.a * k[jj].a;
-        acc[r * J + jj] += qv.b * k[jj].b;
+    if constexpr (P <= R) {
+      Pair k[P];
+      for (int jj = 0; jj < P; ++jj) {
+        k[jj] = keys.at(j0 + jj, c);
+      }
+      for (int r = 0; r < R; ++r) {
+        const Pair qv = widen(q + r * Dp + c * kPair);
+        for (int jj = 0; jj < P; ++jj) {
+          acc[r * P + jj] += qv.a * k[jj].a;
+          acc[r * P + jj] += qv.b * k[jj].b;
+        }
+      }
+    } else {
+      Pair qv[R];
+      for (int r = 0; r < R; ++r) {
+        qv[r] = widen(q + r * Dp + c * kPair);
+      }
+      for (int jj = 0; jj < P; ++jj) {
+        const Pair k = keys.at(j0 + jj, c);
+        for (int r = 0; r < R; ++r) {
+          acc[r * P + jj] += qv[r].a * k.a;
+          acc[r * P + jj] += qv[r].b * k.b;
+        }
       }
     }
   }
@@ -113,16 +139,16 @@ ATTN_ALWAYS_INLINE void score_tile(const float* q, int Dp, const Rows& keys, int
     const Vec total = transpose_sum(acc + g * W) * scale;
     for (int l = 0; l < W && g * W + l < N; ++l) {
       const int n = g * W + l;
-      scores[n / J * kBlock + j0 + n % J] = total[l];
+      scores[n / P * kBlock + j0 + n % P] = total[l];
     }
   }
 }
 
-// Lines of the rows j0..j0+J of `ahead` (null: none), into L2.
-template <typename T>
+// Lines of the rows j0..j0+P of `ahead` (null: none), into L2.
+template <int P, typename T>
 ATTN_ALWAYS_INLINE void prefetch_rows(const T* ahead, int64_t stride, int j0, int D) {
   if (ahead == nullptr) return;
-  for (int jj = 0; jj < J; ++jj) {
+  for (int jj = 0; jj < P; ++jj) {
     const char* row = reinterpret_cast<const char*>(ahead + (j0 + jj) * stride);
     for (int b = 0; b < D * static_cast<int>(sizeof(T)); b += 64) {
       prefetch_to_l2(row + b);
@@ -130,72 +156,117 @@ ATTN_ALWAYS_INLINE void prefetch_rows(const T* ahead, int64_t stride, int j0, in
   }
 }
 
-// scores[r][j] for every query vector and the n positions of a block (keys: the block's rows).
-template <typename T, typename Rows>
-ATTN_ALWAYS_INLINE void block_scores(const float* q, int vectors, int Dp, const Rows& keys, int n,
-                                     float scale, const T* ahead, int64_t stride, int D,
-                                     float* scores) {
+// scores[r][j] of query vectors [r, r + R) for the n positions of a block, P at a time, then a
+// partial block's last positions one at a time. The first tile prefetches.
+template <int R, typename T, typename Rows>
+ATTN_ALWAYS_INLINE void tile_scores(const float* q, int r, int Dp, const Rows& keys, int n,
+                                    float scale, const T* ahead, int64_t stride, int D,
+                                    float* scores) {
+  constexpr int P = score_positions<R>();
   int j0 = 0;
-  for (; j0 + J <= n; j0 += J) {
-    prefetch_rows(ahead, stride, j0, D);
-    int r = 0;
-    for (; r + kTile <= vectors; r += kTile) {
-      score_tile<kTile>(q + r * Dp, Dp, keys, j0, scores + r * kBlock, scale);
-    }
-    for (; r < vectors; ++r) {
-      score_tile<1>(q + r * Dp, Dp, keys, j0, scores + r * kBlock, scale);
-    }
+  for (; j0 + P <= n; j0 += P) {
+    if (r == 0) prefetch_rows<P>(ahead, stride, j0, D);
+    score_tile<R>(q + r * Dp, Dp, keys, j0, scores + r * kBlock, scale);
   }
-  for (; j0 < n; ++j0) {  // a partial block's last positions, one at a time
-    for (int r = 0; r < vectors; ++r) {
+  for (; j0 < n; ++j0) {
+    for (int t = r; t < r + R; ++t) {
       Vec acc[W] = {};
       for (int c = 0; c < Dp / kPair; ++c) {
-        const Pair qv = widen(q + r * Dp + c * kPair), k = keys.at(j0, c);
+        const Pair qv = widen(q + t * Dp + c * kPair), k = keys.at(j0, c);
         acc[0] += qv.a * k.a;
         acc[0] += qv.b * k.b;
       }
-      scores[r * kBlock + j0] = transpose_sum(acc)[0] * scale;
+      scores[t * kBlock + j0] = transpose_sum(acc)[0] * scale;
     }
   }
 }
 
-// acc_t = acc_t * rescale_t + sum_j weight[t][j] * v_j for T query vectors, one pair of
-// vectors of the head dimension at a time; N positions (0: n at run time). `ahead`: the V rows
-// two blocks on, prefetched line by line as the same lines of this block are read.
+// scores[r][j] for every query vector and the n positions of a block (keys: the block's rows):
+// tiles of kTile query vectors, then of 2 and 1.
+template <typename T, typename Rows>
+ATTN_ALWAYS_INLINE void block_scores(const float* q, int vectors, int Dp, const Rows& keys, int n,
+                                     float scale, const T* ahead, int64_t stride, int D,
+                                     float* scores) {
+  int r = 0;
+  for (; r + kTile <= vectors; r += kTile) {
+    tile_scores<kTile>(q, r, Dp, keys, n, scale, ahead, stride, D, scores);
+  }
+  if (r + 2 <= vectors) {
+    tile_scores<2>(q, r, Dp, keys, n, scale, ahead, stride, D, scores);
+    r += 2;
+  }
+  if (r < vectors) {
+    tile_scores<1>(q, r, Dp, keys, n, scale, ahead, stride, D, scores);
+  }
+}
+
+// acc_t = acc_t * rescale_t + sum_j weight[t][j] * v_j for T query vectors over C pairs of
+// vectors of the head dimension from pair c0: T x C pairs of accumulators in registers, the
+// positions in order; N positions (0: n at run time). `ahead`: the V rows two blocks on, whose
+// lines of these pairs are prefetched as the same lines of this block are read.
+template <int T, int C, int N, typename Elem, typename Rows>
+ATTN_ALWAYS_INLINE void accumulate_pairs(const float* weights, const float* rescale,
+                                         const Rows& values, int n, const Elem* ahead,
+                                         int64_t stride, float* state, int state_size, int c0) {
+  const int positions = N > 0 ? N : n;
+  Vec a[T][C], b[T][C];
+  for (int t = 0; t < T; ++t) {
+    for (int c = 0; c < C; ++c) {
+      const float* acc = state + t * state_size + kStateHeader + (c0 + c) * kPair;
+      a[t][c] = load<Vec>(acc) * rescale[t];
+      b[t][c] = load<Vec>(acc + W) * rescale[t];
+    }
+  }
+  // The lines that begin within these pairs' bytes of a row (each line of a row once).
+  constexpr int kPairBytes = kPair * sizeof(Elem);
+  const int first_line = (c0 * kPairBytes + 63) / 64 * 64, end = (c0 + C) * kPairBytes;
+#pragma GCC unroll 4
+  for (int j = 0; j < positions; ++j) {
+    if (ahead != nullptr) {
+      const char* row = reinterpret_cast<const char*>(ahead + j * stride);
+      for (int byte = first_line; byte < end; byte += 64) prefetch_to_l2(row + byte);
+    }
+    float w[T];
+    for (int t = 0; t < T; ++t) w[t] = weights[t * kBlock + j];
+    for (int c = 0; c < C; ++c) {
+      const Pair v = values.at(j, c0 + c);
+      for (int t = 0; t < T; ++t) {
+        a[t][c] += w[t] * v.a;
+        b[t][c] += w[t] * v.b;
+      }
+    }
+  }
+  for (int t = 0; t < T; ++t) {
+    for (int c = 0; c < C; ++c) {
+      float* acc = state + t * state_size + kStateHeader + (c0 + c) * kPair;
+      store_vec(acc, a[t][c]);
+      store_vec(acc + W, b[t][c]);
+    }
+  }
+}
+
+// The pairs of the head dimension from pair c for T query vectors, C pairs at a time, the rest
+// (a head dim such as 80) by halves.
+template <int T, int C, int N, typename Elem, typename Rows>
+ATTN_ALWAYS_INLINE void accumulate_tile_from(const float* weights, const float* rescale,
+                                             const Rows& values, int n, const Elem* ahead,
+                                             int64_t stride, float* state, int state_size, int Dp,
+                                             int c) {
+  for (; c + C <= Dp / kPair; c += C) {
+    accumulate_pairs<T, C, N>(weights, rescale, values, n, ahead, stride, state, state_size, c);
+  }
+  if constexpr (C > 1) {
+    accumulate_tile_from<T, C / 2, N>(weights, rescale, values, n, ahead, stride, state,
+                                      state_size, Dp, c);
+  }
+}
 template <int T, int N, typename Elem, typename Rows>
 ATTN_ALWAYS_INLINE void accumulate_tile(const float* weights, const float* rescale,
                                         const Rows& values, int n, const Elem* ahead,
                                         int64_t stride, float* state, int state_size, int Dp) {
-  const int positions = N > 0 ? N : n;
-  for (int c = 0; c < Dp / kPair; ++c) {
-    Vec a[T], b[T];
-    for (int t = 0; t < T; ++t) {
-      const float* acc = state + t * state_size + kStateHeader + c * kPair;
-      a[t] = load<Vec>(acc) * rescale[t];
-      b[t] = load<Vec>(acc + W) * rescale[t];
-    }
-    constexpr int kPairBytes = kPair * sizeof(Elem);
-    const bool prefetch = ahead != nullptr && (c * kPairBytes) % 64 == 0;
-#pragma GCC unroll 16
-    for (int j = 0; j < positions; ++j) {
-      if (prefetch) {
-        for (int byte = 0; byte < kPairBytes; byte += 64) {
-          prefetch_to_l2(reinterpret_cast<const char*>(ahead + j * stride + c * kPair) + byte);
-        }
-      }
-      const Pair v = values.at(j, c);
-      for (int t = 0; t < T; ++t) {
-        const float w = weights[t * kBlock + j];
-        a[t] += w * v.a;
-        b[t] += w * v.b;
-      }
-    }
-    for (int t = 0; t < T; ++t) {
-      float* acc = state + t * state_size + kStateHeader + c * kPair;
-      store_vec(acc, a[t]);
-      store_vec(acc + W, b[t]);
-    }
-  }
+  constexpr int C = 2 * T >= kChains ? 1 : kChains / (2 * T);
+  accumulate_tile_from<T, C, N>(weights, rescale, values, n, ahead, stride, state, state_size,
+                                Dp, 0);
 }
 
 template <int N, typename Elem, typename Rows>
@@ -209,7 +280,12 @@ ATTN_ALWAYS_INLINE void block_accumulate(const float* weights, const float* resc
                               r == 0 ? ahead : nullptr, stride, state + r * state_size,
                               state_size, Dp);
   }
-  for (; r < vectors; ++r) {
+  if (r + 2 <= vectors) {
+    accumulate_tile<2, N>(weights + r * kBlock, rescale + r, values, n, r == 0 ? ahead : nullptr,
+                          stride, state + r * state_size, state_size, Dp);
+    r += 2;
+  }
+  if (r < vectors) {
     accumulate_tile<1, N>(weights + r * kBlock, rescale + r, values, n, r == 0 ? ahead : nullptr,
                           stride, state + r * state_size, state_size, Dp);
   }

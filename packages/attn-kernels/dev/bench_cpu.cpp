@@ -10,8 +10,8 @@
 //
 // PATH: avx512, avx2, portable, neon (default: every path this CPU runs). ATTN_KERNELS_NUM_THREADS
 // caps the threads as in the extension; ATTN_KERNELS_POOL_SPIN_US, ATTN_KERNELS_CALL_THREADS and
-// ATTN_KERNELS_CPU_UNITS_PER_THREAD apply as they do to the op. Prints one line per (state, S, path): median and min µs,
-// GB/s of K+V, and the fraction of the read rate measured first.
+// ATTN_KERNELS_CPU_UNITS_PER_THREAD apply as they do to the op. Prints one line per (state, S,
+// path): median and min µs, GB/s of K+V, and the fraction of the read rate measured first.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "cpu_kernel.h"
-#include "qwen3_case.h"
+#include "attention_case.h"
 #include "thread_pool.h"
 
 using namespace attn_kernels;
@@ -82,9 +82,9 @@ int main(int argc, char** argv) {
   handoff(cpu_threads(), cpu_worker_spin());
   for (const bool cold : {false, true}) {
     for (const int S : {1024, 4096, 16384, 65536}) {
-      const double set_bytes = 4.0 * dev::kHkv * S * dev::kD;
+      const double set_bytes = dev::Case(S, 0).kv_bytes();
       const int sets = cold ? std::max(2, static_cast<int>(600e6 / set_bytes)) : 1;
-      dev::Qwen3Case c(S, sets);
+      dev::Case c(S, sets);
       const int calls = std::max(3 * sets, S >= 65536 ? 15 : 31);
       std::vector<std::vector<double>> us(paths.size());
       for (int i = 0, call = 0; i < calls; ++i) {
@@ -109,7 +109,7 @@ int main(int argc, char** argv) {
   // The kernel's own rate: one KV head (4 query heads), K/V hot, below the pool's threshold so
   // one thread; ns per position (K+V of a position: 512 bytes).
   for (const int S : {1024, 4096}) {
-    dev::Qwen3Case c(S, 1);
+    dev::Case c(S, 1);
     c.p.rows = c.p.q_heads = c.p.group;
     c.p.kv_rows = c.p.kv_heads = 1;
     std::vector<std::vector<double>> ns(paths.size());
