@@ -28,10 +28,6 @@ struct SplitLayout {
   // of `width`-float vectors (the float kernel with bf16 inputs), else in order.
   bool bf16_pairs;
   int width;
-
-  int index(int d) const {
-    return bf16_pairs ? accumulator_index(d, ElementType::bfloat16, width) : d;
-  }
 };
 
 // Merges the chunk states of one query vector and writes its normalised output row: zeros when
@@ -61,8 +57,19 @@ void finish_vector(const float* states, int chunks, int chunk_stride, int head_d
     }
   }
   const float inv = denominator > 0.0f ? 1.0f / denominator : 0.0f;
-  for (int d = 0; d < head_dim; ++d) {
-    store(out + d, merged[layout.index(d)] * inv);
+  if (!layout.bf16_pairs) {
+    for (int d = 0; d < head_dim; ++d) store(out + d, merged[d] * inv);
+    return;
+  }
+  // Each 2 * width dimensions hold the even ones, then the odd ones (accumulator_index), walked
+  // without a division per value (with one, this loop held 18% of the samples of bf16 calls at
+  // S = 32, L = 8 in a perf profile).
+  const int w = layout.width;
+  for (int base = 0; base < head_dim; base += 2 * w) {
+    for (int i = 0; i < w && base + 2 * i < head_dim; ++i) {
+      store(out + base + 2 * i, merged[base + i] * inv);
+      if (base + 2 * i + 1 < head_dim) store(out + base + 2 * i + 1, merged[base + w + i] * inv);
+    }
   }
 }
 

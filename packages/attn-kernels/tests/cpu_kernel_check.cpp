@@ -194,6 +194,32 @@ void run_case(const Case& c, const std::vector<CpuPath>& paths, uint32_t seed,
   }
 }
 
+// cpu_scalar.h's half conversions (by hand in this file's generic x86-64 build, F16C's in the
+// kernels') against the compiler's _Float16, which rounds in libgcc: every half, and every 251st
+// float bit pattern (NaN: any NaN of the same sign). 0 when they agree.
+int check_half_conversions() {
+#if defined(__FLT16_MANT_DIG__) && !defined(__aarch64__)
+  int bad = 0;
+  for (uint32_t bits = 0; bits < 65536; ++bits) {
+    const float ours = cpu::to_float(cpu::Float16{static_cast<uint16_t>(bits)});
+    const float ref = static_cast<float>(__builtin_bit_cast(_Float16, static_cast<uint16_t>(bits)));
+    if (ref == ref ? std::memcmp(&ours, &ref, 4) != 0 : ours == ours) ++bad;
+  }
+  for (uint64_t i = 0; i < (uint64_t{1} << 32); i += 251) {
+    const float x = __builtin_bit_cast(float, static_cast<uint32_t>(i));
+    cpu::Float16 ours;
+    cpu::store(&ours, x);
+    const uint16_t ref = __builtin_bit_cast(uint16_t, static_cast<_Float16>(x));
+    const bool nan = (ours.bits & 0x7c00) == 0x7c00 && (ours.bits & 0x3ff) != 0;
+    if (x == x ? ours.bits != ref : !nan || (ours.bits ^ ref) & 0x8000) ++bad;
+  }
+  if (bad > 0) std::printf("half conversions: %d mismatches against _Float16\n", bad);
+  return bad;
+#else
+  return 0;
+#endif
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -256,5 +282,7 @@ int main(int argc, char** argv) {
       run_case(cases[n], paths, seed + 7 * uint32_t(n), failed);
     }
   }
-  return report(options, failed, cases.size() * seeds, "");
+  const int half_mismatches = check_half_conversions();
+  const int status = report(options, failed, cases.size() * seeds, "");
+  return half_mismatches > 0 ? 1 : status;
 }
