@@ -4,9 +4,11 @@
 // context long enough to be split over threads, and the non-finite cases (NaN or inf in q, k,
 // v, scale or mask), with the pool's workers sleeping at once and polling between calls in
 // turn, on a pool of 4 threads (ATTN_KERNELS_NUM_THREADS, unless set) whose calls take all, 3 or
-// 2 of them with 1 to 8 units per thread in turn (the split's sweep knobs). Exit status 0 when every case passes. This is how arm64 (NEON) is checked
-// in CI: `make test-arm64` cross-compiles it and runs it under qemu-user (one seed: emulated, the
-// float64 reference dominates). Usage: cpu_kernel_check [--seeds N] [PATH...]. Natively:
+// 2 of them with 1 to 8 units per thread in turn (the split's sweep knobs); and the scalar half
+// conversions against _Float16. Exit status 0 when every case passes. This is how arm64 (NEON)
+// is checked in CI: `make test-arm64` cross-compiles it and runs it under qemu-user (one seed:
+// emulated, the float64 reference dominates). Usage: cpu_kernel_check [--seeds N] [PATH...].
+// Natively:
 //
 //   make test-cpu-kernel (this machine) or make test-arm64 (NEON under qemu); the Makefile has the
 //   compiler commands, each cpu_kernel_<path>.cpp with its target flags as in CMakeLists.txt.
