@@ -11,7 +11,7 @@ PACKAGES := attn-kernels qwen3-model llm-eval
 export UV_SYSTEM_CERTS ?= 1
 
 .PHONY: test test-grids test-full check-evidence test-cpu-kernel test-arm64 bench bench-operators \
-  bench-operators-records bench-cpu-kernel bench-linear-kernel lint format build uv
+  bench-operators-records bench-cpu-kernel ab-cpu-kernel bench-linear-kernel lint format build uv
 
 # uv goes into a virtual environment of its own under .tools/, never into the system Python:
 # Debian and Ubuntu refuse `pip install` there (PEP 668, externally managed), and a venv needs
@@ -99,6 +99,25 @@ $(CPU_BUILD)/host/bench_cpu: packages/attn-kernels/dev/bench_cpu.cpp $(CPU_HOST_
 
 bench-cpu-kernel: $(CPU_BUILD)/host/bench_cpu
 	$< $(ARGS)
+
+# In-process A/B of the CPU attention kernel (packages/attn-kernels/dev/ab_cpu.cpp): this tree's
+# against the one at BASE (a git revision; default HEAD), whose sources are compiled with their
+# namespace renamed. ARGS: ab_cpu's (--hot, shapes HQ/HKV/D/DTYPE/S[/L]). For example
+#   make ab-cpu-kernel BASE=HEAD~1 ARGS="32/32/128/f32/16384 32/8/128/bf16/4096"
+AB_BUILD := $(CPU_BUILD)/ab
+ab-cpu-kernel: $(CPU_HOST_OBJECTS)
+	@rm -rf $(AB_BUILD) && mkdir -p $(AB_BUILD)/base
+	git archive $(or $(BASE),HEAD) $(CPU_SRC) | tar -x -C $(AB_BUILD)/base
+	@set -e; for f in decode_attention_cpu linear_cpu $(foreach p,$(HOST_PATHS),cpu_kernel_$(p)); do \
+	  case $$f in cpu_kernel_avx512) flags="$(FLAGS_avx512)";; cpu_kernel_avx2) flags="$(FLAGS_avx2)";; \
+	    *) flags="";; esac; \
+	  echo "$(CXX) ... -Dattn_kernels=attn_old $$flags $$f.cpp (BASE)"; \
+	  $(CXX) $(CPU_FLAGS) -O3 $$flags -Dattn_kernels=attn_old -I $(AB_BUILD)/base/$(CPU_SRC) \
+	    -c $(AB_BUILD)/base/$(CPU_SRC)/$$f.cpp -o $(AB_BUILD)/$$f.o; \
+	done
+	$(CXX) $(CPU_FLAGS) -O3 -I packages/attn-kernels/dev packages/attn-kernels/dev/ab_cpu.cpp \
+	  $(CPU_HOST_OBJECTS) $(AB_BUILD)/*.o -o $(AB_BUILD)/ab_cpu
+	$(AB_BUILD)/ab_cpu $(ARGS)
 
 # Kernel-only timing of the CPU linear kernel (packages/attn-kernels/dev/bench_linear.cpp).
 $(CPU_BUILD)/host/bench_linear: packages/attn-kernels/dev/bench_linear.cpp $(CPU_HOST_OBJECTS)

@@ -1,17 +1,12 @@
 // In-process A/B of two versions of the CPU kernel (this VM's speed drifts by 20-40% between
 // runs, so separate processes cannot resolve a 10% change): calls alternate between the two
 // (ABBA), K/V cold (sets rotated over ~600 MB, as between decode steps) or hot (--hot: one set),
-// and the medians and their ratio are printed. The old version is compiled with its namespace
-// renamed. From the repository root:
+// and the medians and their ratio are printed. The other version is compiled from a git
+// revision's sources with its namespace renamed; from the repository root:
 //
-//   mkdir -p /tmp/old && git archive HEAD~1 packages/attn-kernels/csrc | tar -x -C /tmp/old
-//   make build/cpu-kernel/host/decode_attention_cpu.o build/cpu-kernel/host/cpu_kernel_avx2.o ...
-//   (the new objects; the old ones: the same compiler lines with -Dattn_kernels=attn_old on the
-//   files under /tmp/old), then
-//   g++ -O3 -std=gnu++20 -I packages/attn-kernels/csrc -I packages/attn-kernels/dev \
-//       packages/attn-kernels/dev/ab_cpu.cpp NEW_OBJECTS OLD_OBJECTS -o /tmp/ab_cpu -lpthread
-//   /tmp/ab_cpu [--hot] [HQ/HKV/D/DTYPE/S[/L] ...]   e.g. 32/32/128/f32/16384 (no GQA, float32)
+//   make ab-cpu-kernel BASE=HEAD~1 ARGS="[--hot] [HQ/HKV/D/DTYPE/S[/L] ...]"
 //
+// e.g. ARGS="32/32/128/f32/16384" (no GQA, float32). "old" is BASE's kernel, "new" this tree's.
 // Shapes default to Qwen3-4B's (32/8/128/bf16, L = 1) at S = 256, 1024 and 4096; DTYPE is f32 or
 // bf16, L > 1 is causal. Both versions run the path ATTN_KERNELS_CPU_PATH names (or the best
 // one); each has its own thread pool, and only one works at a time.
