@@ -108,13 +108,9 @@ AB_BUILD := $(CPU_BUILD)/ab
 ab-cpu-kernel: $(CPU_HOST_OBJECTS)
 	@rm -rf $(AB_BUILD) && mkdir -p $(AB_BUILD)/base
 	git archive $(or $(BASE),HEAD) $(CPU_SRC) | tar -x -C $(AB_BUILD)/base
-	@set -e; for f in decode_attention_cpu linear_cpu $(foreach p,$(HOST_PATHS),cpu_kernel_$(p)); do \
-	  case $$f in cpu_kernel_avx512) flags="$(FLAGS_avx512)";; cpu_kernel_avx2) flags="$(FLAGS_avx2)";; \
-	    *) flags="";; esac; \
-	  echo "$(CXX) ... -Dattn_kernels=attn_old $$flags $$f.cpp (BASE)"; \
-	  $(CXX) $(CPU_FLAGS) -O3 $$flags -Dattn_kernels=attn_old -I $(AB_BUILD)/base/$(CPU_SRC) \
-	    -c $(AB_BUILD)/base/$(CPU_SRC)/$$f.cpp -o $(AB_BUILD)/$$f.o; \
-	done
+	$(foreach f,$(notdir $(basename $(CPU_HOST_OBJECTS))),$(CXX) $(CPU_FLAGS) -O3 \
+	  $(FLAGS_$(patsubst cpu_kernel_%,%,$(f))) -Dattn_kernels=attn_old -I $(AB_BUILD)/base/$(CPU_SRC) \
+	  -c $(AB_BUILD)/base/$(CPU_SRC)/$(f).cpp -o $(AB_BUILD)/$(f).o &&) true
 	$(CXX) $(CPU_FLAGS) -O3 -I packages/attn-kernels/dev packages/attn-kernels/dev/ab_cpu.cpp \
 	  $(CPU_HOST_OBJECTS) $(AB_BUILD)/*.o -o $(AB_BUILD)/ab_cpu
 	$(AB_BUILD)/ab_cpu $(ARGS)

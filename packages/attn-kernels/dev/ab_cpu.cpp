@@ -68,7 +68,7 @@ int main(int argc, char** argv) {
   std::printf("%s, read rate %.1f GB/s\n", hot ? "hot" : "cold",
               measure_read_bandwidth(size_t{1} << 30, 5) / 1e9);
   for (const auto& [shape, S] : shapes) {
-    const double set_bytes = dev::Case(S, 0, shape).kv_bytes();
+    const double set_bytes = dev::Case::set_bytes(S, shape);
     const int sets = hot ? 1 : std::max(2, static_cast<int>(600e6 / set_bytes));
     dev::Case c(S, sets, shape);
     std::vector<double> old_us, new_us;

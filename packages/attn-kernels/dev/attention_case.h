@@ -57,6 +57,11 @@ struct Case {
     }
   }
 
+  // Bytes of K and V in one set, without building a case.
+  static double set_bytes(int S, Shape s = {}) {
+    return 2.0 * s.hkv * S * s.head_dim * (s.dtype == ElementType::float32 ? 4 : 2);
+  }
+
   void use_set(int s) {
     p.keys = kv.data() + 2 * n * s * element;
     p.values = kv.data() + (2 * n * s + n) * element;

@@ -82,7 +82,7 @@ int main(int argc, char** argv) {
   handoff(cpu_threads(), cpu_worker_spin());
   for (const bool cold : {false, true}) {
     for (const int S : {1024, 4096, 16384, 65536}) {
-      const double set_bytes = dev::Case(S, 0).kv_bytes();
+      const double set_bytes = dev::Case::set_bytes(S);
       const int sets = cold ? std::max(2, static_cast<int>(600e6 / set_bytes)) : 1;
       dev::Case c(S, sets);
       const int calls = std::max(3 * sets, S >= 65536 ? 15 : 31);
