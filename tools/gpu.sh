@@ -34,7 +34,9 @@
 #   serve       bench-serve: Qwen3-4B 4-bit, 32 requests of 256-2048 prompt tokens + 64 each,
 #               slots 8 and 32: mlx-lm's BatchGenerator, with enable(), and ours (--anatomy);
 #               PART anatomy: the anatomy alone at 1, 8 and 32 rows under MLX's default CUDA
-#               graphs, without them and with 1000 ops a graph (where a step's time goes)
+#               graphs, without them and with 1000 ops a graph (where a step's time goes);
+#               PART trace (not in all): each kernel of two decode steps at 8 and 32 rows under
+#               Nsight Compute (bench-serve --kernel-trace)
 #   models      issue 40's shapes through mlx-lm's own generate with and without enable():
 #               Llama-3.2-1B, Phi-3-mini, Gemma-3-4B, 4-bit, 8192+65; and Qwen3-4B decoding
 #               speculatively (its own weights as the draft)
@@ -197,6 +199,10 @@ serve() {
     python3 -m llm_eval.serve "${mix[@]}" --slots 8 --slots 32 --rounds "${ROUNDS:-2}" --anatomy \
       --output "$R/$G-qwen3-4b-4bit-serve-32x256-2048+64-$V.json" 2>&1 | quiet
   fi
+  if [ "$1" = trace ]; then  # not in "all": its own call
+    python3 -m llm_eval.serve "${mix[@]}" --slots 8 --slots 32 --kernel-trace --force \
+      --output "$R/$G-qwen3-4b-4bit-serve-kernel-trace-$V.json" 2>&1 | quiet | grep -v '^==PROF=='
+  fi
   if [ "$1" = all ] || [ "$1" = anatomy ]; then
     local name setting
     for name in default graphs-off 1000-ops-a-graph; do
@@ -271,7 +277,7 @@ for target in "$@"; do
     tests | ragged | model | models | step | quantized) "$name" ;;
     cpu-host) cpu_host "$part" ;;
     *) echo "tools/gpu.sh: unknown target $target (tests, operators[:kernels|grid|short|long]," \
-      "coverage[:split-mma], ragged, model, models, step, quantized, serve[:anatomy]," \
+      "coverage[:split-mma], ragged, model, models, step, quantized, serve[:anatomy|trace]," \
       "cpu-host[:kernels|model])" >&2 ;;
   esac
   # After each target, so that a call stopped at its limit still returns the finished ones

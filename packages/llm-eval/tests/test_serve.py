@@ -108,6 +108,8 @@ def test_anatomy_only_skips_the_serving_runs(tmp_path, tiny, monkeypatch, capsys
         (["--anatomy-only", "--context", "-5"], "--context: must be >= 1, got -5"),
         (["--bandwidth-gbs", "0"], "--bandwidth-gbs: must be > 0, got 0"),
         (["--requests", "x"], "--requests: invalid integer value: 'x'"),
+        (["--kernel-trace"], "--kernel-trace: needs MLX's CUDA backend"),
+        (["--kernel-trace", "--trace-steps", "0"], "--trace-steps: must be >= 1, got 0"),
     ],
 )
 def test_arguments_are_checked(argv, message, capsys):

@@ -34,6 +34,11 @@ two kernels (CUDA's fold off) and the attention op alone over the same rows; eac
 projection of a layer on (B, 1, K) and on (1, B, K). --anatomy-only
 skips the serving runs (one process per MLX setting, e.g. MLX_USE_CUDA_GRAPHS=0).
 
+With --kernel-trace (a GPU with Nsight Compute), every kernel of --trace-steps synchronous decode
+steps of ours at each --slots, under ncu in a child process (llm_eval.kernel_trace): each
+kernel's device time and launch shape, totals by kernel per step, against the step's wall time
+timed in the same child before the traced range. No serving runs; a record of its own.
+
 Records under benchmark_results/ (the nearest such folder upwards) or --output.
 """
 
@@ -53,7 +58,7 @@ import mlx.core as mx
 import qwen3_model
 from attn_kernels import _ext, attention_step_cache_copies
 
-from llm_eval import bench
+from llm_eval import bench, kernel_trace
 from llm_eval.progress import Progress
 from llm_eval.record import (
     SCHEMA_VERSION,
@@ -133,7 +138,21 @@ def parse_args(argv=None) -> argparse.Namespace:
         "settings, MLX_USE_CUDA_GRAPHS / MLX_MAX_OPS_PER_BUFFER, one process each)",
     )
     p.add_argument(
-        "--context", type=at_least(1), metavar="N", help="positions per row for --anatomy"
+        "--kernel-trace",
+        action="store_true",
+        help="each kernel of a few decode steps of ours per --slots, timed under Nsight Compute "
+        "(see above)",
+    )
+    p.add_argument(
+        "--trace-steps", type=at_least(1), default=2, metavar="N", help="steps traced (2)"
+    )
+    p.add_argument("--ncu", metavar="PATH", help="Nsight Compute's ncu (default: found)")
+    p.add_argument("--trace-child", type=Path, help=argparse.SUPPRESS)  # the traced process
+    p.add_argument(
+        "--context",
+        type=at_least(1),
+        metavar="N",
+        help="positions per row for --anatomy and --kernel-trace",
     )
     p.add_argument("--seed", type=int, default=0, metavar="N", help="weights and prompts")
     add_record_args(p, help="the record's file (or a folder)", path_dest="output")
@@ -160,6 +179,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.prompt_min > args.prompt_max:
         p.error(f"--prompt-min {args.prompt_min} is above --prompt-max {args.prompt_max}")
     args.anatomy = args.anatomy or args.anatomy_only
+    if args.kernel_trace and not args.trace_child:
+        if args.device != "gpu" or not mx.cuda.is_available():
+            p.error("--kernel-trace: needs MLX's CUDA backend (Nsight Compute times its kernels)")
+        args.ncu = args.ncu or kernel_trace.ncu_path()
+        if not args.ncu:
+            p.error("--kernel-trace: no ncu on PATH or under /opt/nvidia; pass --ncu PATH")
     if args.output and args.output.is_file() and not args.force:
         p.error(f"--output {args.output} exists; pass --force to replace it")
     return args
@@ -379,11 +404,9 @@ def graph_ops(y: mx.array) -> dict[str, int]:
     return {"total": sum(names.values()), **dict(names.most_common())}
 
 
-def anatomy(model, rows: int, context: int) -> dict:
-    """Milliseconds of one decode step's parts at `rows` rows of `context` positions (module doc):
-    a batch cache filled with random K/V, every row written at the same position each time."""
-    from attn_kernels import attention_step, decode_attention_custom
-
+def decode_fixture(model, rows: int, context: int):
+    """A decode step of ours at `rows` rows of `context` positions, and its caches: a batch
+    cache filled with random K/V, every row written at the same position each time."""
     a = model.args
     lengths = [context] * rows
     cache = [qwen3_model.BatchKVCache(lengths) for _ in model.layers]
@@ -398,6 +421,16 @@ def anatomy(model, rows: int, context: int) -> dict:
         logits = model(tokens, cache)[:, -1, :]
         return mx.argmax(logits, axis=-1)
 
+    return step, cache, lengths
+
+
+def anatomy(model, rows: int, context: int) -> dict:
+    """Milliseconds of one decode step's parts at `rows` rows of `context` positions (module
+    doc)."""
+    from attn_kernels import attention_step, decode_attention_custom
+
+    a = model.args
+    step, cache, lengths = decode_fixture(model, rows, context)
     out = {}
     copies = attention_step_cache_copies()
     for fold in (True, False):
@@ -470,6 +503,101 @@ def anatomy(model, rows: int, context: int) -> dict:
     return out
 
 
+def anatomy_context(args, prompts) -> int:
+    """--context, else the mix's mean prompt plus half the new tokens (a mid-decode step)."""
+    if args.context:
+        return args.context
+    return int(statistics.mean(len(p) for p in prompts)) + args.new_tokens // 2
+
+
+def trace_child(args) -> None:
+    """Under ncu: time the step (outside the traced range), then trace --trace-steps of it."""
+    import json
+
+    mx.set_default_device(mx.gpu)
+    model = qwen3_model.load(
+        args.model, quantize=None if args.quantize == "none" else args.quantize, seed=args.seed
+    )
+    (rows,) = args.slots
+    step, _, _ = decode_fixture(model, rows, args.context)
+    timings = {
+        "quantization": qwen3_model.describe_weights(model),
+        "step_ms": _time(step) * 1e3,
+        **step_phases(step),
+    }
+    with kernel_trace.profiled():
+        for _ in range(args.trace_steps):
+            mx.eval(step())
+    args.trace_child.write_text(json.dumps(timings))
+
+
+def trace_run(args, progress: Progress) -> dict:
+    """One ncu child per batch size (module doc); the record of their kernels."""
+    import json
+    import subprocess
+
+    metadata = collect_metadata("gpu")
+    prompts = request_mix(args, qwen3_model.CONFIGS[args.model].vocab_size)
+    context = anatomy_context(args, prompts)
+    results = {}
+    progress.restart(len(args.slots))
+    for slots in args.slots:
+        with tempfile.TemporaryDirectory() as folder:
+            log, timings = Path(folder, "ncu.csv"), Path(folder, "timings.json")
+            program = [
+                sys.executable, "-m", "llm_eval.serve", "--model", args.model,
+                "--quantize", args.quantize, "--seed", str(args.seed), "--slots", str(slots),
+                "--context", str(context), "--trace-steps", str(args.trace_steps),
+                "--trace-child", str(timings),
+            ]  # fmt: skip
+            done = subprocess.run(kernel_trace.ncu_command(args.ncu, log, program))
+            if done.returncode != 0 or not timings.exists():
+                raise RuntimeError(f"the traced process at {slots} rows failed ({done.returncode})")
+            kernels = kernel_trace.read_log(log)
+            if not kernels:
+                raise RuntimeError(f"ncu profiled no kernel at {slots} rows (see {log})")
+            results[f"slots={slots}"] = {
+                "slots": slots,
+                "context": context,
+                "timed_under_ncu": json.loads(timings.read_text()),
+                **kernel_trace.summarise(kernels, args.trace_steps),
+            }
+        progress.step(f"B={slots} traced")
+    progress.close()
+    config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    config["mlx_environment"] = {k: v for k, v in os.environ.items() if k.startswith("MLX_")}
+    config["quantization"] = next(iter(results.values()))["timed_under_ncu"].pop("quantization")
+    for series in results.values():
+        series["timed_under_ncu"].pop("quantization", None)
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "serve-kernel-trace",
+        "metadata": metadata,
+        "model_config": qwen3_model.CONFIGS[args.model].to_dict(),
+        "config": config,
+        "execution_order": [{"slots": s} for s in args.slots],
+        "results": {"series": results},
+    }
+
+
+def format_trace(record: dict, top: int = 15) -> str:
+    lines = []
+    for series in record["results"]["series"].values():
+        t = series["timed_under_ncu"]
+        lines.append(
+            f"{series['slots']} rows of {series['context']} positions: kernels "
+            f"{series['kernel_ms_per_step']:.2f} ms a step ({series['kernels_per_step']:.0f} "
+            f"kernels); the step {t['step_ms']:.2f} ms synchronous, "
+            f"{t['pipelined_step_ms']:.2f} pipelined"
+        )
+        for k in series["by_name"][:top]:
+            lines.append(
+                f"  {k['ms_per_step']:7.3f} ms  {k['calls_per_step']:5.0f} x "
+                f"{k['median_us']:8.1f} µs  {k['name'][:100]}"
+            )
+    return "\n".join(lines)
+
+
 def run(args, progress: Progress | None = None) -> dict:
     progress = progress or Progress()
     mx.set_default_device(mx.gpu if args.device == "gpu" else mx.cpu)
@@ -524,8 +652,7 @@ def run(args, progress: Progress | None = None) -> dict:
             "summary": summarise(samples),
         }
         if args.anatomy:
-            context = args.context or int(statistics.mean(len(p) for p in prompts))
-            context += args.new_tokens // 2
+            context = anatomy_context(args, prompts)
             results[f"slots={slots}"]["anatomy"] = {
                 "context": context,
                 **anatomy(model, slots, context),
@@ -589,11 +716,22 @@ def record_path(args, record: dict) -> Path:
     )
     if args.anatomy_only:
         stem = stem.replace("-serve-", "-serve-anatomy-")
+    if args.kernel_trace:
+        stem = stem.replace("-serve-", "-serve-kernel-trace-")
     return bench.unique_path(folder, stem)
 
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    if args.trace_child:
+        return trace_child(args)
+    if args.kernel_trace:
+        record = trace_run(args, Progress())
+        print(format_trace(record))
+        if not args.no_record:
+            path = write_record(record, record_path(args, record), force=args.force)
+            print(f"wrote {path}")
+        return
     record = run(args)
     c = record["config"]
     print(
