@@ -26,6 +26,11 @@ typedef int64_t attn_i64;
 
 namespace attn_kernels {
 
+#if !defined(__METAL_VERSION__)
+// Largest head dimension any backend accepts (the query slice lives in registers).
+constexpr int kMaxHeadDim = 256;
+#endif
+
 // An explicit mask's element type (0: no mask). Boolean: true keeps a key.
 enum MaskKind {
   kMaskNone = 0,

@@ -192,7 +192,8 @@ void run_step_cpu(
   preprocess_cpu<T>(p);
   auto attend = [&](void* dst) {
     if (p.bits) {
-      decode_attention_quantized_cpu(make_step_quantized_attention(p, queries.data(), dst, scale));
+      decode_attention_quantized_cpu(make_step_quantized_attention(p, queries.data(), dst, scale),
+                                     path);
     } else {
       decode_attention_cpu(make_step_attention(p, queries.data(), dst, scale), path);
     }

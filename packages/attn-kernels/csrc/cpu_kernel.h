@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "decode_problem.h"
+#include "quantized_problem.h"
 
 // The architecture the paths are built for: x86-64 (avx512, avx2, portable), arm64 (neon), or
 // neither (portable).
@@ -33,6 +34,7 @@ std::vector<CpuPath> cpu_paths_supported();
 CpuPath cpu_path_from_env();
 
 void decode_attention_cpu(const DecodeProblem& problem, CpuPath path);
+void decode_attention_quantized_cpu(const QuantizedProblem& problem, CpuPath path);
 
 // Best read rate (bytes/s) of the CPU kernel's thread pool streaming over `bytes` of memory.
 double measure_read_bandwidth(size_t bytes, int repeats);
@@ -79,6 +81,11 @@ struct Kernel {
   // `accumulator_index` order (see below).
   void (*attend)(const DecodeProblem& p, int kv_row, int begin, int end, float* state,
                  float* scratch);
+  // The same over a quantized cache (cpu_kernel_quantized_body.h): accumulators of head_dim
+  // floats, in bf16's accumulator_index order at 4 bits, in order at 8.
+  size_t (*quantized_scratch_floats)(const QuantizedProblem& p);
+  void (*attend_quantized)(const QuantizedProblem& p, int kv_row, int begin, int end,
+                           float* state, float* scratch);
 };
 
 Kernel kernel_avx512();

@@ -332,8 +332,9 @@ ATTN_ALWAYS_INLINE Vec vec_exp(Vec x) {
   return exp_nonpositive_lanes(x);
 }
 
-// Element `at` of the explicit mask as an additive float.
-ATTN_ALWAYS_INLINE float mask_value(const DecodeProblem& p, int64_t at) {
+// Element `at` of the explicit mask as an additive float (P: DecodeProblem or QuantizedProblem).
+template <typename P>
+ATTN_ALWAYS_INLINE float mask_value(const P& p, int64_t at) {
   switch (p.mask_kind) {
     case kMaskFloat32: return static_cast<const float*>(p.mask)[at];
     case kMaskFloat16: return to_float(static_cast<const Float16*>(p.mask)[at]);
@@ -341,6 +342,82 @@ ATTN_ALWAYS_INLINE float mask_value(const DecodeProblem& p, int64_t at) {
     case kMaskBool: return to_float(static_cast<const bool*>(p.mask)[at]);
   }
   return 0.0f;
+}
+
+// Query vectors of key/value row kv_row as floats in the accumulator order of `order` (unscaled:
+// the scores are scaled), and their states emptied. Vector r is query position
+// r % L of head row kv_row * group + r / L.
+template <typename T, typename P>
+ATTN_ALWAYS_INLINE void start_vectors(const P& p, int kv_row, int Dp, ElementType order,
+                                      float* queries, float* state, int state_size) {
+  const int L = p.query_len, vectors = p.group * L;
+  for (int r = 0; r < vectors; ++r) {
+    const int row = kv_row * p.group + r / L, i = r % L;
+    const T* q = static_cast<const T*>(p.queries) + p.q_offset(row, i);
+    convert_row(queries + r * Dp, q, p.head_dim, Dp, p.q_strides[3], order);
+    float* st = state + r * state_size;
+    st[0] = -__builtin_inff();
+    st[1] = 0.0f;
+    fill(st + kStateHeader, st + state_size, 0.0f);
+  }
+}
+
+// One block's online-softmax step for every query vector of key/value row kv_row: the block's
+// scores (positions j0.., n of them, in scores[r * kBlock + j]) hidden past what each vector
+// sees and masked, then turned into weights in place; each vector's max and denominator
+// updated and the factor its accumulator must be rescaled by in rescale[r]. False when no
+// vector sees any key of the block (nothing to accumulate).
+template <typename P>
+ATTN_ALWAYS_INLINE bool block_softmax(const P& p, CacheRange range, int kv_row, int j0, int n,
+                                      float* scores, float* rescale, float* state,
+                                      int state_size) {
+  const int L = p.query_len, vectors = p.group * L;
+  const float neg_inf = -__builtin_inff();
+  bool any = false;
+  // Vector r is query row i = r % L of head row = kv_row * group + r / L, stepped without
+  // dividing.
+  for (int r = 0, row = kv_row * p.group, i = 0; r < vectors;
+       ++r, i = i + 1 == L ? 0 : i + 1, row += i == 0) {
+    float* s = scores + r * kBlock;
+    const int seen = visible_keys(range, L, i, p.causal).last + 1 - j0;  // from the range's start
+    const int visible = seen < 0 ? 0 : seen > n ? n : seen;
+    for (int j = visible; j < kBlock; ++j) {
+      s[j] = neg_inf;
+    }
+    if (p.mask) {
+      const int64_t base = p.mask_offset(row, i);
+      for (int j = 0; j < visible; ++j) {
+        const int64_t at = base + (j0 + j) * p.m_strides[3];
+        // False removes the key whatever its score (a NaN key included), as the contract says.
+        if (p.mask_kind == kMaskBool) {
+          if (!static_cast<const bool*>(p.mask)[at]) s[j] = neg_inf;
+        } else {
+          s[j] += mask_value(p, at);
+        }
+      }
+    }
+    float* st = state + r * state_size;
+    Vec block[kBlockVecs];
+    for (int v = 0; v < kBlockVecs; ++v) block[v] = load<Vec>(s + v * W);
+    const float top = block_max(block);  // NaN if any score is NaN
+    if (top == neg_inf) {
+      rescale[r] = 1.0f;
+      fill(s, s + kBlock, 0.0f);  // every key of this block is hidden from this vector
+      continue;
+    }
+    const float new_max = nan_max(top, st[0]);
+    rescale[r] = exp_nonpositive(st[0] - new_max);
+    Vec sum = {};
+    for (int v = 0; v < kBlockVecs; ++v) {
+      const Vec weights = vec_exp(block[v] - new_max);
+      store_vec(s + v * W, weights);
+      sum += weights;
+    }
+    st[0] = new_max;
+    st[1] = st[1] * rescale[r] + horizontal_sum(sum);
+    any = true;
+  }
+  return any;
 }
 
 size_t scratch_floats(const DecodeProblem& p) {
@@ -351,24 +428,14 @@ size_t scratch_floats(const DecodeProblem& p) {
 template <typename T>
 ATTN_ALWAYS_INLINE void attend_chunk(const DecodeProblem& p, int kv_row, int begin, int end,
                                      float* state, float* scratch) {
-  const int D = p.head_dim, Dp = padded_dim(D, W), L = p.query_len;
-  const int vectors = p.group * L, state_size = Dp + kStateHeader;
-  const float neg_inf = -__builtin_inff();
+  const int D = p.head_dim, Dp = padded_dim(D, W);
+  const int vectors = p.group * p.query_len, state_size = Dp + kStateHeader;
   float* queries = scratch;                    // vectors x Dp, accumulator_index order
   float* keys_block = queries + vectors * Dp;  // kBlock x Dp (strided or odd-length rows only)
   float* values_block = keys_block + kBlock * Dp;
   float* scores = values_block + kBlock * Dp;  // vectors x kBlock, then weights in place
   float* rescale = scores + vectors * kBlock;  // vectors
-
-  for (int r = 0; r < vectors; ++r) {
-    const int row = kv_row * p.group + r / L, i = r % L;
-    const T* q = static_cast<const T*>(p.queries) + p.q_offset(row, i);
-    convert_row(queries + r * Dp, q, D, Dp, p.q_strides[3], p.dtype);
-    float* st = state + r * state_size;
-    st[0] = neg_inf;
-    st[1] = 0.0f;
-    fill(st + kStateHeader, st + state_size, 0.0f);
-  }
+  start_vectors<T>(p, kv_row, Dp, p.dtype, queries, state, state_size);
 
   // Only the positions of the batch row's range (the whole context without per-row ranges).
   const CacheRange range = p.range(kv_row / p.kv_heads);
@@ -396,51 +463,7 @@ ATTN_ALWAYS_INLINE void attend_chunk(const DecodeProblem& p, int kv_row, int beg
                    k_row, D, scores);
     }
 
-    bool any = false;
-    // Vector r is query row i = r % L of head row = kv_row * group + r / L, stepped without
-    // dividing.
-    for (int r = 0, row = kv_row * p.group, i = 0; r < vectors;
-         ++r, i = i + 1 == L ? 0 : i + 1, row += i == 0) {
-      float* s = scores + r * kBlock;
-      const int seen = visible_keys(range, L, i, p.causal).last + 1 - j0;  // from the range's start
-      const int visible = seen < 0 ? 0 : seen > n ? n : seen;
-      for (int j = visible; j < kBlock; ++j) {
-        s[j] = neg_inf;
-      }
-      if (p.mask) {
-        const int64_t base = p.mask_offset(row, i);
-        for (int j = 0; j < visible; ++j) {
-          const int64_t at = base + (j0 + j) * p.m_strides[3];
-          // False removes the key whatever its score (a NaN key included), as the contract says.
-          if (p.mask_kind == kMaskBool) {
-            if (!static_cast<const bool*>(p.mask)[at]) s[j] = neg_inf;
-          } else {
-            s[j] += mask_value(p, at);
-          }
-        }
-      }
-      float* st = state + r * state_size;
-      Vec block[kBlockVecs];
-      for (int v = 0; v < kBlockVecs; ++v) block[v] = load<Vec>(s + v * W);
-      const float top = block_max(block);  // NaN if any score is NaN
-      if (top == neg_inf) {
-        rescale[r] = 1.0f;
-        fill(s, s + kBlock, 0.0f);  // every key of this block is hidden from this vector
-        continue;
-      }
-      const float new_max = nan_max(top, st[0]);
-      rescale[r] = exp_nonpositive(st[0] - new_max);
-      Vec sum = {};
-      for (int v = 0; v < kBlockVecs; ++v) {
-        const Vec weights = vec_exp(block[v] - new_max);
-        store_vec(s + v * W, weights);
-        sum += weights;
-      }
-      st[0] = new_max;
-      st[1] = st[1] * rescale[r] + horizontal_sum(sum);
-      any = true;
-    }
-    if (!any) {
+    if (!block_softmax(p, range, kv_row, j0, n, scores, rescale, state, state_size)) {
       continue;
     }
     const T* values_ahead = ahead ? values + (j0 + kPrefetchRows) * v_row : nullptr;
@@ -476,9 +499,15 @@ void attend(const DecodeProblem& p, int kv_row, int begin, int end, float* state
 
 }  // namespace
 }  // namespace ATTN_CPU_PATH
+}  // namespace attn_kernels::cpu
+
+#include "cpu_kernel_quantized_body.h"  // the quantized cache's kernel, on the blocks above
+
+namespace attn_kernels::cpu {
 
 Kernel ATTN_CONCAT(kernel_, ATTN_CPU_PATH)() {
-  return {ATTN_CPU_PATH::W, ATTN_CPU_PATH::scratch_floats, ATTN_CPU_PATH::attend};
+  using namespace ATTN_CPU_PATH;
+  return {W, scratch_floats, attend, quantized_scratch_floats, attend_quantized};
 }
 
 }  // namespace attn_kernels::cpu

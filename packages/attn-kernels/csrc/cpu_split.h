@@ -1,5 +1,5 @@
-// How both CPU attention kernels (the float one, cpu_kernel_body.h, and the quantized one,
-// decode_attention_quantized_cpu.cpp) split a call and merge it: units of (key/value row, context
+// How both CPU attention kernels (over a float cache, cpu_kernel_body.h, and over a quantized one,
+// cpu_kernel_quantized_body.h) split a call and merge it: units of (key/value row, context
 // chunk) over the thread pool, each writing one online-softmax state per query vector of its row
 // (max, denominator, accumulator); the unit that finishes a row's last chunk merges the row's
 // states into its output rows, so merging runs in parallel and needs no second hand-off.

@@ -19,9 +19,6 @@ namespace attn_kernels {
 
 namespace mx = mlx::core;
 
-// Largest head dimension any backend accepts (the query slice lives in registers).
-constexpr int kMaxHeadDim = 256;
-
 // queries (B, Hq, L, D); keys/values (B, Hkv, S, D), read through their strides (cache views
 // are not copied); query head h reads key/value head h / (Hq / Hkv). mask: additive float or
 // boolean (true = keep) of shape (B, Hq, L, S) (a broadcast view is fine); causal: query i sees

@@ -1,6 +1,6 @@
-// The CPU kernel's dispatcher: picks the instruction-set path and runs its kernel body
-// (cpu_kernel_body.h) through the split both CPU kernels share (cpu_split.h); the thread pool and
-// its settings.
+// The CPU attention kernels' dispatcher: picks the instruction-set path and runs its kernel body
+// (cpu_kernel_body.h; over a quantized cache, cpu_kernel_quantized_body.h) through the split
+// (cpu_split.h); the thread pool and its settings.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -296,6 +296,21 @@ void decode_attention_cpu(const DecodeProblem& p, CpuPath path) {
     case ElementType::float32: run<float>(p, kernel); break;
     case ElementType::float16: run<Float16>(p, kernel); break;
     case ElementType::bfloat16: run<BFloat16>(p, kernel); break;
+    case ElementType::boolean: break;  // rejected by the op
+  }
+}
+
+void decode_attention_quantized_cpu(const QuantizedProblem& p, CpuPath path) {
+  const Kernel kernel = kernel_for(path);
+  const SplitLayout layout{p.head_dim, kernel.quantized_scratch_floats(p), p.bits == 4,
+                           kernel.width};
+  auto attend = [&](int kv_row, int begin, int end, float* state, float* scratch) {
+    kernel.attend_quantized(p, kv_row, begin, end, state, scratch);
+  };
+  switch (p.dtype) {
+    case ElementType::float32: run_split<float>(p, p.out, layout, attend); break;
+    case ElementType::float16: run_split<Float16>(p, p.out, layout, attend); break;
+    case ElementType::bfloat16: run_split<BFloat16>(p, p.out, layout, attend); break;
     case ElementType::boolean: break;  // rejected by the op
   }
 }

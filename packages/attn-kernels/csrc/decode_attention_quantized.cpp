@@ -156,7 +156,8 @@ void DecodeAttentionQuantized::eval_cpu(
   QuantizedProblem p =
       problem(inputs, [](const mx::array& a) { return static_cast<const void*>(a.data<void>()); });
   p.out = out.data<void>();
-  encoder.dispatch([p]() { decode_attention_quantized_cpu(p); });
+  const CpuPath path = cpu_path_from_env();
+  encoder.dispatch([p, path]() { decode_attention_quantized_cpu(p, path); });
 }
 
 }  // namespace attn_kernels

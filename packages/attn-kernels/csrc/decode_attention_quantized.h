@@ -104,6 +104,4 @@ QuantizedProblem DecodeAttentionQuantized::problem(const std::vector<mx::array>&
   return p;
 }
 
-void decode_attention_quantized_cpu(const QuantizedProblem& problem);
-
 }  // namespace attn_kernels

@@ -59,11 +59,74 @@ const char* poison_name(Poison p) {
   return names[static_cast<int>(p)];
 }
 
+// float64 reference of case c's shape: scores, softmax (max-subtracted, NaN-propagating),
+// weighted values; a row whose every key is masked is zeros. key(b, h, s, d) and value(...) give
+// the cache's values; q and mask_values are (B, Hq, L, D) and (B, Hq, L, S).
+template <typename Case, typename Keys, typename Values>
+std::vector<double> reference(const Case& c, float scale, const std::vector<double>& q, Keys key,
+                              Values value, const std::vector<double>& mask_values) {
+  const int B = c.batch, Hq = c.hq, L = c.L, S = c.S, D = c.D, group = c.hq / c.hkv;
+  std::vector<double> want(size_t(B) * Hq * L * D), scores(S), acc(D);
+  for (int b = 0; b < B; ++b) {
+    for (int h = 0; h < Hq; ++h) {
+      const int kh = h / group;
+      for (int i = 0; i < L; ++i) {
+        const size_t row = (size_t(b) * Hq + h) * L + i;
+        double top = -kInf;
+        bool nan = false;
+        for (int s = 0; s < S; ++s) {
+          double dot = 0;
+          for (int d = 0; d < D; ++d) dot += q[row * D + d] * key(b, kh, s, d);
+          double x = dot * double(scale) + mask_values[row * S + s];
+          if (c.mask == Mask::causal && s > S - L + i) x = -kInf;
+          scores[s] = x;
+          nan |= std::isnan(x);
+          top = std::max(top, x);
+        }
+        for (double& a : acc) a = 0;
+        if (nan) {
+          for (double& a : acc) a = kNaN;
+        } else if (top != -kInf) {
+          double sum = 0;
+          for (int s = 0; s < S; ++s) {
+            const double w = std::exp(scores[s] - top);  // inf - inf: NaN, as the readable path
+            if (w == 0.0) continue;  // a masked key: its value is never read
+            sum += w;
+            for (int d = 0; d < D; ++d) acc[d] += w * value(b, kh, s, d);
+          }
+          for (double& a : acc) a /= sum;
+        }
+        for (int d = 0; d < D; ++d) want[row * D + d] = acc[d];
+      }
+    }
+  }
+  return want;
+}
+
+// The kernel's output against the reference, within the dtype's tolerance (as
+// tests/conftest.py's); prints the first mismatch.
+bool matches(const Tensor& out, const std::vector<double>& want, ElementType dtype) {
+  double atol = 2e-5, rtol = 2e-5;
+  if (dtype == ElementType::float16) atol = 4e-3, rtol = 2e-3;
+  if (dtype == ElementType::bfloat16) atol = 3e-2, rtol = 1.6e-2;
+  for (size_t at = 0; at < want.size(); ++at) {
+    const double got = out.get_output(at), w = want[at];
+    const bool ok = std::isnan(w) ? std::isnan(got)
+                    : std::isinf(w) ? got == w
+                                    : std::fabs(got - w) <= atol + rtol * std::fabs(w);
+    if (!ok) {
+      std::printf("  FAIL out[%zu] = %g, want %g\n", at, got, w);
+      return false;
+    }
+  }
+  return true;
+}
+
 // Runs one case on every path; adds 1 to failed[n] when path n mismatches (printing the first).
 void run_case(const Case& c, const std::vector<CpuPath>& paths, uint32_t seed,
               std::vector<int>& failed) {
   Random rng(seed);
-  const int B = c.batch, Hq = c.hq, Hkv = c.hkv, L = c.L, S = c.S, D = c.D, group = Hq / Hkv;
+  const int B = c.batch, Hq = c.hq, Hkv = c.hkv, L = c.L, S = c.S, D = c.D;
   const size_t nq = size_t(B) * Hq * L * D, nkv = size_t(B) * Hkv * S * D;
   const size_t nm = size_t(B) * Hq * L * S;
   Tensor q(c.dtype, nq), k(c.dtype, nkv), v(c.dtype, nkv), out(c.dtype, nq);
@@ -135,63 +198,114 @@ void run_case(const Case& c, const std::vector<CpuPath>& paths, uint32_t seed,
     const int64_t ms[4] = {int64_t(Hq) * L * S, int64_t(L) * S, S, 1};
     std::memcpy(p.m_strides, ms, sizeof ms);
   }
-  // float64 reference: scores, softmax (max-subtracted, NaN-propagating), weighted values; a row
-  // whose every key is masked is zeros.
-  double atol = 2e-5, rtol = 2e-5;  // as tests/conftest.py TOLERANCE
-  if (c.dtype == ElementType::float16) atol = 4e-3, rtol = 2e-3;
-  if (c.dtype == ElementType::bfloat16) atol = 3e-2, rtol = 1.6e-2;
-  std::vector<double> want(nq), scores(S), acc(D);
-  for (int b = 0; b < B; ++b) {
-    for (int h = 0; h < Hq; ++h) {
-      const int kh = h / group;
-      for (int i = 0; i < L; ++i) {
-        double top = -kInf;
-        bool nan = false;
-        for (int s = 0; s < S; ++s) {
-          double dot = 0;
-          for (int d = 0; d < D; ++d) {
-            dot += q.values[q_at(b, h, i, d)] * k.values[kv_at(b, kh, s, d)];
-          }
-          double x = dot * double(scale) + mask_values[m_at(b, h, i, s)];
-          if (c.mask == Mask::causal && s > S - L + i) x = -kInf;
-          scores[s] = x;
-          nan |= std::isnan(x);
-          top = std::max(top, x);
-        }
-        for (double& a : acc) a = 0;
-        if (nan) {
-          for (double& a : acc) a = kNaN;
-        } else if (top != -kInf) {
-          double sum = 0;
-          for (int s = 0; s < S; ++s) {
-            const double w = std::exp(scores[s] - top);  // inf - inf: NaN, as the readable path
-            if (w == 0.0) continue;  // a masked key: its value is never read
-            sum += w;
-            for (int d = 0; d < D; ++d) acc[d] += w * v.values[kv_at(b, kh, s, d)];
-          }
-          for (double& a : acc) a /= sum;
-        }
-        for (int d = 0; d < D; ++d) want[q_at(b, h, i, d)] = acc[d];
-      }
-    }
-  }
+  std::vector<double> want = reference(
+      c, scale, q.values, [&](int b, int h, int s, int d) { return k.values[kv_at(b, h, s, d)]; },
+      [&](int b, int h, int s, int d) { return v.values[kv_at(b, h, s, d)]; }, mask_values);
   for (size_t n = 0; n < paths.size(); ++n) {
     std::fill(out.bytes.begin(), out.bytes.end(), 0xff);  // NaN: every output must be written
     decode_attention_cpu(p, paths[n]);
-    for (size_t at = 0; at < nq; ++at) {
-      const double got = out.get_output(at), w = want[at];
-      const bool ok = std::isnan(w) ? std::isnan(got)
-                      : std::isinf(w) ? got == w
-                                      : std::fabs(got - w) <= atol + rtol * std::fabs(w);
-      if (!ok) {
-        std::printf("  FAIL %s %s B=%d Hq=%d Hkv=%d L=%d S=%d D=%d mask=%s%s %s seed %u: "
-                    "out[%zu] = %g, want %g\n",
-                    cpu_path_name(paths[n]), dtype_name(c.dtype), B, Hq, Hkv, L, S, D,
-                    mask_name(c.mask),
-                    c.kv_seq_major ? " seq-major" : "", poison_name(c.poison), seed, at, got, w);
-        ++failed[n];
-        break;
+    if (!matches(out, want, c.dtype)) {
+      std::printf("    in %s %s B=%d Hq=%d Hkv=%d L=%d S=%d D=%d mask=%s%s %s seed %u\n",
+                  cpu_path_name(paths[n]), dtype_name(c.dtype), B, Hq, Hkv, L, S, D,
+                  mask_name(c.mask), c.kv_seq_major ? " seq-major" : "", poison_name(c.poison),
+                  seed);
+      ++failed[n];
+    }
+  }
+}
+
+// A quantized cache (mx.quantize triples: value = scale * code + bias per group of the head
+// dimension), random codes and per-group scales and biases in the queries' dtype; the reference
+// reads the values they stand for.
+struct QuantizedCase {
+  ElementType dtype;
+  int batch, hq, hkv, L, S, D, bits, group_size;
+  Mask mask;
+  Poison poison = Poison::none;  // none or q_nan
+};
+
+void run_quantized_case(const QuantizedCase& c, const std::vector<CpuPath>& paths, uint32_t seed,
+                        std::vector<int>& failed) {
+  Random rng(seed);
+  const int B = c.batch, Hq = c.hq, Hkv = c.hkv, L = c.L, S = c.S, D = c.D;
+  const int words = D * c.bits / 32, groups = D / c.group_size, top_code = (1 << c.bits) - 1;
+  const size_t nq = size_t(B) * Hq * L * D, rows = size_t(B) * Hkv * S;
+  Tensor q(c.dtype, nq), out(c.dtype, nq);
+  for (size_t i = 0; i < nq; ++i) q.set(i, rng.normal());
+  if (c.poison == Poison::q_nan) q.set(nq / 2, kNaN);
+  struct Cache {
+    std::vector<uint32_t> codes;
+    Tensor scales, biases;
+    std::vector<double> values;  // (B, Hkv, S, D)
+  };
+  auto make_cache = [&]() {
+    Cache k{std::vector<uint32_t>(rows * words), Tensor(c.dtype, rows * groups),
+            Tensor(c.dtype, rows * groups), std::vector<double>(rows * D)};
+    for (size_t r = 0; r < rows; ++r) {
+      for (int g = 0; g < groups; ++g) {  // values over about [-2, 2]
+        k.scales.set(r * groups + g, (3.0 + rng.uniform()) / top_code);
+        k.biases.set(r * groups + g, -2.0 + 0.5 * rng.normal());
       }
+      for (int d = 0; d < D; ++d) {
+        const uint32_t code = rng() % (top_code + 1);
+        k.codes[r * words + d * c.bits / 32] |= code << (d * c.bits % 32);
+        const size_t g = r * groups + d / c.group_size;
+        k.values[r * D + d] = k.scales.values[g] * code + k.biases.values[g];
+      }
+    }
+    return k;
+  };
+  const Cache k = make_cache(), v = make_cache();
+  std::vector<float> additive;
+  std::vector<double> mask_values(nq / D * S, 0.0);
+  if (c.mask == Mask::additive) {
+    additive.resize(mask_values.size());
+    for (size_t i = 0; i < additive.size(); ++i) {
+      additive[i] = rng() % 5 == 0 ? -INFINITY : float(rng.normal());
+      mask_values[i] = additive[i];
+    }
+  }
+  const float scale = 1.0f / std::sqrt(float(D));
+  QuantizedProblem p{};
+  static_cast<AttentionGeometry&>(p) =
+      make_geometry(B, Hq, Hkv, L, S, D, scale, c.mask == Mask::causal, nullptr);
+  p.queries = q.bytes.data();
+  p.k_codes = k.codes.data();
+  p.k_scales = k.scales.bytes.data();
+  p.k_biases = k.biases.bytes.data();
+  p.v_codes = v.codes.data();
+  p.v_scales = v.scales.bytes.data();
+  p.v_biases = v.biases.bytes.data();
+  p.out = out.bytes.data();
+  p.dtype = c.dtype;
+  p.bits = c.bits;
+  p.group_size = c.group_size;
+  const int64_t code_strides[4] = {int64_t(Hkv) * S * words, int64_t(S) * words, words, 1};
+  const int64_t group_strides[4] = {int64_t(Hkv) * S * groups, int64_t(S) * groups, groups, 1};
+  for (auto* strides : {&p.k_strides, &p.v_strides}) {
+    std::memcpy((*strides)[0], code_strides, sizeof code_strides);
+    std::memcpy((*strides)[1], group_strides, sizeof group_strides);
+    std::memcpy((*strides)[2], group_strides, sizeof group_strides);
+  }
+  if (c.mask == Mask::additive) {
+    p.mask = additive.data();
+    p.mask_kind = kMaskFloat32;
+    const int64_t ms[4] = {int64_t(Hq) * L * S, int64_t(L) * S, S, 1};
+    std::memcpy(p.m_strides, ms, sizeof ms);
+  }
+  auto at = [&](int b, int h, int s, int d) { return ((size_t(b) * Hkv + h) * S + s) * D + d; };
+  const std::vector<double> want = reference(
+      c, scale, q.values, [&](int b, int h, int s, int d) { return k.values[at(b, h, s, d)]; },
+      [&](int b, int h, int s, int d) { return v.values[at(b, h, s, d)]; }, mask_values);
+  for (size_t n = 0; n < paths.size(); ++n) {
+    std::fill(out.bytes.begin(), out.bytes.end(), 0xff);  // NaN: every output must be written
+    decode_attention_quantized_cpu(p, paths[n]);
+    if (!matches(out, want, c.dtype)) {
+      std::printf("    in %s quantized %s %d-bit group %d B=%d Hq=%d Hkv=%d L=%d S=%d D=%d "
+                  "mask=%s %s seed %u\n",
+                  cpu_path_name(paths[n]), dtype_name(c.dtype), c.bits, c.group_size, B, Hq,
+                  Hkv, L, S, D, mask_name(c.mask), poison_name(c.poison), seed);
+      ++failed[n];
     }
   }
 }
@@ -269,8 +383,24 @@ int main(int argc, char** argv) {
     }
   }
 
+  // Quantized caches: every dtype, bit width and group size, GQA and none, L 1 and 8, partial
+  // blocks, a context split over threads, head dims 64-256, a NaN query.
+  std::vector<QuantizedCase> quantized;
+  for (ElementType t : dtypes) {
+    for (int bits : {4, 8}) {
+      for (int group : {32, 64, 128}) {
+        quantized.push_back({t, 2, 8, 2, 1, 77, 128, bits, group, Mask::none});
+        quantized.push_back({t, 1, 4, 4, 8, 45, 128, bits, group, Mask::causal});
+      }
+      quantized.push_back({t, 1, 32, 8, 1, 2100, 128, bits, 64, Mask::none});
+      quantized.push_back({t, 1, 16, 2, 8, 300, 64, bits, 32, Mask::causal});
+      quantized.push_back({t, 1, 8, 4, 2, 130, 256, bits, 64, Mask::additive});
+      quantized.push_back({t, 1, 6, 3, 3, 50, 96, bits, 32, Mask::causal, Poison::q_nan});
+    }
+  }
+
   std::vector<int> failed(paths.size());
-  for (size_t n = 0; n < cases.size(); ++n) {
+  for (size_t n = 0; n < cases.size() + quantized.size(); ++n) {
     // The pool's workers sleep at once after one case and poll for the next after another, so
     // split contexts run through both hand-offs (woken from the futex, and found polling).
     setenv("ATTN_KERNELS_POOL_SPIN_US", n % 2 == 0 ? "0" : "200", 1);
@@ -281,10 +411,14 @@ int main(int argc, char** argv) {
     setenv("ATTN_KERNELS_CPU_UNITS_PER_THREAD", units[n / 3 % 3], 1);
     cpu_path_from_env();  // applies these, as an op's evaluation does
     for (uint32_t seed = 1; seed <= seeds; ++seed) {
-      run_case(cases[n], paths, seed + 7 * uint32_t(n), failed);
+      if (n < cases.size()) {
+        run_case(cases[n], paths, seed + 7 * uint32_t(n), failed);
+      } else {
+        run_quantized_case(quantized[n - cases.size()], paths, seed + 7 * uint32_t(n), failed);
+      }
     }
   }
   const int half_mismatches = check_half_conversions();
-  const int status = report(options, failed, cases.size() * seeds, "");
+  const int status = report(options, failed, (cases.size() + quantized.size()) * seeds, "");
   return half_mismatches > 0 ? 1 : status;
 }
