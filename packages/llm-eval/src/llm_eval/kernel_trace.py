@@ -86,7 +86,7 @@ def read_log(log: Path) -> list[dict]:
             continue
         value = float(row["Metric Value"].replace(",", ""))
         unit = row.get("Metric Unit", "nsecond")
-        scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6}[unit]
+        scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}[unit]
         kernels[int(row["ID"])] = {
             "name": short_name(row["Kernel Name"]),
             "us": value * scale,
