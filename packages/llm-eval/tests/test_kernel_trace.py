@@ -10,7 +10,7 @@ HEADER = (
 )
 
 
-def row(i, name, value, unit="nsecond", metric=kernel_trace.METRIC):
+def row(i, name, value, unit="ns", metric=kernel_trace.METRIC):
     return (
         f'"{i}","7","python3","h","{name}","1","13","(256, 1, 1)","({i + 1}, 1, 1)","0","9.0",'
         f'"Command line profiler metrics","{metric}","{unit}","{value}"'
@@ -43,8 +43,8 @@ def test_log_rows_become_kernels_in_launch_order_and_steps_sum(tmp_path):
         HEADER,
         # IDs out of order, a thousands separator, another unit, another metric skipped
         row(2, "void b(int)", "1,500"),
-        row(0, "void a(int)", "1000"),
-        row(1, "void b(int)", "2", unit="usecond"),
+        row(0, "void a(int)", "1", unit="usecond"),
+        row(1, "void b(int)", "2", unit="us"),
         row(3, "void a(int)", "3000"),
         row(3, "void a(int)", "9", metric="sm__cycles_elapsed.avg"),
         "==PROF== Disconnected from process 7",

@@ -20,6 +20,8 @@ from collections import defaultdict
 from pathlib import Path
 
 METRIC = "gpu__time_duration.sum"
+# Microseconds per unit, as ncu names them: "ns" with --print-units base (2025.3), or spelled out.
+MICROSECONDS = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}
 
 
 def ncu_path() -> str | None:
@@ -85,8 +87,7 @@ def read_log(log: Path) -> list[dict]:
         if row.get("Metric Name") != METRIC:
             continue
         value = float(row["Metric Value"].replace(",", ""))
-        unit = row.get("Metric Unit", "nsecond")
-        scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}[unit]
+        scale = MICROSECONDS[row.get("Metric Unit") or "ns"]
         kernels[int(row["ID"])] = {
             "name": short_name(row["Kernel Name"]),
             "us": value * scale,
