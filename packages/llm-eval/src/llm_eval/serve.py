@@ -504,10 +504,9 @@ def anatomy(model, rows: int, context: int) -> dict:
 
 
 def anatomy_context(args, prompts) -> int:
-    """--context, else the mix's mean prompt plus half the new tokens (a mid-decode step)."""
-    if args.context:
-        return args.context
-    return int(statistics.mean(len(p) for p in prompts)) + args.new_tokens // 2
+    """--context (else the mix's mean prompt) plus half the new tokens: a mid-decode step."""
+    context = args.context or int(statistics.mean(len(p) for p in prompts))
+    return context + args.new_tokens // 2
 
 
 def trace_child(args) -> None:
