@@ -136,6 +136,10 @@ def test_quantized_group_sizes():
             assert guard.use_fused_quantized(1, 4096, None, where, group_size=group_size)
         assert not guard.use_fused_quantized(1, 4096, None, where, group_size=16)
     assert guard.use_fused_quantized(1, 4096, None, "cuda")
+    # L = 2-8 causal measured on the CPU only (speculative decoding's verify step)
+    assert guard.use_fused_quantized(8, 4096, "causal", "cpu", group_size=64)
+    assert not guard.use_fused_quantized(9, 4096, "causal", "cpu", group_size=64)
+    assert not guard.use_fused_quantized(2, 4096, "causal", "cuda", group_size=64)
     assert not guard.use_fused_quantized(1, 4096, None, "metal", group_size=64)
     assert set(guard.QUANTIZED_GROUP_SIZES) == set(guard.QUANTIZED_LIMITS)
 

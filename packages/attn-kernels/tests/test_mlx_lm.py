@@ -385,7 +385,8 @@ FALLBACKS = {
     "explicit boolean mask": lambda: (*qkv(1, 40), None, mx.arange(40) % 3 > 0, None),
     "explicit additive mask": lambda: (*qkv(2, 40), None, mx.zeros((2, 40)), None),
     "attention sinks": lambda: (*qkv(1, 40), None, None, mx.zeros((4,))),
-    "quantized cache, two query tokens": lambda: (*quantized(*qkv(2, 40)), "causal", None),
+    # past every backend's measured query length over a quantized cache (the CPU's: 8)
+    "quantized cache, nine query tokens": lambda: (*quantized(*qkv(9, 40)), "causal", None),
     "value head dim differs": lambda: (*qkv(1, 40, d=64, dv=32), None, None, None),
     "head dim above the kernel's": lambda: (*qkv(1, 40, d=320), None, None, None),
     "mixed dtypes": lambda: (*mixed(*qkv(1, 40)), None, None, None),
@@ -573,20 +574,24 @@ def test_command_generates_with_the_kernel(tmp_path, capsys):
 
 @pytest.mark.usefixtures("any_head_dim_and_dtype")
 @pytest.mark.parametrize("bits", [4, 8])
-def test_quantized_cache_decode_through_the_quantized_op(bits, monkeypatch):
-    """A QuantizedKVCache decode step (L = 1) inside the guard's quantized region runs
-    decode_attention_quantized on the cache's triples as they are, and agrees with mlx-lm's
-    quantized path on the same codes."""
+@pytest.mark.parametrize("length", [1, 4])
+def test_quantized_cache_decode_through_the_quantized_op(bits, length, monkeypatch):
+    """A QuantizedKVCache decode step (L = 1, or 4 causal tokens: a verify step) inside the
+    guard's quantized region runs decode_attention_quantized on the cache's triples as they are,
+    and agrees with mlx-lm's quantized path on the same codes."""
+    mask = None if length == 1 else "causal"
+    if not guard.use_fused_quantized(length, 300, mask):
+        pytest.skip(f"L = {length} is outside this backend's measured quantized region")
     seen = []
     op = kernel.decode_attention_quantized
     monkeypatch.setattr(
         kernel, "decode_attention_quantized", lambda *a, **k: seen.append(k) or op(*a, **k)
     )
-    q, k, v, cache = quantized(*qkv(1, 300, d=128, dtype=mx.bfloat16), bits=bits)
-    expected = MLX_LM_SDPA(q, k, v, cache, scale=0.1, mask=None)
-    q, k, v, cache = quantized(*qkv(1, 300, d=128, dtype=mx.bfloat16), bits=bits)  # q was scaled
+    q, k, v, cache = quantized(*qkv(length, 300, d=128, dtype=mx.bfloat16), bits=bits)
+    expected = MLX_LM_SDPA(q, k, v, cache, scale=0.1, mask=mask)
+    q, k, v, cache = quantized(*qkv(length, 300, d=128, dtype=mx.bfloat16), bits=bits)  # scaled
     with kernel.enabled():
-        out = base.scaled_dot_product_attention(q, k, v, cache, scale=0.1, mask=None)
+        out = base.scaled_dot_product_attention(q, k, v, cache, scale=0.1, mask=mask)
         counts = kernel.calls()
     assert counts == {"fused": 0, "fused_quantized": 1, "fused_step": 0, "mlx_lm": 0, "linear": 0}
     assert [(s["group_size"], s["bits"]) for s in seen] == [(32, bits)]

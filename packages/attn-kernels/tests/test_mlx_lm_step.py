@@ -648,3 +648,31 @@ def test_quantized_cache_decodes_through_the_quantized_step(case):
         assert [x.shape for x in (*a.keys, *a.values)] == [x.shape for x in (*b.keys, *b.values)]
     for x, y in zip(our_cache[0].values, their_cache[0].values, strict=True):
         assert mx.array_equal(x[..., : 12 + count, :], y[..., : 12 + count, :]).item()
+
+
+@pytest.mark.usefixtures("any_head_dim_and_dtype")
+def test_quantized_cache_verify_step_through_the_quantized_step():
+    """Four tokens at once after the prompt (speculative decoding's verify step) with mlx-lm's
+    QuantizedKVCache, where the guard's quantized region takes them (the CPU's: L <= 8): one
+    attention_step_quantized per layer, every position's logits and the cache as mlx-lm's."""
+    model = arch_model("qwen3")
+    prompt, draft = prompt_ids(12), prompt_ids(4, seed=9)
+    head_dim = model.args.head_dim
+    if not guard.use_step_quantized(4, 16, head_dim, "causal", group_size=64):
+        pytest.skip("four tokens are outside this backend's measured quantized region")
+
+    def run(enabled):
+        cache = [QuantizedKVCache(group_size=64, bits=4) for _ in range(LAYERS)]
+        if not enabled:
+            model(prompt, cache=cache)
+            return model(draft, cache=cache), cache, None
+        with kernel.enabled():
+            model(prompt, cache=cache)
+            logits = model(draft, cache=cache)
+            return logits, cache, kernel.calls()
+
+    theirs, their_cache, _ = run(False)
+    ours, our_cache, calls = run(True)
+    assert calls["fused_step"] == LAYERS and calls["mlx_lm"] == LAYERS  # the prompt: mlx-lm's
+    assert max_difference([ours], [theirs]) <= 1e-3
+    assert [c.offset for c in our_cache] == [c.offset for c in their_cache] == [16] * LAYERS

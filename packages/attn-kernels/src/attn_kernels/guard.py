@@ -43,9 +43,11 @@ cache dequantised, then mx.fast:
 cpu: cpu-2core-qwen3-4b-attention-quantized-{8,4}-bit-mlx-0.32.4.json: L=1, S = 1024..32768,
     every pass won against the dequantise-then-readable path (7.4-23x), mlx-lm's quantized path
     (22-36x) and mx.fast on bf16 K/V (4.7-8.2x), which the dequantise-then-mx.fast fallback
-    cannot beat; L > 1 not measured. On AVX2 (the kernel on the float kernel's body):
+    cannot beat. On AVX2 (the kernel on the float kernel's body):
     cpu-2core-qwen3-4b-attention-quantized-{8,4}-bit-avx2-mlx-0.32.4.json, every pass won,
-    15-27x mx.fast.
+    15-27x mx.fast; L = 2, 4, 8 causal at S = 1024, 8192, 32768:
+    cpu-2core-qwen3-4b-attention-quantized-{8,4}-bit-L2-L8-causal-avx2-mlx-0.32.4.json, every pass
+    won against mx.fast on bf16 K/V (8 bits 15-28x, 4 bits 15-29x), so L <= 8.
 cuda: benchmark_results/raw/h200-quantized-merge-split.txt (c139b75, the default kernel mmat4
     with the context split for two blocks per SM): L=1, group 64, 8 / 4 bits, S = 4096, 32768, 131072:
     16.0 / 16.1, 32.0 / 26.3, 83.1 / 56.8 µs against 32-48 (4096, 32768) and 136 for mx.fast on
@@ -168,7 +170,7 @@ LIMITS: dict[str, Limits] = {
 # Over a quantized cache: (max query length, max context); (0, 0) means never. Mask None or
 # "causal" only.
 QUANTIZED_LIMITS: dict[str, tuple[int, int]] = {
-    "cpu": (1, 32768),
+    "cpu": (8, 32768),
     "cuda": (1, 131072),
     "metal": (0, 0),
 }
