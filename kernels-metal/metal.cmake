@@ -12,6 +12,7 @@ add_dependencies(_ext attn_kernels_metallib)
 target_sources(_ext PRIVATE
   ${METAL_KERNEL_DIR}/eval_gpu_metal.cpp
   ${METAL_KERNEL_DIR}/eval_gpu_metal_quantized.cpp
-  ${METAL_KERNEL_DIR}/eval_gpu_attention_step_metal.cpp)
+  ${METAL_KERNEL_DIR}/eval_gpu_attention_step_metal.cpp
+  ${CMAKE_CURRENT_SOURCE_DIR}/csrc/linear_no_gpu.cpp)  # no Metal linear kernel: MLX's matmuls
 target_include_directories(_ext PRIVATE ${METAL_KERNEL_DIR})
 install(FILES ${CMAKE_CURRENT_BINARY_DIR}/attn_kernels.metallib DESTINATION attn_kernels)

@@ -37,6 +37,9 @@
 #               graphs, without them and with 1000 ops a graph (where a step's time goes);
 #               PART trace (not in all): each kernel of two decode steps at 8 and 32 rows under
 #               Nsight Compute (bench-serve --kernel-trace)
+#   linear      the quantized linear kernel (kernels-cuda/linear_quantized.cuh): its GPU tests,
+#               bench-linear --device gpu on Qwen3-4B's projections (4 and 8 bits, 1-32 rows)
+#               against mx.quantized_matmul, and the row-tile A/B at 16 and 32 rows
 #   models      issue 40's shapes through mlx-lm's own generate with and without enable():
 #               Llama-3.2-1B, Phi-3-mini, Gemma-3-4B, 4-bit, 8192+65; and Qwen3-4B decoding
 #               speculatively (its own weights as the draft)
@@ -218,6 +221,21 @@ serve() {
   fi
 }
 
+linear() {
+  python3 -m pytest -q -p no:cacheprovider packages/attn-kernels/tests/test_linear.py \
+    packages/attn-kernels/tests/test_mlx_lm_linear.py packages/attn-kernels/tests/test_guard_limits.py \
+    -k "gpu or cuda or limits" 2>&1 | tail -5 | tee "$OUT/linear-tests.txt"
+  local rows=(--rows 1 --rows 2 --rows 4 --rows 8 --rows 16 --rows 32)
+  python3 -m llm_eval.linear --device gpu --model qwen3-4b --format q4 --format q8 "${rows[@]}" \
+    --iterations 6 --force --output "$R/$G-qwen3-4b-linear-gpu-$V.json" 2>&1 | quiet
+  local tiles
+  for tiles in 1 2; do  # W rows a warp covers (plan_linear_quantized's choice: 2 from 17 rows)
+    ATTN_LINEAR_ROW_TILES=$tiles python3 -m llm_eval.linear --device gpu --model qwen3-4b \
+      --format q4 --rows 16 --rows 32 --iterations 4 --no-record 2>&1 | quiet |
+      tee "$OUT/linear-row-tiles-$tiles.txt"
+  done
+}
+
 models() {
   python3 -m llm_eval.mlx_lm_decode --model llama-3.2-1b --model phi-3-mini --model gemma-3-4b \
     --quantize 4bit --workload 8192+65 --rounds "${ROUNDS:-3}" --output "$R" 2>&1 | quiet
@@ -274,10 +292,10 @@ for target in "$@"; do
   echo "== $target $(date -u +%T)"
   case "$name" in
     operators | coverage | serve) "$name" "$part" ;;
-    tests | ragged | model | models | step | quantized) "$name" ;;
+    tests | ragged | model | models | step | quantized | linear) "$name" ;;
     cpu-host) cpu_host "$part" ;;
     *) echo "tools/gpu.sh: unknown target $target (tests, operators[:kernels|grid|short|long]," \
-      "coverage[:split-mma], ragged, model, models, step, quantized, serve[:anatomy|trace]," \
+      "coverage[:split-mma], ragged, model, models, step, quantized, linear, serve[:anatomy|trace]," \
       "cpu-host[:kernels|model])" >&2 ;;
   esac
   # After each target, so that a call stopped at its limit still returns the finished ones

@@ -36,9 +36,9 @@ void check_shape(const char* name, const mx::array& a, const mx::Shape& expected
   }
 }
 
-// The stride between rows of x (..., K) when its columns are contiguous and its leading
-// dimensions collapse into one of rows; 0 when they do not (then x is copied).
-int64_t row_stride(const mx::array& x) {
+}  // namespace
+
+int64_t collapsed_row_stride(const mx::array& x) {
   const int K = x.shape(-1);
   if (x.flags().row_contiguous || x.size() == static_cast<size_t>(K)) return K;
   const int nd = x.ndim();
@@ -48,8 +48,6 @@ int64_t row_stride(const mx::array& x) {
   }
   return x.strides()[nd - 2];
 }
-
-}  // namespace
 
 mx::array decode_linear(
     const mx::array& x,
@@ -113,6 +111,16 @@ mx::array decode_linear(
     check_shape("gate", *gate, x.shape(), " (x's: silu(gate) * x is the layer's input)");
     inputs.push_back(*gate);
   }
+  if (mx::to_stream(s).device == mx::Device::gpu) {
+    if (bits == 0) {
+      fail("a GPU stream takes 4- or 8-bit codes; dense weights run MLX's matmul there "
+           "(attn_kernels.decode_linear calls it)");
+    }
+    if (x.dtype() == mx::float32) {
+      fail("a GPU stream takes bfloat16 or float16 x (the tensor cores' operands), got float32");
+    }
+    if (gate) fail("gate runs on the CPU only; on a GPU stream pass swiglu(gate, x) as x");
+  }
   mx::Shape out_shape = x.shape();
   out_shape.back() = N;
   return mx::array(
@@ -173,8 +181,8 @@ void DecodeLinear::eval_cpu(const std::vector<mx::array>& inputs,
   for (const auto& in : inputs) encoder.set_input_array(in);
   encoder.set_output_array(out);
   const mx::array& x = inputs[0];
-  const int64_t stride = row_stride(x);
-  const int64_t gate_stride = has_gate_ ? row_stride(inputs.back()) : 0;
+  const int64_t stride = collapsed_row_stride(x);
+  const int64_t gate_stride = has_gate_ ? collapsed_row_stride(inputs.back()) : 0;
   std::vector<Operand> operands = {Operand(x, stride != 0)};
   for (size_t i = 1; i < inputs.size(); ++i) {
     const bool in_place = has_gate_ && i + 1 == inputs.size() ? gate_stride != 0
@@ -218,12 +226,6 @@ void DecodeLinear::eval_cpu(const std::vector<mx::array>& inputs,
     p.gate = has_gate ? data[next] : nullptr;
     linear_cpu(p, path);
   });
-}
-
-void DecodeLinear::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
-  throw std::runtime_error(
-      "[decode_linear] runs on the CPU only; on a GPU stream attn_kernels.linear calls MLX's own "
-      "matmuls.");
 }
 
 }  // namespace attn_kernels

@@ -1,6 +1,7 @@
 // DecodeLinear: out = x @ W^T (+ bias) for a decode step's few rows of x, W dense or in
-// mx.quantize's affine layout, read once by the CPU linear kernel (cpu_linear_body.h). On the CPU
-// only: GPUs keep MLX's own matmuls (attn_kernels.linear calls them on a GPU stream).
+// mx.quantize's affine layout, read once: by the CPU linear kernel (cpu_linear_body.h), and on
+// NVIDIA GPUs, for 4- and 8-bit codes with bf16/f16 x, by kernels-cuda/linear_quantized.cuh
+// (dense weights, float32 and a gate keep MLX's own ops there: attn_kernels.linear).
 #pragma once
 
 #include <optional>
@@ -31,6 +32,10 @@ mx::array decode_linear(
     int bits,
     const std::optional<mx::array>& gate = std::nullopt,
     mx::StreamOrDevice s = {});
+
+// The stride between rows of x (..., K) when its columns are contiguous and its leading
+// dimensions collapse into one of rows; 0 when they do not (then x is copied).
+int64_t collapsed_row_stride(const mx::array& x);
 
 class DecodeLinear : public mx::Primitive {
  public:

@@ -160,13 +160,18 @@ def test_quantized_step_region():
 
 
 def test_linear_limits():
-    """decode_linear on the CPU only: 1-8 rows, the measured formats and group sizes; GPUs keep
-    MLX's matmuls (linear_rows 0 lets callers skip the question there)."""
+    """decode_linear on the CPU: 1-8 rows, the measured formats and group sizes; on CUDA the
+    quantized formats up to 32 rows; Metal keeps MLX's matmuls (linear_rows 0 lets callers skip
+    the question there)."""
     rows = guard.linear_rows("cpu")
-    assert rows == 8 and guard.linear_rows("cuda") == guard.linear_rows("metal") == 0
+    assert rows == 8 and guard.linear_rows("cuda") == 32 and guard.linear_rows("metal") == 0
     for dtype in (mx.bfloat16, mx.float16, mx.float32):
         assert guard.use_linear(1, dtype, backend="cpu")
-        assert not guard.use_linear(1, dtype, backend="cuda")
+        assert not guard.use_linear(1, dtype, backend="cuda")  # dense: MLX's matmul
+    for dtype in (mx.bfloat16, mx.float16):
+        assert guard.use_linear(32, dtype, 4, 64, backend="cuda")
+        assert not guard.use_linear(33, dtype, 8, 64, backend="cuda")
+    assert not guard.use_linear(1, mx.float32, 4, 64, backend="cuda")
     assert guard.use_linear(rows, mx.bfloat16, 4, 64, backend="cpu")
     assert guard.use_linear(3, mx.bfloat16, 8, 128, backend="cpu")
     assert not guard.use_linear(rows + 1, mx.bfloat16, backend="cpu")

@@ -4,6 +4,7 @@ dimensions of any shape, widths that are not multiples of the vector steps, both
 every group size, strided and transposed inputs, NaN, a SwiGLU gate, and the argument errors."""
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 import pytest
 from attn_kernels import _ext, decode_linear, decode_linear_quantized
@@ -235,6 +236,87 @@ def test_gpu_streams_take_mlx_matmuls():
         gated = decode_linear(x, w, gate=x + 1).astype(mx.float32)
         expected = mx.matmul(mx.sigmoid(x + 1) * (x + 1) * x, w.T).astype(mx.float32)
     np.testing.assert_allclose(np.array(gated), np.array(expected), rtol=2**-6, atol=0.05)
+
+
+CUDA = pytest.mark.skipif(not mx.cuda.is_available(), reason="no CUDA device")
+
+
+@CUDA
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16])
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize(
+    ("rows", "n", "k", "group"),
+    [(1, 40, 320, 64), (2, 19, 384, 128), (5, 72, 160, 32), (8, 1030, 2560, 64),
+     (13, 40, 320, 64), (32, 2560, 1024, 64), (37, 24, 640, 128)],
+)  # fmt: skip
+def test_cuda_kernel_gpu_matches_float64(dtype, bits, rows, n, k, group):
+    """The tensor-core kernel (kernels-cuda/linear_quantized.cuh) on the GPU: every tile size
+    (1, 2 and 4 tiles of 8 rows; several passes past 32), N and K that are not multiples of the
+    tiles, every group size, against float64 and no farther from it than mx.quantized_matmul."""
+    keys = mx.random.split(mx.random.key(rows + n + k + bits), 3)
+    w = (mx.random.normal((n, k), key=keys[0]) / k**0.5).astype(dtype)
+    codes, scales, biases = mx.quantize(w, group_size=group, bits=bits)
+    x = mx.random.normal((rows, k), key=keys[1]).astype(dtype)
+    bias = mx.random.normal((n,), key=keys[2]).astype(dtype)
+    with mx.stream(mx.gpu):
+        got = decode_linear_quantized(x, codes, scales, biases, bias, group_size=group, bits=bits)
+        theirs = (
+            mx.quantized_matmul(
+                x, codes, scales, biases, transpose=True, group_size=group, bits=bits
+            )
+            + bias
+        )
+    assert got.shape == (rows, n) and got.dtype == dtype
+    wq = dequantized(codes, scales, biases, bits, group)
+    x64 = to_numpy(x)
+    exact = x64 @ wq.T + to_numpy(bias)
+    sums = np.abs(x64) @ np.abs(wq).T
+    err = np.abs(to_numpy(got) - exact)
+    tol = ROUNDING[dtype] * (np.abs(exact) + sums) + 1e-6
+    assert (err <= tol).all(), f"worst error {err.max():.3g}"
+    theirs_err = np.abs(to_numpy(theirs) - exact).max()
+    assert err.max() <= theirs_err + ROUNDING[dtype] * np.abs(exact).max()
+
+
+@CUDA
+def test_cuda_kernel_gpu_strided_inputs_and_gate():
+    """A column slice of x (rows 16-byte aligned, then not), transposed-then-copied codes (not
+    row-contiguous: copied on the GPU first) and a SwiGLU gate (mlx-lm's op first on a GPU)."""
+    k, n, group = 256, 48, 64
+    w = mx.random.normal((n, k)).astype(mx.bfloat16) / 16
+    codes, scales, biases = mx.quantize(w, group_size=group, bits=4)
+    wq = dequantized(codes, scales, biases, 4, group)
+    wide = mx.random.normal((6, k + 9)).astype(mx.bfloat16)
+    for x in (wide[:, 8 : 8 + k], wide[:, 1 : 1 + k]):
+        got = decode_linear_quantized(x, codes, scales, biases, group_size=group, stream=mx.gpu)
+        check(got, to_numpy(x), wq, None, mx.bfloat16)
+    strided = mx.array(np.ascontiguousarray(np.array(codes).T)).T  # same values, column-major
+    x = mx.random.normal((3, k)).astype(mx.bfloat16)
+    got = decode_linear_quantized(x, strided, scales, biases, group_size=group, stream=mx.gpu)
+    check(got, to_numpy(x), wq, None, mx.bfloat16)
+    gate = mx.random.normal((3, k)).astype(mx.bfloat16)
+    with mx.stream(mx.gpu):
+        got = decode_linear_quantized(x, codes, scales, biases, group_size=group, gate=gate)
+    hidden = to_numpy(nn.silu(gate) * x)
+    check(got, hidden, wq, None, mx.bfloat16, x_rounded=True)
+
+
+@CUDA
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [(lambda x, w, q: _ext.decode_linear(x, w, None, None, None, 64, 0, None, stream=mx.gpu),
+      "dense weights run MLX's matmul"),
+     (lambda x, w, q: _ext.decode_linear(x.astype(mx.float32), q[0], q[1].astype(mx.float32),
+                                         q[2].astype(mx.float32), None, 64, 4, None,
+                                         stream=mx.gpu), "takes bfloat16 or float16 x"),
+     (lambda x, w, q: _ext.decode_linear(x, *q, None, 64, 4, x, stream=mx.gpu),
+      "gate runs on the CPU only")],
+)  # fmt: skip
+def test_cuda_kernel_gpu_refuses_what_it_does_not_take(call, message):
+    x = mx.zeros((2, 128), mx.bfloat16)
+    w = mx.zeros((8, 128), mx.bfloat16)
+    with pytest.raises(ValueError, match=message):
+        call(x, w, mx.quantize(w, group_size=64, bits=4))
 
 
 BAD = [

@@ -195,7 +195,7 @@ def test_what_the_guard_leaves_keeps_mlx_matmuls(monkeypatch):
         mx.eval(half(x.astype(mx.float16)))  # f16 codes: no record
         fp = nn.QuantizedLinear(64, 24, group_size=32, bits=4, mode="mxfp4")
         mx.eval(fp(x))
-        monkeypatch.setitem(guard.LINEAR_LIMITS, "cpu", guard.LINEAR_LIMITS["cuda"])
+        monkeypatch.setitem(guard.LINEAR_LIMITS, "cpu", guard.LINEAR_LIMITS["metal"])
         mx.eval(dense(x))
         assert kernel.calls()["linear"] == 2 and len(calls) == 2
 

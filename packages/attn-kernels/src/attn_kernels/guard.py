@@ -78,12 +78,14 @@ cuda (an H100, sm_90 as the H200): h100-attention-coverage-split-mma-mlx-0.32.4.
 metal: D=128 bf16 only.
 
 Linear layers of a decode step (decode_linear, decode_linear_quantized; LINEAR_LIMITS), against
-MLX's own matmuls (x @ W.T, mx.quantized_matmul), on the CPU only (GPUs keep MLX's):
+MLX's own matmuls (x @ W.T, mx.quantized_matmul); dense weights on a GPU, and Metal, keep MLX's:
 cpu (2-vCPU AMD EPYC, Zen 3, AVX2): cpu-2core-qwen3-0.6b-linear-mlx-0.32.4.json: Qwen3-0.6B's
     q/k/v, o, gate/up, down and LM head, bf16 / f16 / f32 weights and 4- and 8-bit codes (group
     64, bf16 activations), 1 and 8 rows: ours faster in every sample (the slowest of ours at
     least 3.0x faster than the fastest of MLX's), medians 3.3x (q/k/v and o, f32, 1 row) to 699x
     (LM head, 4-bit, 8 rows); more rows than 8, and codes with f16 or f32 scales, not measured.
+cuda: 4- and 8-bit codes with bf16/f16 scales, 1-32 rows (the tensor-core kernel's range,
+    kernels-cuda/linear_quantized.cuh): RECORD PENDING (bench-linear --device gpu).
 """
 
 from __future__ import annotations
@@ -190,7 +192,10 @@ LINEAR_LIMITS: dict[str, tuple[int, tuple[tuple[mx.Dtype, int], ...]]] = {
         8,
         ((mx.bfloat16, 0), (mx.float16, 0), (mx.float32, 0), (mx.bfloat16, 4), (mx.bfloat16, 8)),
     ),
-    "cuda": (0, ()),
+    "cuda": (
+        32,
+        ((mx.bfloat16, 4), (mx.bfloat16, 8), (mx.float16, 4), (mx.float16, 8)),
+    ),
     "metal": (0, ()),
 }
 

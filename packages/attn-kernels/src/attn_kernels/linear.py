@@ -5,11 +5,15 @@ reads all the weights to do 1-8 multiply-adds with each: bound by memory, where 
 matmul reads bf16 weights at ~2 GB/s and quantized ones at ~0.1 GB/s. `DecodeLinear` reads each
 weight once, widened or dequantised in registers, over the CPU kernels' thread pool
 (docs/cpu-linear.md). Weights are dense (N, K) or mlx-lm's quantized layout (`mx.quantize`
-triples: `nn.QuantizedLinear`'s weight, scales and biases) read as stored. On a GPU stream these
-functions call MLX's own ops: GPUs keep MLX's matmuls.
+triples: `nn.QuantizedLinear`'s weight, scales and biases) read as stored. On an NVIDIA GPU,
+quantized weights against bf16/f16 x run a tensor-core kernel that reads each weight once for
+up to 32 rows (kernels-cuda/linear_quantized.cuh; MLX's qmv re-reads them per row); dense and
+float32 weights, and every weight on other GPUs, run MLX's own ops.
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -30,13 +34,21 @@ def _on_cpu(stream: Stream) -> bool:
     return getattr(device, "type", device) == mx.cpu
 
 
+def _cuda_kernel(x: mx.array) -> bool:
+    """Whether a GPU stream's call of decode_linear_quantized runs the CUDA kernel (bf16/f16 x)."""
+    return x.dtype in (mx.bfloat16, mx.float16) and mx.cuda.is_available()
+
+
 def _check_arrays(**arrays) -> None:
     for name, a in arrays.items():
         if a is not None and not isinstance(a, mx.array):
             raise TypeError(f"{name} must be an mx.array, got {type(a).__name__}")
 
 
+@partial(mx.compile, shapeless=True)
 def _swiglu(gate: mx.array, x: mx.array) -> mx.array:
+    """mlx-lm's swiglu (models/activations.py), compiled as it is: the same fused kernel and
+    roundings, so a GPU down projection's input equals mlx-lm's."""
     return nn.silu(gate) * x
 
 
@@ -84,9 +96,17 @@ def decode_linear_quantized(
 
     x: (..., K) float32, float16 or bfloat16; weight: uint32 codes (N, K * bits / 32); scales,
     biases: (N, K / group_size) in x's dtype; bias: (N,) or None. bits 4 or 8, group_size 32, 64
-    or 128 (mlx-lm's default: 4 and 64). gate: as decode_linear's. Returns (..., N) in x's dtype.
+    or 128 (mlx-lm's default: 4 and 64). gate: as decode_linear's (on a GPU: mlx-lm's swiglu
+    op first). Returns (..., N) in x's dtype. On a CUDA stream with bf16/f16 x: the tensor-core
+    kernel (the bias added in float32 before the output's one rounding); elsewhere on a GPU,
+    mx.quantized_matmul.
     """
     _check_arrays(x=x, weight=weight, scales=scales, biases=biases, bias=bias, gate=gate)
+    if not _on_cpu(stream) and _cuda_kernel(x):
+        x = x if gate is None else _swiglu(gate, x)
+        return _ext.decode_linear(
+            x, weight, scales, biases, bias, group_size, bits, None, stream=stream
+        )
     if not _on_cpu(stream):
         out = mx.quantized_matmul(
             x if gate is None else _swiglu(gate, x),

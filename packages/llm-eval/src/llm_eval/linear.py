@@ -1,4 +1,4 @@
-"""bench-linear: a decode step's linear layers on the CPU, ours against MLX's own, interleaved.
+"""bench-linear: a decode step's linear layers, ours against MLX's own, interleaved.
 
 Shapes: a model's projections (--model: q/k/v and gate/up fused as qwen3_model runs them, o,
 down and the LM head) or --shape NxK (repeatable). Formats (--format, repeatable): bf16, f16,
@@ -16,7 +16,12 @@ i-th iteration in the i-th of their orders (every order equally often); every sa
 GB/s counts the weights' bytes as stored (codes, scales and biases); the floor is those bytes at
 the read rate the kernel's threads measure (best of the runs before and after).
 
+On a GPU (--device gpu: NVIDIA, quantized formats): a sample is one evaluation of --batch
+calls, each on the next copy of the weights, its time divided by the calls (what a call costs
+inside a step's graph, launch included); the floor is the rate MLX's sum reads a 1 GiB array.
+
     bench-linear --model qwen3-0.6b --format bf16 --format q4 --rows 1 --rows 8
+    bench-linear --device gpu --model qwen3-4b --format q4 --rows 1 --rows 8 --rows 32
 """
 
 from __future__ import annotations
@@ -72,6 +77,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
+        "--device", choices=["cpu", "gpu"], default="cpu", help="where the layers run (cpu)"
+    )
+    p.add_argument(
         "--model", metavar="NAME", help=", ".join(qwen3_model.CONFIGS) + " (default qwen3-0.6b)"
     )
     p.add_argument("--shape", action="append", metavar="NxK", help="outputs x inputs (repeatable)")
@@ -88,6 +96,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="comma-separated: ours, mlx, torch (default ours,mlx)",
     )
     p.add_argument("--iterations", type=int, default=4, metavar="N", help="timed samples each (4)")
+    p.add_argument("--batch", type=int, default=16, metavar="N", help="calls per GPU sample (16)")
     p.add_argument(
         "--weights-mb", type=int, default=512, metavar="MB", help="weight copies rotated (512)"
     )
@@ -108,8 +117,13 @@ def parse_args(argv=None) -> argparse.Namespace:
             p.error(f"--shape {text!r}: N and K must be positive")
         shapes[f"{n}x{k}"] = (n, k)
     args.shapes = shapes or model_shapes(args.model or "qwen3-0.6b")
-    args.format = list(dict.fromkeys(args.format or ["bf16", "q4"]))
-    args.rows = list(dict.fromkeys(args.rows or [1, 8]))
+    gpu = args.device == "gpu"
+    args.format = list(dict.fromkeys(args.format or (["q4"] if gpu else ["bf16", "q4"])))
+    args.rows = list(dict.fromkeys(args.rows or ([1, 2, 4, 8, 16, 32] if gpu else [1, 8])))
+    if gpu and any(not FORMATS[f][1] for f in args.format):
+        p.error("--device gpu: quantized formats only (q4, q8): dense weights run MLX's matmul")
+    if gpu and args.batch < 1:
+        p.error("--batch must be >= 1")
     if any(m < 1 for m in args.rows):
         p.error("--rows must be >= 1")
     for fmt in args.format:
@@ -119,6 +133,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     unknown = [s for s in args.implementations if s not in IMPLEMENTATIONS]
     if unknown or not args.implementations:
         p.error(f"--implementations: unknown {unknown} (choose from {', '.join(IMPLEMENTATIONS)})")
+    if gpu and "torch" in args.implementations:
+        p.error("--implementations torch: CPU only")
     orders = len(list(itertools.permutations(args.implementations)))
     if args.iterations < 1 or args.iterations % orders:
         p.error(f"--iterations must be a positive multiple of {orders} (every order equally often)")
@@ -175,19 +191,33 @@ class Weights:
         return call
 
 
-def time_call(weights: Weights, name: str, x: mx.array) -> float | None:
-    call = weights.caller(name, x)
-    if call is None:
+def time_call(weights: list[Weights], name: str, x: mx.array) -> float | None:
+    """Seconds a call takes: one call per copy in `weights`, evaluated together (one on the CPU,
+    --batch on a GPU), the time divided by the calls."""
+    calls = [w.caller(name, x) for w in weights]
+    if calls[0] is None:
         return None
     start = time.perf_counter()
-    out = call()
-    if isinstance(out, mx.array):
-        mx.eval(out)
-    return time.perf_counter() - start
+    outs = [call() for call in calls]
+    mx.eval([out for out in outs if isinstance(out, mx.array)])
+    return (time.perf_counter() - start) / len(calls)
+
+
+def gpu_read_bandwidth() -> float:
+    """Bytes per second MLX's sum reads a 1 GiB array at on the GPU (best of 5)."""
+    a = mx.ones((1 << 28,), mx.float32)
+    mx.eval(a)
+    best = 0.0
+    for _ in range(6):
+        start = time.perf_counter()
+        mx.eval(a.sum())
+        best = max(best, a.nbytes / (time.perf_counter() - start))
+    return best
 
 
 def run(args, progress: Progress | None = None) -> dict:
-    mx.set_default_device(mx.cpu)
+    gpu = args.device == "gpu"
+    mx.set_default_device(mx.gpu if gpu else mx.cpu)
     progress = progress or Progress()
     if "torch" in args.implementations:
         try:
@@ -196,8 +226,10 @@ def run(args, progress: Progress | None = None) -> dict:
             raise SystemExit(
                 "bench-linear: --implementations torch needs PyTorch (pip install torch)"
             ) from err
-    metadata = collect_metadata("cpu")
-    read = [_ext.measure_read_bandwidth(1 << 30, 3)]
+    metadata = collect_metadata(args.device)
+    measure = gpu_read_bandwidth if gpu else lambda: _ext.measure_read_bandwidth(1 << 30, 3)
+    read = [measure()]
+    batch = args.batch if gpu else 1
     orders = list(itertools.permutations(args.implementations))
     cases = list(itertools.product(args.shapes.items(), args.format, args.rows))
     progress.restart(len(cases))
@@ -216,16 +248,16 @@ def run(args, progress: Progress | None = None) -> dict:
         if "torch" in args.implementations:  # torch's copies of every weight copy, made first
             for w in sets:
                 w.caller("torch", x)
-        for name in args.implementations:  # warm-up: one call each (on a copy read last)
-            time_call(sets[-1], name, x)
+        for name in args.implementations:  # warm-up: one sample each (on copies read last)
+            time_call(sets[-batch:], name, x)
         turn = 0
         for it in range(args.iterations):
             order_log.append(
                 {"case": f"{label},{fmt},M={rows}", "order": list(orders[it % len(orders)])}
             )
             for name in orders[it % len(orders)]:
-                t = time_call(sets[turn % copies], name, x)
-                turn += 1
+                t = time_call([sets[(turn + j) % copies] for j in range(batch)], name, x)
+                turn += batch
                 if t is not None:
                     samples[name].append(t)
         summary = {}
@@ -254,7 +286,7 @@ def run(args, progress: Progress | None = None) -> dict:
         }
         del sets
         progress.step(f"{label} {fmt} M={rows}")
-    read.append(_ext.measure_read_bandwidth(1 << 30, 3))
+    read.append(measure())
     bandwidth = max(read) / 1e9
     for entry in results.values():
         for s in entry["summary"].values():
@@ -298,8 +330,9 @@ def format_table(record: dict) -> str:
 def main(argv=None) -> None:
     args = parse_args(argv)
     record = run(args)
+    where = record["metadata"]["device"]
     print(
-        f"cpu ({record['metadata']['device'].get('cpu', '?')}), read rate "
+        f"{args.device} ({where.get('gpu' if args.device == 'gpu' else 'cpu', '?')}), read rate "
         f"{record['results']['read_bandwidth_gbs']:.1f} GB/s, {args.iterations} samples each"
     )
     print(format_table(record))
@@ -309,7 +342,8 @@ def main(argv=None) -> None:
         else:
             folder = args.output or bench.find_results_dir()
             stem = (
-                f"{bench.machine_tag('cpu')}-{args.model or 'shapes'}-linear-mlx-{mx.__version__}"
+                f"{bench.machine_tag(args.device)}-{args.model or 'shapes'}-linear-mlx-"
+                f"{mx.__version__}"
             )
             path = bench.unique_path(folder, stem)
         print(f"wrote {write_record(record, path, force=args.force)}")
