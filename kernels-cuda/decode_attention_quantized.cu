@@ -104,10 +104,10 @@ const Kernel& kernel_for(int bits, int lpr, unsigned smem) {
 // by a cp.async pipeline through shared memory, sized for 4 blocks per SM,
 // decode_attention_quantized_mmat.cuh, where its layout requirements hold, else the SIMT kernel;
 // H200, Qwen3-4B shapes, group 64, S = 131072: 76-81 µs at 8 bits and 50-55 µs at 4 bits against
-// mx.fast's 128-139 on the bf16 K/V, docs/quantized-kv.md), or for A/B runs
+// mx.fast's 128-139 on the bf16 K/V, docs/quantized-kv-cuda.md), or for A/B runs
 // ATTN_QUANTIZED_VARIANT=mmat (the same kernel sized for 2 blocks per SM: more registers and
 // stages) or 8x2 (the SIMT kernel everywhere). The variants that lost to these on the H200 left
-// the code with their numbers in docs/quantized-kv.md.
+// the code with their numbers in docs/quantized-kv-cuda.md.
 const std::string& variant() {
   static const std::string chosen = [] {
     const char* env = std::getenv("ATTN_QUANTIZED_VARIANT");
@@ -262,7 +262,7 @@ void split_context(QuantizedPlan& plan, const QuantizedProblem& p, int blocks, i
 // was 1.04-1.25x faster in chained calls from S = 4096 to 16384 (independent 1.09-1.17x); two
 // were level or faster chained from 32768 (131072: 1.09x at 8 bits, 1.25x at 4), where a long
 // walk needs the second block's warps to hide its latency, though independent calls there
-// favour one by 1-10%: a decode step's calls are chained (docs/quantized-kv.md).
+// favour one by 1-10%: a decode step's calls are chained (docs/quantized-kv-cuda.md).
 QuantizedPlan plan_mmat(const QuantizedProblem& p, const std::string& kind) {
   QuantizedPlan plan{};
   plan.threads = kThreads;

@@ -84,7 +84,7 @@ __device__ __forceinline__ bool rows_aligned(const uint32_t* codes, const int64_
 // grid (kv_rows * tiles, splits), kThreads threads, 4 blocks per SM (128 registers); shared
 // memory: kWarps * kVectors states. Each lane holds 8 values of a row, each walker takes 2
 // positions per step with one rescale ("8x2"; 16 values a lane, 4 positions a step, and the next
-// step's rows loaded during this one were slower on the H200: docs/quantized-kv.md).
+// step's rows loaded during this one were slower on the H200: docs/quantized-kv-cuda.md).
 template <typename T, int BITS, int LPR>
 __global__ void __launch_bounds__(kThreads, 4)
     attend_quantized(QuantizedProblem p, float* partials, int chunk, unsigned slot) {

@@ -1,5 +1,5 @@
 // The tensor-core kernel of DecodeAttentionQuantized ("mmat4", the CUDA default; "mmat" is the
-// same kernel sized for 2 blocks per SM; docs/quantized-kv.md): one block of 4 warps per (key/value
+// same kernel sized for 2 blocks per SM; docs/quantized-kv-cuda.md): one block of 4 warps per (key/value
 // row, tile of 8 query vectors, context chunk); each warp walks sub-steps of 16 positions, which
 // it copies itself from global into shared memory with cp.async, STAGES - 1 sub-steps ahead of the
 // one it computes (decode_attention_quantized_stages.cuh), and combines them with an online
@@ -11,7 +11,7 @@
 // is 16 c * 2^-24, so at 4 bits the queries' slots facing even nibbles carry a factor 16 and the
 // output rows of odd nibbles come out 16 times larger; the powers of two leave the float32
 // results through the score scale, the bias term and the final write. (Each code was 1024 + c
-// minus 1024 before, one f16 instruction more per register: docs/quantized-kv.md, "Codes as f16
+// minus 1024 before, one f16 instruction more per register: docs/quantized-kv-cuda.md, "Codes as f16
 // subnormals".)
 // Scales and biases apply per quantization group in float32:
 //     scores:  q . (s * c + b) = s * (q . c) + b * sum(q)
@@ -41,7 +41,7 @@
 // BLOCKS is the launch bound's blocks per SM (registers <= 65536 / (128 * BLOCKS)); STAGES is
 // chosen by the dispatcher so that BLOCKS blocks' stages fit the SM's shared memory.
 // (Variants of this kernel and the earlier ones it replaced, with their timings on the H200:
-// docs/quantized-kv.md.)
+// docs/quantized-kv-cuda.md.)
 #pragma once
 
 #include <cstring>

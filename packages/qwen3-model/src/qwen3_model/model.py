@@ -37,7 +37,7 @@ CHECKPOINTS = ("composition", "decode-attention")
 # Inputs of at most this many positions are decode steps: only they take the fused projections
 # and the step's other fusions. A prompt's chunks keep separate matmuls, as fast there (H200,
 # 32768-token prompt: 12.8 k tok/s either way) and 1.8 GB lower in peak memory
-# (docs/quantized-kv.md, "The whole model with a 4-bit cache").
+# (docs/quantized-kv-cuda.md, "The whole model with a 4-bit cache").
 DECODE_POSITIONS = 8
 
 
