@@ -32,7 +32,8 @@
 #               tests, bench-accuracy, and ab-decode with a 4-bit cache at 32768+65 against
 #               mlx-lm's kv_bits=4
 #   serve       bench-serve: Qwen3-4B 4-bit, 32 requests of 256-2048 prompt tokens + 64 each,
-#               slots 8 and 32: mlx-lm's BatchGenerator, with enable(), and ours (--anatomy);
+#               slots 8 and 32: mlx-lm's BatchGenerator, with enable(), and ours (--anatomy;
+#               PART rates: without it);
 #               PART anatomy: the anatomy alone at 1, 8 and 32 rows under MLX's default CUDA
 #               graphs, without them and with 1000 ops a graph (where a step's time goes);
 #               PART trace (not in all): each kernel of two decode steps at 8 and 32 rows under
@@ -202,6 +203,10 @@ serve() {
     python3 -m llm_eval.serve "${mix[@]}" --slots 8 --slots 32 --rounds "${ROUNDS:-2}" --anatomy \
       --output "$R/$G-qwen3-4b-4bit-serve-32x256-2048+64-$V.json" 2>&1 | quiet
   fi
+  if [ "$1" = rates ]; then  # the same runs without the anatomy (a shorter call)
+    python3 -m llm_eval.serve "${mix[@]}" --slots 8 --slots 32 --rounds "${ROUNDS:-2}" \
+      --output "$R/$G-qwen3-4b-4bit-serve-rates-32x256-2048+64-$V.json" 2>&1 | quiet
+  fi
   if [ "$1" = trace ]; then  # not in "all": its own call
     python3 -m llm_eval.serve "${mix[@]}" --slots 8 --slots 32 --kernel-trace --force \
       --output "$R/$G-qwen3-4b-4bit-serve-kernel-trace-$V.json" 2>&1 | quiet | grep -v '^==PROF=='
@@ -295,7 +300,7 @@ for target in "$@"; do
     tests | ragged | model | models | step | quantized | linear) "$name" ;;
     cpu-host) cpu_host "$part" ;;
     *) echo "tools/gpu.sh: unknown target $target (tests, operators[:kernels|grid|short|long]," \
-      "coverage[:split-mma], ragged, model, models, step, quantized, linear, serve[:anatomy|trace]," \
+      "coverage[:split-mma], ragged, model, models, step, quantized, linear, serve[:rates|anatomy|trace]," \
       "cpu-host[:kernels|model])" >&2 ;;
   esac
   # After each target, so that a call stopped at its limit still returns the finished ones
