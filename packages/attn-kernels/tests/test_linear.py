@@ -241,6 +241,18 @@ def test_gpu_streams_take_mlx_matmuls():
 CUDA = pytest.mark.skipif(not mx.cuda.is_available(), reason="no CUDA device")
 
 
+def check_tensor_cores(got: mx.array, x, w, bias, dtype, x_rounded=False):
+    """got against float64 x @ w.T (+ bias) as the tensor-core kernel computes it: each weight
+    rounded to the dtype (the mma's operands, as MLX's own qmm has them), float32 sums, one
+    rounding of the output; returns the float64 result."""
+    exact = x @ w.T + (0.0 if bias is None else bias)
+    sums = np.abs(x) @ np.abs(w).T
+    tol = ROUNDING[dtype] * (np.abs(exact) + (2 if x_rounded else 1) * sums) + 1e-6
+    err = np.abs(to_numpy(got) - exact)
+    assert (err <= tol).all(), f"worst error {err.max():.3g}"
+    return exact
+
+
 @CUDA
 @pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16])
 @pytest.mark.parametrize("bits", [4, 8])
@@ -269,13 +281,10 @@ def test_cuda_kernel_gpu_matches_float64(dtype, bits, rows, n, k, group):
     assert got.shape == (rows, n) and got.dtype == dtype
     wq = dequantized(codes, scales, biases, bits, group)
     x64 = to_numpy(x)
-    exact = x64 @ wq.T + to_numpy(bias)
-    sums = np.abs(x64) @ np.abs(wq).T
-    err = np.abs(to_numpy(got) - exact)
-    tol = ROUNDING[dtype] * (np.abs(exact) + sums) + 1e-6
-    assert (err <= tol).all(), f"worst error {err.max():.3g}"
+    exact = check_tensor_cores(got, x64, wq, to_numpy(bias), dtype)
     theirs_err = np.abs(to_numpy(theirs) - exact).max()
-    assert err.max() <= theirs_err + ROUNDING[dtype] * np.abs(exact).max()
+    ours_err = np.abs(to_numpy(got) - exact).max()
+    assert ours_err <= theirs_err + ROUNDING[dtype] * np.abs(exact).max()
 
 
 @CUDA
@@ -286,19 +295,19 @@ def test_cuda_kernel_gpu_strided_inputs_and_gate():
     w = mx.random.normal((n, k)).astype(mx.bfloat16) / 16
     codes, scales, biases = mx.quantize(w, group_size=group, bits=4)
     wq = dequantized(codes, scales, biases, 4, group)
-    wide = mx.random.normal((6, k + 9)).astype(mx.bfloat16)
+    wide = mx.random.normal((6, k + 16)).astype(mx.bfloat16)  # rows 16-byte aligned
     for x in (wide[:, 8 : 8 + k], wide[:, 1 : 1 + k]):
         got = decode_linear_quantized(x, codes, scales, biases, group_size=group, stream=mx.gpu)
-        check(got, to_numpy(x), wq, None, mx.bfloat16)
+        check_tensor_cores(got, to_numpy(x), wq, None, mx.bfloat16)
     strided = mx.array(np.ascontiguousarray(np.array(codes).T)).T  # same values, column-major
     x = mx.random.normal((3, k)).astype(mx.bfloat16)
     got = decode_linear_quantized(x, strided, scales, biases, group_size=group, stream=mx.gpu)
-    check(got, to_numpy(x), wq, None, mx.bfloat16)
+    check_tensor_cores(got, to_numpy(x), wq, None, mx.bfloat16)
     gate = mx.random.normal((3, k)).astype(mx.bfloat16)
     with mx.stream(mx.gpu):
         got = decode_linear_quantized(x, codes, scales, biases, group_size=group, gate=gate)
     hidden = to_numpy(nn.silu(gate) * x)
-    check(got, hidden, wq, None, mx.bfloat16, x_rounded=True)
+    check_tensor_cores(got, hidden, wq, None, mx.bfloat16, x_rounded=True)
 
 
 @CUDA

@@ -4,6 +4,7 @@ are refused before anything runs."""
 
 import json
 
+import mlx.core as mx
 import pytest
 from llm_eval import linear
 from llm_eval.record import validate
@@ -62,3 +63,15 @@ def test_bad_arguments(argv, message, capsys):
     with pytest.raises(SystemExit):
         linear.parse_args(argv)
     assert message in capsys.readouterr().err
+
+
+def test_chained_calls_wait_for_each_other():
+    """A GPU sample's calls (here on the CPU): each call's x waits for the previous output, and
+    the chain's outputs are the calls' own (mx.depends adds no arithmetic)."""
+    copies = [linear.Weights(24, 64, "q4", 32, mx.random.key(i)) for i in range(3)]
+    x = mx.random.normal((2, 64)).astype(mx.bfloat16)
+    assert linear.time_call(copies, "ours", x) > 0
+    chained = mx.depends(x, copies[0].caller("mlx", x)(x))
+    for w in copies:
+        got, expected = w.caller("ours", chained)(chained), w.caller("ours", x)(x)
+        assert mx.array_equal(got, expected).item()

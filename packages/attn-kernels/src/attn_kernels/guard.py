@@ -84,8 +84,14 @@ cpu (2-vCPU AMD EPYC, Zen 3, AVX2): cpu-2core-qwen3-0.6b-linear-mlx-0.32.4.json:
     64, bf16 activations), 1 and 8 rows: ours faster in every sample (the slowest of ours at
     least 3.0x faster than the fastest of MLX's), medians 3.3x (q/k/v and o, f32, 1 row) to 699x
     (LM head, 4-bit, 8 rows); more rows than 8, and codes with f16 or f32 scales, not measured.
-cuda: 4- and 8-bit codes with bf16/f16 scales, 1-32 rows (the tensor-core kernel's range,
-    kernels-cuda/linear_quantized.cuh): RECORD PENDING (bench-linear --device gpu).
+cuda (an H100, sm_90 as the H200): h100-qwen3-4b-linear-gpu-mlx-0.32.4.json (bench-linear --device
+    gpu, the tensor-core kernel of kernels-cuda/linear_quantized.cuh against mx.quantized_matmul,
+    Qwen3-4B's fused q/k/v, o, fused gate/up, down and LM head, 4- and 8-bit codes, group 64,
+    bf16 x, 6 samples each): at 2 and 4 rows (MLX's qmv reads the weights once per row) ours won
+    every sample of every layer, 1.5x-6.1x (medians), but one: 8 bits, o, 2 rows, a tie (median
+    1.02x, slowest sample 0.85x). At 1 row MLX's qmv ties or wins at 8 bits (0.84-0.99x) and loses
+    only some layers at 4 bits; from 8 rows MLX's qmm (tensor cores, a 128-row tile) ties or wins
+    (0.24-1.28x), so rows 2-4; f16 x not measured.
 """
 
 from __future__ import annotations
@@ -186,18 +192,17 @@ QUANTIZED_GROUP_SIZES: dict[str, tuple[int, ...]] = {
 }
 
 # Linear layers: (most rows of x, the (dtype, bits) formats measured; bits 0: dense weights in
-# dtype, 4 or 8: mx.quantize's codes with scales in dtype, groups QUANTIZED_GROUP_SIZES').
+# dtype, 4 or 8: mx.quantize's codes with scales in dtype, groups QUANTIZED_GROUP_SIZES'), from
+# LINEAR_MIN_ROWS rows on.
 LINEAR_LIMITS: dict[str, tuple[int, tuple[tuple[mx.Dtype, int], ...]]] = {
     "cpu": (
         8,
         ((mx.bfloat16, 0), (mx.float16, 0), (mx.float32, 0), (mx.bfloat16, 4), (mx.bfloat16, 8)),
     ),
-    "cuda": (
-        32,
-        ((mx.bfloat16, 4), (mx.bfloat16, 8), (mx.float16, 4), (mx.float16, 8)),
-    ),
+    "cuda": (4, ((mx.bfloat16, 4), (mx.bfloat16, 8))),
     "metal": (0, ()),
 }
+LINEAR_MIN_ROWS: dict[str, int] = {"cpu": 1, "cuda": 2, "metal": 1}
 
 # Backends whose AttentionStep kernel has run (Metal's launcher has not run on a Mac yet).
 STEP_BACKENDS = ("cpu", "cuda")
@@ -328,7 +333,7 @@ def use_step_quantized(
 
 def linear_rows(backend: str | None = None) -> int:
     """The most rows of x decode_linear runs for on `backend` (default: the default device's);
-    0 where it has no record (GPUs): callers skip the rest of the question there."""
+    0 where it has no record (Metal): callers skip the rest of the question there."""
     return LINEAR_LIMITS[_default_backend() if backend is None else backend][0]
 
 
@@ -342,14 +347,14 @@ def use_linear(
     """True where decode_linear (bits 0) or decode_linear_quantized (bits 4, 8) was measured to
     beat MLX's own matmul on `backend`: `rows` rows of x (a decode step's tokens), weights in
     the measured (dtype, bits) formats, a quantized layer's group size as
-    QUANTIZED_GROUP_SIZES."""
+    QUANTIZED_GROUP_SIZES; rows from LINEAR_MIN_ROWS to the limit's."""
     where = _default_backend() if backend is None else backend
     if where not in LINEAR_LIMITS:
         raise ValueError(f"unknown backend {where!r}: use one of {', '.join(LINEAR_LIMITS)}")
     max_rows, formats = LINEAR_LIMITS[where]
     if bits and group_size not in QUANTIZED_GROUP_SIZES[where]:
         return False
-    return 1 <= rows <= max_rows and (dtype, bits) in formats
+    return LINEAR_MIN_ROWS[where] <= rows <= max_rows and (dtype, bits) in formats
 
 
 _default_backend = backend

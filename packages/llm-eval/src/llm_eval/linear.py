@@ -17,8 +17,9 @@ GB/s counts the weights' bytes as stored (codes, scales and biases); the floor i
 the read rate the kernel's threads measure (best of the runs before and after).
 
 On a GPU (--device gpu: NVIDIA, quantized formats): a sample is one evaluation of --batch
-calls, each on the next copy of the weights, its time divided by the calls (what a call costs
-inside a step's graph, launch included); the floor is the rate MLX's sum reads a 1 GiB array.
+calls, each on the next copy of the weights and waiting for the one before (a decode step's
+chain), its time divided by the calls (launches included); the floor is the rate MLX's sum reads
+a 1 GiB array.
 
     bench-linear --model qwen3-0.6b --format bf16 --format q4 --rows 1 --rows 8
     bench-linear --device gpu --model qwen3-4b --format q4 --rows 1 --rows 8 --rows 32
@@ -157,21 +158,22 @@ class Weights:
         self.torch = None
 
     def caller(self, name: str, x: mx.array):
-        """A function of no arguments making the call, or None where `name` has no kernel for
-        this format. Its inputs are ready beforehand: torch's copies of the weights (once per
-        copy) and of x are made here, outside the timing."""
+        """A function of x (an mx.array like `x`) making the call, or None where `name` has no
+        kernel for this format. Torch's inputs are ready beforehand: its copies of the weights
+        (once per copy) and of `x` are made here, outside the timing, and its call ignores the
+        argument."""
         if name == "ours":
             if self.bits:
-                return lambda: decode_linear_quantized(
+                return lambda x: decode_linear_quantized(
                     x, *self.arrays, group_size=self.group_size, bits=self.bits
                 )
-            return lambda: decode_linear(x, self.arrays[0])
+            return lambda x: decode_linear(x, self.arrays[0])
         if name == "mlx":
             if self.bits:
-                return lambda: mx.quantized_matmul(
+                return lambda x: mx.quantized_matmul(
                     x, *self.arrays, transpose=True, group_size=self.group_size, bits=self.bits
                 )
-            return lambda: x @ self.arrays[0].T
+            return lambda x: x @ self.arrays[0].T
         if self.bits:
             return None  # PyTorch has no kernel for this layout
         import numpy as np
@@ -184,7 +186,7 @@ class Weights:
             )
         xt = torch.from_numpy(np.array(x.astype(mx.float32))).to(self.torch.dtype)
 
-        def call():
+        def call(_):
             with torch.inference_mode():
                 return torch.nn.functional.linear(xt, self.torch)
 
@@ -192,13 +194,20 @@ class Weights:
 
 
 def time_call(weights: list[Weights], name: str, x: mx.array) -> float | None:
-    """Seconds a call takes: one call per copy in `weights`, evaluated together (one on the CPU,
-    --batch on a GPU), the time divided by the calls."""
+    """Seconds a call takes: one call per copy in `weights` (one on the CPU, --batch on a GPU),
+    evaluated together, the time divided by the calls. Each call's x waits for the previous
+    call's output (mx.depends: no op of its own), as a decode step's projections wait for each
+    other: independent calls in one graph may run side by side on a GPU, which flatters a kernel
+    whose grid does not fill it."""
     calls = [w.caller(name, x) for w in weights]
     if calls[0] is None:
         return None
     start = time.perf_counter()
-    outs = [call() for call in calls]
+    outs, inp = [], x
+    for call in calls:
+        outs.append(call(inp))
+        if isinstance(outs[-1], mx.array):
+            inp = mx.depends(x, outs[-1])
     mx.eval([out for out in outs if isinstance(out, mx.array)])
     return (time.perf_counter() - start) / len(calls)
 
