@@ -9,16 +9,13 @@
 #if defined(__CUDACC__)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#ifndef ATTN_SHARED_FLOATS
-#define ATTN_SHARED_FLOATS(name) extern __shared__ __align__(16) float name[]
-#define ATTN_SHARED_FLAG(name) __shared__ bool name
-#endif
 #endif
 
 #include <cmath>
 #include <cstdint>
 
 #include "decode_problem.h"
+#include "shared_memory.cuh"
 
 // ATTN_BLOCKS_PER_SM, ATTN_MMA_PREFETCH and ATTN_MMA_BLOCKS_PER_SM are knobs for
 // kernels-cuda/dev/bench_attend.cu; ATTN_MMA_MAX_SPLITS caps split-mma's split count for builds

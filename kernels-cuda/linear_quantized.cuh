@@ -25,10 +25,6 @@
 #if defined(__CUDACC__)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#ifndef ATTN_SHARED_FLOATS
-#define ATTN_SHARED_FLOATS(name) extern __shared__ __align__(16) float name[]
-#define ATTN_SHARED_FLAG(name) __shared__ bool name
-#endif
 #endif
 
 #include <cstdint>
@@ -36,6 +32,7 @@
 
 #include "linear_problem.h"
 #include "mma_m16n8k16.cuh"
+#include "shared_memory.cuh"
 
 namespace attn_kernels::cuda::linear {
 

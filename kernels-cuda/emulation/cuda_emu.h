@@ -13,7 +13,11 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <fstream>
 #include <functional>
+#include <iterator>
+#include <stdexcept>
+#include <string>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -85,6 +89,17 @@ inline void launch(unsigned gx, unsigned gy, int threads, size_t shared_floats,
       for (auto& t : pool) t.join();
     }
   }
+}
+
+// A runner's input file as an array of T (raw bytes, native order).
+template <typename T>
+std::vector<T> read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw std::runtime_error("cannot read " + path);
+  std::vector<char> raw{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+  std::vector<T> out(raw.size() / sizeof(T));
+  std::memcpy(out.data(), raw.data(), out.size() * sizeof(T));
+  return out;
 }
 
 }  // namespace emu

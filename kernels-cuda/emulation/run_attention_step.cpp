@@ -37,17 +37,9 @@
 
 namespace {
 
+using emu::read_file;
 using namespace attn_kernels;
 using namespace attn_kernels::cuda;
-
-std::vector<float> read(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw std::runtime_error("cannot read " + path);
-  std::vector<char> raw{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
-  std::vector<float> out(raw.size() / sizeof(float));
-  std::memcpy(out.data(), raw.data(), out.size() * sizeof(float));
-  return out;
-}
 
 template <typename T>
 std::vector<T> to_t(const std::vector<float>& x) {
@@ -82,11 +74,11 @@ struct StepInputs {
   std::vector<T> q, k, v, qw, kw;
   std::vector<int32_t> starts, offsets;
   StepInputs(const std::string& dir, bool qk_norm)
-      : q(to_t<T>(read(dir + "/q.bin"))),
-        k(to_t<T>(read(dir + "/k.bin"))),
-        v(to_t<T>(read(dir + "/v.bin"))),
-        qw(qk_norm ? to_t<T>(read(dir + "/qw.bin")) : std::vector<T>{}),
-        kw(qk_norm ? to_t<T>(read(dir + "/kw.bin")) : std::vector<T>{}),
+      : q(to_t<T>(read_file<float>(dir + "/q.bin"))),
+        k(to_t<T>(read_file<float>(dir + "/k.bin"))),
+        v(to_t<T>(read_file<float>(dir + "/v.bin"))),
+        qw(qk_norm ? to_t<T>(read_file<float>(dir + "/qw.bin")) : std::vector<T>{}),
+        kw(qk_norm ? to_t<T>(read_file<float>(dir + "/kw.bin")) : std::vector<T>{}),
         starts(read_ints(dir + "/starts.bin")),
         offsets(read_ints(dir + "/offsets.bin")) {}
 
@@ -117,7 +109,8 @@ template <typename T, int D>
 int run(const std::string& dir, int b, int hq, int hkv, int L, int offset, int splits,
         int capacity, bool qk_norm, int position) {
   const StepInputs<T> in(dir, qk_norm);
-  const auto kc0 = to_t<T>(read(dir + "/kc.bin")), vc0 = to_t<T>(read(dir + "/vc.bin"));
+  const auto kc0 = to_t<T>(read_file<float>(dir + "/kc.bin"));
+  const auto vc0 = to_t<T>(read_file<float>(dir + "/vc.bin"));
   StepProblem s = in.problem(b, hq, hkv, L, offset, D, qk_norm, capacity);
   if (position >= 0) s.ring = 1, s.rope_shift = position - offset;
   const int64_t cache[4] = {int64_t(hkv) * capacity * D, int64_t(capacity) * D, D, 1};

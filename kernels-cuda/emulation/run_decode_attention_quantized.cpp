@@ -30,19 +30,10 @@
 
 namespace {
 
+using emu::read_file;
 using namespace attn_kernels;
 using namespace attn_kernels::cuda;
 using namespace attn_kernels::cuda::quantized;
-
-template <typename T>
-std::vector<T> read(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw std::runtime_error("cannot read " + path);
-  std::vector<char> raw{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
-  std::vector<T> out(raw.size() / sizeof(T));
-  std::memcpy(out.data(), raw.data(), out.size() * sizeof(T));
-  return out;
-}
 
 using Kernel = void (*)(QuantizedProblem, float*, int, unsigned);
 
@@ -109,19 +100,19 @@ int main(int argc, char** argv) {
     return 2;
   }
   const bool mma = kind != 0;
-  const auto q = read<float>(dir + "/q.bin"), mask = read<float>(dir + "/mask.bin");
-  const auto kc = read<uint32_t>(dir + "/kc.bin"), vc = read<uint32_t>(dir + "/vc.bin");
-  const auto ks = read<float>(dir + "/ks.bin"), kb = read<float>(dir + "/kb.bin");
-  const auto vs = read<float>(dir + "/vs.bin"), vb = read<float>(dir + "/vb.bin");
+  const auto q = read_file<float>(dir + "/q.bin"), mask = read_file<float>(dir + "/mask.bin");
+  const auto kc = read_file<uint32_t>(dir + "/kc.bin"), vc = read_file<uint32_t>(dir + "/vc.bin");
+  const auto ks = read_file<float>(dir + "/ks.bin"), kb = read_file<float>(dir + "/kb.bin");
+  const auto vs = read_file<float>(dir + "/vs.bin"), vb = read_file<float>(dir + "/vb.bin");
   std::vector<float> out(q.size(), NAN);
   const auto q16 = to_half(q), ks16 = to_half(ks), kb16 = to_half(kb);
   const auto vs16 = to_half(vs), vb16 = to_half(vb);
   std::vector<__half> out16(q.size(), __float2half_rn(NAN));
 
-  const auto starts = row_ranges & kRowStarts ? read<int32_t>(dir + "/starts.bin")
+  const auto starts = row_ranges & kRowStarts ? read_file<int32_t>(dir + "/starts.bin")
                                               : std::vector<int32_t>{};
   const auto ends =
-      row_ranges & kRowEnds ? read<int32_t>(dir + "/ends.bin") : std::vector<int32_t>{};
+      row_ranges & kRowEnds ? read_file<int32_t>(dir + "/ends.bin") : std::vector<int32_t>{};
 
   QuantizedProblem p{};
   static_cast<AttentionGeometry&>(p) =

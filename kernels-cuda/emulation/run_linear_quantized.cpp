@@ -20,18 +20,9 @@
 
 namespace {
 
+using emu::read_file;
 using namespace attn_kernels;
 using namespace attn_kernels::cuda::linear;
-
-template <typename T>
-std::vector<T> read(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw std::runtime_error("cannot read " + path);
-  std::vector<char> raw{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
-  std::vector<T> out(raw.size() / sizeof(T));
-  std::memcpy(out.data(), raw.data(), out.size() * sizeof(T));
-  return out;
-}
 
 using Kernel = void (*)(LinearProblem);
 
@@ -61,10 +52,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bad config.txt\n");
     return 2;
   }
-  const auto x = read<uint16_t>(dir + "/x.bin"), scales = read<uint16_t>(dir + "/scales.bin");
-  const auto biases = read<uint16_t>(dir + "/biases.bin");
-  const auto w = read<uint32_t>(dir + "/w.bin");
-  const auto bias = has_bias ? read<uint16_t>(dir + "/bias.bin") : std::vector<uint16_t>{};
+  const auto x = read_file<uint16_t>(dir + "/x.bin");
+  const auto scales = read_file<uint16_t>(dir + "/scales.bin");
+  const auto biases = read_file<uint16_t>(dir + "/biases.bin");
+  const auto w = read_file<uint32_t>(dir + "/w.bin");
+  const auto bias = has_bias ? read_file<uint16_t>(dir + "/bias.bin") : std::vector<uint16_t>{};
   std::vector<uint16_t> out(size_t(M) * N, 0xffff);  // NaN: an output never written shows
 
   LinearProblem p{};
