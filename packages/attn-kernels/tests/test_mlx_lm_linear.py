@@ -166,6 +166,22 @@ def test_no_routing_where_the_guard_has_no_linear_limits(monkeypatch):
     assert kernel.linear_enabled()
 
 
+def test_no_routing_by_default_where_limits_start_past_one_row(monkeypatch):
+    """CUDA's limits start at 2 rows: a single request's decode never uses them, so enable()
+    leaves the layers alone there unless asked (linear=True: batches, verify steps)."""
+    monkeypatch.setitem(guard.LINEAR_MIN_ROWS, "cpu", 2)
+    mlx_call = nn.Linear.__call__
+    kernel.enable()
+    assert not kernel.linear_enabled() and nn.Linear.__call__ is mlx_call
+    kernel.disable()
+    kernel.enable(linear=True)
+    assert kernel.linear_enabled()
+    layer = nn.QuantizedLinear(64, 24, group_size=64, bits=4)
+    layer.set_dtype(mx.bfloat16)
+    mx.eval(layer(mx.zeros((1, 64), mx.bfloat16)), layer(mx.zeros((2, 64), mx.bfloat16)))
+    assert kernel.calls()["linear"] == 1  # the 2-row call only
+
+
 def test_what_the_guard_leaves_keeps_mlx_matmuls(monkeypatch):
     """Rows past the guard's limit, a format it has no record for (f16 codes), a subclass of
     nn.Linear (its forward may differ), a non-affine quantization and a GPU backend's limits."""

@@ -337,6 +337,12 @@ def linear_rows(backend: str | None = None) -> int:
     return LINEAR_LIMITS[_default_backend() if backend is None else backend][0]
 
 
+def linear_min_rows(backend: str | None = None) -> int:
+    """The fewest rows of x decode_linear runs for on `backend` (default: the default device's):
+    1 on the CPU; 2 on CUDA, where MLX's qmv ties with ours at one row."""
+    return LINEAR_MIN_ROWS[_default_backend() if backend is None else backend]
+
+
 def use_linear(
     rows: int,
     dtype: mx.Dtype,

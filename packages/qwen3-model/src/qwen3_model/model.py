@@ -112,9 +112,11 @@ def linear(layer, x: mx.array, decode: bool, gate: mx.array | None = None) -> mx
     """layer(x) for a linear layer (or an embedding as the LM head: its as_linear); with a gate,
     layer(swiglu(gate, x)). In a decode step (`decode`: the decode-attention checkpoint,
     decode-sized x) decode_linear reads the weights where attn_kernels.guard measured it to beat
-    MLX's matmul (the CPU), the SwiGLU inside it: MLX's own op there runs its exp lane by lane
-    (docs/cpu-linear.md, "The SwiGLU inside the down projection")."""
-    # linear_rows first: 0.4 µs where the backend has no record (a GPU), against ~12 for the rest
+    MLX's matmul (the CPU; CUDA at 2-4 rows of 4- and 8-bit codes), on the CPU with the SwiGLU
+    inside it: MLX's own op there runs its exp lane by lane (docs/cpu-linear.md, "The SwiGLU
+    inside the down projection")."""
+    # linear_rows first: 0.4 µs where the backend has no record (Metal); on CUDA a one-row call
+    # pays ~1.5 µs of the guard's questions to keep MLX's (this machine's CPU, unmeasured there)
     out = guarded_linear(x, _weights(layer), gate) if decode and guard.linear_rows() else None
     if out is not None:
         return out
