@@ -38,7 +38,8 @@
 #               graphs, without them and with 1000 ops a graph (where a step's time goes);
 #               PART trace (not in all): each kernel of two decode steps at 8 and 32 rows under
 #               Nsight Compute (bench-serve --kernel-trace)
-#   linear      the quantized linear kernel (kernels-cuda/linear_quantized.cuh): its GPU tests,
+#   linear      the quantized linear kernel (kernels-cuda/linear_quantized.cuh): its GPU tests
+#               (the quick tier: 291 s for both tiers on a fresh H100, MLX's first calls slow),
 #               bench-linear --device gpu on Qwen3-4B's projections (4 and 8 bits, 1-32 rows)
 #               against mx.quantized_matmul, and the row-tile A/B at 16 and 32 rows
 #   models      issue 40's shapes through mlx-lm's own generate with and without enable():
@@ -229,7 +230,7 @@ serve() {
 linear() {
   python3 -m pytest -q -p no:cacheprovider packages/attn-kernels/tests/test_linear.py \
     packages/attn-kernels/tests/test_mlx_lm_linear.py packages/attn-kernels/tests/test_guard_limits.py \
-    -k "gpu or cuda or limits" 2>&1 | tail -5 | tee "$OUT/linear-tests.txt"
+    -m "not full" -k "gpu or cuda or limits" 2>&1 | tail -5 | tee "$OUT/linear-tests.txt"
   local rows=(--rows 1 --rows 2 --rows 4 --rows 8 --rows 16 --rows 32)
   python3 -m llm_eval.linear --device gpu --model qwen3-4b --format q4 --format q8 "${rows[@]}" \
     --iterations 6 --force --output "$R/$G-qwen3-4b-linear-gpu-$V.json" 2>&1 | quiet

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from attn_kernels import _ext, decode_linear, decode_linear_quantized
 from reference import to_numpy
+from tiers import few_rows
 
 DTYPES = [mx.float32, mx.float16, mx.bfloat16]
 # One rounding of the output to its dtype, plus float32 accumulation over K terms.
@@ -258,8 +259,9 @@ def check_tensor_cores(got: mx.array, x, w, bias, dtype, x_rounded=False):
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize(
     ("rows", "n", "k", "group"),
-    [(1, 40, 320, 64), (2, 19, 384, 128), (5, 72, 160, 32), (8, 1030, 2560, 64),
-     (13, 40, 320, 64), (32, 2560, 1024, 64), (37, 24, 640, 128)],
+    few_rows([(1, 40, 320, 64), (2, 19, 384, 128), (5, 72, 160, 32), (8, 1030, 2560, 64),
+              (13, 40, 320, 64), (32, 2560, 1024, 64), (37, 24, 640, 128)],
+             (5, 72, 160, 32), (32, 2560, 1024, 64)),
 )  # fmt: skip
 def test_cuda_kernel_gpu_matches_float64(dtype, bits, rows, n, k, group):
     """The tensor-core kernel (kernels-cuda/linear_quantized.cuh) on the GPU: every tile size
