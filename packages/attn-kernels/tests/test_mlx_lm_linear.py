@@ -154,32 +154,28 @@ def test_linear_false_and_disable_keep_mlx_matmuls():
     assert again == theirs and max_difference(again_logits, their_logits) == 0
 
 
-def test_no_routing_where_the_guard_has_no_linear_limits(monkeypatch):
-    """enable() installs the routing only where the default device's backend has linear limits
-    (a GPU's calls would pay its Python for nothing); linear=True installs it anyway."""
-    monkeypatch.setitem(guard.LINEAR_LIMITS, "cpu", (0, ()))
+@pytest.mark.parametrize(
+    ("table", "value"),
+    [("LINEAR_LIMITS", (0, ())), ("LINEAR_MIN_ROWS", 2)],
+    ids=["no-limits", "limits-from-2-rows"],
+)
+def test_no_routing_by_default_where_one_row_keeps_mlx(monkeypatch, table, value):
+    """enable() installs the routing only where the default device's backend runs decode_linear
+    for one row: not where it has no linear limits, nor where they start at 2 rows (CUDA: a
+    single request's decode would pay the Python for nothing); linear=True installs it anyway
+    (batches, verify steps)."""
+    monkeypatch.setitem(getattr(guard, table), "cpu", value)
     mlx_call = nn.Linear.__call__
     kernel.enable()
     assert not kernel.linear_enabled() and nn.Linear.__call__ is mlx_call
     kernel.disable()
     kernel.enable(linear=True)
     assert kernel.linear_enabled()
-
-
-def test_no_routing_by_default_where_limits_start_past_one_row(monkeypatch):
-    """CUDA's limits start at 2 rows: a single request's decode never uses them, so enable()
-    leaves the layers alone there unless asked (linear=True: batches, verify steps)."""
-    monkeypatch.setitem(guard.LINEAR_MIN_ROWS, "cpu", 2)
-    mlx_call = nn.Linear.__call__
-    kernel.enable()
-    assert not kernel.linear_enabled() and nn.Linear.__call__ is mlx_call
-    kernel.disable()
-    kernel.enable(linear=True)
-    assert kernel.linear_enabled()
-    layer = nn.QuantizedLinear(64, 24, group_size=64, bits=4)
-    layer.set_dtype(mx.bfloat16)
-    mx.eval(layer(mx.zeros((1, 64), mx.bfloat16)), layer(mx.zeros((2, 64), mx.bfloat16)))
-    assert kernel.calls()["linear"] == 1  # the 2-row call only
+    if table == "LINEAR_MIN_ROWS":
+        layer = nn.QuantizedLinear(64, 24, group_size=64, bits=4)
+        layer.set_dtype(mx.bfloat16)
+        mx.eval(layer(mx.zeros((1, 64), mx.bfloat16)), layer(mx.zeros((2, 64), mx.bfloat16)))
+        assert kernel.calls()["linear"] == 1  # the 2-row call only
 
 
 def test_what_the_guard_leaves_keeps_mlx_matmuls(monkeypatch):

@@ -102,12 +102,13 @@ def decode_linear_quantized(
     mx.quantized_matmul.
     """
     _check_arrays(x=x, weight=weight, scales=scales, biases=biases, bias=bias, gate=gate)
-    if not _on_cpu(stream) and _cuda_kernel(x):
+    on_cpu = _on_cpu(stream)
+    if not on_cpu and _cuda_kernel(x):
         x = x if gate is None else _swiglu(gate, x)
         return _ext.decode_linear(
             x, weight, scales, biases, bias, group_size, bits, None, stream=stream
         )
-    if not _on_cpu(stream):
+    if not on_cpu:
         out = mx.quantized_matmul(
             x if gate is None else _swiglu(gate, x),
             weight,
