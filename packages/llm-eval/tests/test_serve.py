@@ -116,3 +116,26 @@ def test_arguments_are_checked(argv, message, capsys):
     with pytest.raises(SystemExit):
         serve.parse_args(["--device", "cpu", *argv])
     assert message in capsys.readouterr().err
+
+
+def test_linear_all_rows_raises_the_guards_row_limit_for_its_runs(tmp_path, tiny, monkeypatch):
+    from attn_kernels import guard
+
+    monkeypatch.setitem(guard.LINEAR_LIMITS, "cpu", (2, guard.LINEAR_LIMITS["cpu"][1]))
+    with serve.linear_rows_up_to(5):
+        assert guard.linear_rows("cpu") == 5
+    assert guard.linear_rows("cpu") == 2
+    seen = []
+    linear = serve.qwen3_model.model.guarded_linear
+
+    def spy(x, *args):
+        out = linear(x, *args)
+        if out is not None:  # our kernel ran (None: MLX's matmul)
+            seen.append(x.size // x.shape[-1])
+        return out
+
+    monkeypatch.setattr(serve.qwen3_model.model, "guarded_linear", spy)
+    record = run(tmp_path, "--slots", "3", "--variant", "ours", "--variant", "ours-linear-all-rows")
+    series = record["results"]["series"]["slots=3"]
+    assert all(s["generated"] == 20 for v in series["samples"].values() for s in v)
+    assert 3 in seen and guard.linear_rows("cpu") == 2  # 3 rows: the variant's steps alone

@@ -56,7 +56,7 @@ from pathlib import Path
 
 import mlx.core as mx
 import qwen3_model
-from attn_kernels import _ext, attention_step_cache_copies
+from attn_kernels import _ext, attention_step_cache_copies, guard
 
 from llm_eval import bench, kernel_trace
 from llm_eval.progress import Progress
@@ -74,7 +74,10 @@ VARIANTS = [MLX_LM, MLX_LM_KERNEL, OURS]
 # On request: ours with the MLP's SwiGLU as MLX's op before down_proj, not inside its CPU kernel
 # (Model.set_swiglu_in_linear(False); an A/B of that fusion).
 OURS_SWIGLU_APART = "ours-swiglu-apart"
-OUR_VARIANTS = (OURS, OURS_SWIGLU_APART)
+# On request: ours with the guard's row limit for decode_linear raised to the slots, every decode
+# step's projections through our kernel (an A/B of guard.LINEAR_LIMITS at the batch's rows).
+OURS_LINEAR_ALL_ROWS = "ours-linear-all-rows"
+OUR_VARIANTS = (OURS, OURS_SWIGLU_APART, OURS_LINEAR_ALL_ROWS)
 DEFAULTS = {
     "gpu": dict(model="qwen3-4b", quantize="4bit", requests=32, prompt=(256, 2048), new=64),
     # A CPU prefills bf16 at ~5 tok/s (MLX's matmul, 2 vCPUs): short prompts keep a run to minutes.
@@ -114,9 +117,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--variant",
         action="append",
-        choices=[*VARIANTS, OURS_SWIGLU_APART],
+        choices=[*VARIANTS, OURS_SWIGLU_APART, OURS_LINEAR_ALL_ROWS],
         help="repeatable; default the first three (ours-swiglu-apart: ours with the MLP's "
-        "SwiGLU as MLX's op before the down projection, not inside its CPU kernel)",
+        "SwiGLU as MLX's op before the down projection, not inside its CPU kernel; "
+        "ours-linear-all-rows: ours with every decode step's projections through decode_linear, "
+        "the guard's row limit raised to the slots)",
     )
     p.add_argument("--rounds", type=at_least(1), default=2, metavar="N", help="timed rounds (2)")
     p.add_argument("--device", choices=["cpu", "gpu"], default="gpu" if bench.has_gpu() else "cpu")
@@ -211,6 +216,8 @@ class Drive:
         import attn_kernels.mlx_lm as kernel
 
         context = kernel.enabled() if self.variant == MLX_LM_KERNEL else contextlib.nullcontext()
+        if self.variant == OURS_LINEAR_ALL_ROWS:
+            context = linear_rows_up_to(self.slots)
         copies = attention_step_cache_copies()
         with context:
             start = time.perf_counter()
@@ -256,6 +263,18 @@ class Drive:
             return bool(prompt_responses), [(r.uid, r.token) for r in responses]
 
         return gen, step, uids
+
+
+@contextlib.contextmanager
+def linear_rows_up_to(rows: int):
+    """The guard's decode_linear limits on this backend, their row limit raised to `rows`."""
+    backend = guard.backend()
+    saved = guard.LINEAR_LIMITS[backend]
+    guard.LINEAR_LIMITS[backend] = (max(rows, saved[0]), saved[1])
+    try:
+        yield
+    finally:
+        guard.LINEAR_LIMITS[backend] = saved
 
 
 def percentile(values: list[float], q: float) -> float | None:
