@@ -1,33 +1,18 @@
 // AttentionStep's kernels other than attention on NVIDIA GPUs: the preprocessing
-// (attention_step_kernel.cuh) and the strided copy. The attention over the cache is
-// DecodeAttention's kernel (decode_attention.cu). No MLX headers here.
+// (attention_step_kernel.cuh) and the strided copy (strided_copy.cuh). The attention over the
+// cache is DecodeAttention's kernel (decode_attention.cu). No MLX headers here.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <stdexcept>
 
 #include "attention_step_cuda.h"
 #include "attention_step_kernel.cuh"
+#include "strided_copy.cuh"
 
 namespace attn_kernels::cuda {
 namespace {
-
-template <typename T>
-__global__ void copy_strided(StridedCopy c) {
-  const T* src = static_cast<const T*>(c.src);
-  T* dst = static_cast<T*>(c.dst);
-  for (int64_t n = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; n < c.size;
-       n += int64_t{gridDim.x} * blockDim.x) {
-    int64_t rest = n, at = 0;
-    for (int a = 3; a >= 0; --a) {
-      at += (rest % c.shape[a]) * c.strides[a];
-      rest /= c.shape[a];
-    }
-    dst[n] = src[at];
-  }
-}
 
 CUfunction resolve(const void* kernel) {
   cudaFunction_t f;
@@ -52,16 +37,18 @@ CUfunction step_preprocess_kernel(ElementType dtype) {
   return kernels[dtype_index(dtype)];
 }
 
-CUfunction copy_strided_kernel(size_t itemsize) {
-  static const CUfunction kernels[2] = {
-      resolve(reinterpret_cast<const void*>(&copy_strided<uint16_t>)),
-      resolve(reinterpret_cast<const void*>(&copy_strided<uint32_t>))};
-  return kernels[itemsize == 4 ? 1 : 0];
-}
-
-unsigned copy_blocks(int64_t size) {
-  return static_cast<unsigned>(
-      std::clamp<int64_t>((size + kCopyThreads - 1) / kCopyThreads, 1, 132 * 16));
+CopyLaunch plan_copy(const StridedCopy& copy, size_t itemsize) {
+  static const CUfunction elements[2] = {
+      resolve(reinterpret_cast<const void*>(&copy::copy_elements<uint16_t>)),
+      resolve(reinterpret_cast<const void*>(&copy::copy_elements<uint32_t>))};
+  static const CUfunction vectors[2] = {
+      resolve(reinterpret_cast<const void*>(&copy::copy_vectors<uint16_t>)),
+      resolve(reinterpret_cast<const void*>(&copy::copy_vectors<uint32_t>))};
+  const int wide = itemsize == 4 ? 1 : 0;
+  if (copy_by_vectors(copy, static_cast<int64_t>(itemsize))) {
+    return {vectors[wide], copy_blocks(copy.size / (16 / static_cast<int64_t>(itemsize)))};
+  }
+  return {elements[wide], copy_blocks(copy.size)};
 }
 
 }  // namespace attn_kernels::cuda

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "step_problem.h"
+#include "strided_copy.h"
 
 namespace attn_kernels::cuda {
 
@@ -17,17 +18,12 @@ namespace attn_kernels::cuda {
 constexpr unsigned kStepWarps = 4;
 CUfunction step_preprocess_kernel(ElementType dtype);
 
-// copy_strided(StridedCopy): a 4-D array with any strides into a row-contiguous one (a cache
-// that could not be donated; heads-first attention output into o_proj's token-first layout).
-struct StridedCopy {
-  const void* src;
-  void* dst;
-  int shape[4];
-  int64_t strides[4];  // the source's, in elements
-  int64_t size;
+// A StridedCopy's kernel (strided_copy.cuh) and blocks of kCopyThreads; itemsize 2 or 4 bytes
+// (a copy moves bits).
+struct CopyLaunch {
+  CUfunction kernel;
+  unsigned blocks;
 };
-CUfunction copy_strided_kernel(size_t itemsize);  // 2 or 4 bytes: a copy moves bits
-constexpr unsigned kCopyThreads = 256;
-unsigned copy_blocks(int64_t size);
+CopyLaunch plan_copy(const StridedCopy& copy, size_t itemsize);
 
 }  // namespace attn_kernels::cuda

@@ -41,9 +41,9 @@ bool fold_by_default() {
 
 void add_copy(mx::cu::CommandEncoder& encoder, cuda::StridedCopy copy, size_t itemsize) {
   void* args[] = {&copy};
+  const cuda::CopyLaunch launch = cuda::plan_copy(copy, itemsize);
   encoder.add_kernel_node_raw(
-      cuda::copy_strided_kernel(itemsize), dim3(cuda::copy_blocks(copy.size)),
-      dim3(cuda::kCopyThreads), dim3(1, 1, 1), 0, args);
+      launch.kernel, dim3(launch.blocks), dim3(cuda::kCopyThreads), dim3(1, 1, 1), 0, args);
 }
 
 // The caches that could not be donated get their own buffers (outputs[1...]), filled from

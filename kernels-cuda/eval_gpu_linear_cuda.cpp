@@ -40,8 +40,8 @@ mx::array readable(mx::cu::CommandEncoder& encoder, const mx::array& a, bool in_
   encoder.set_input_array(a);
   encoder.set_output_array(copy);
   void* args[] = {&c};
-  encoder.add_kernel_node_raw(cuda::copy_strided_kernel(a.itemsize()),
-                              dim3(cuda::copy_blocks(c.size)), dim3(cuda::kCopyThreads),
+  const cuda::CopyLaunch launch = cuda::plan_copy(c, a.itemsize());
+  encoder.add_kernel_node_raw(launch.kernel, dim3(launch.blocks), dim3(cuda::kCopyThreads),
                               dim3(1, 1, 1), 0, args);
   encoder.add_temporary(copy);
   return copy;

@@ -232,7 +232,7 @@ serve() {
 linear() {
   python3 -m pytest -q -p no:cacheprovider packages/attn-kernels/tests/test_linear.py \
     packages/attn-kernels/tests/test_mlx_lm_linear.py packages/attn-kernels/tests/test_guard_limits.py \
-    -m "not full" -k "gpu or cuda or limits" 2>&1 | tail -5 | tee "$OUT/linear-tests.txt"
+    -m "not full" -k "gpu or cuda or limits" 2>&1 | tail -30 | tee "$OUT/linear-tests.txt"
   local rows=(--rows 1 --rows 2 --rows 4 --rows 8 --rows 16 --rows 32)
   python3 -m llm_eval.linear --device gpu --model qwen3-4b --format q4 --format q8 "${rows[@]}" \
     --iterations 6 --force --output "$R/$G-qwen3-4b-linear-gpu-$V.json" 2>&1 | quiet

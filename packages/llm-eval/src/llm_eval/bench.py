@@ -277,6 +277,18 @@ def find_results_dir(start: Path | None = None) -> Path:
     return start / "benchmark_results"
 
 
+def gpu_read_bandwidth() -> float:
+    """Bytes per second MLX's sum reads a 1 GiB array at on the GPU (best of 5)."""
+    a = mx.ones((1 << 28,), mx.float32)
+    mx.eval(a)
+    best = 0.0
+    for _ in range(6):
+        start = time.perf_counter()
+        mx.eval(a.sum())
+        best = max(best, a.nbytes / (time.perf_counter() - start))
+    return best
+
+
 def machine_tag(device: str) -> str:
     if device == "cpu":
         return f"cpu-{os.cpu_count()}core"

@@ -212,18 +212,6 @@ def time_call(weights: list[Weights], name: str, x: mx.array) -> float | None:
     return (time.perf_counter() - start) / len(calls)
 
 
-def gpu_read_bandwidth() -> float:
-    """Bytes per second MLX's sum reads a 1 GiB array at on the GPU (best of 5)."""
-    a = mx.ones((1 << 28,), mx.float32)
-    mx.eval(a)
-    best = 0.0
-    for _ in range(6):
-        start = time.perf_counter()
-        mx.eval(a.sum())
-        best = max(best, a.nbytes / (time.perf_counter() - start))
-    return best
-
-
 def run(args, progress: Progress | None = None) -> dict:
     gpu = args.device == "gpu"
     mx.set_default_device(mx.gpu if gpu else mx.cpu)
@@ -236,7 +224,7 @@ def run(args, progress: Progress | None = None) -> dict:
                 "bench-linear: --implementations torch needs PyTorch (pip install torch)"
             ) from err
     metadata = collect_metadata(args.device)
-    measure = gpu_read_bandwidth if gpu else lambda: _ext.measure_read_bandwidth(1 << 30, 3)
+    measure = bench.gpu_read_bandwidth if gpu else lambda: _ext.measure_read_bandwidth(1 << 30, 3)
     read = [measure()]
     batch = args.batch if gpu else 1
     orders = list(itertools.permutations(args.implementations))

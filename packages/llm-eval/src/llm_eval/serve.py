@@ -14,10 +14,11 @@ Per variant and batch size, from every call of the generator's next(), timed (al
   e2e tok/s      all generated tokens / the wall time of the whole mix (prefill included)
   TTFT, ITL      time to a request's first token from submission, between its tokens (p50/p99)
   floor          a step must read every weight and the K/V of its requests' contexts: the time
-                 of those bytes at --bandwidth-gbs (measured on a CPU, 4300 GB/s on an H200),
-                 over the decode calls' time (the fraction of the floor reached)
+                 of those bytes at --bandwidth-gbs (measured on a CPU, 4300 GB/s on an H200, MLX's
+                 sum of 1 GiB on another GPU), over the decode calls' time (the fraction reached)
   cache copies   K/V caches the fused steps copied instead of writing in place (0 when the
                  loop donates them; each copy is a whole layer's cache)
+  memory         MLX's peak allocations during the run and its buffer cache after it (GB)
 Greedy tokens: each request's against mlx-lm's in the same round (counted, not asserted: bf16
 roundings of the paths differ and can flip near-ties).
 
@@ -129,7 +130,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--bandwidth-gbs",
         type=positive_float,
         metavar="GB/s",
-        help="memory read bandwidth for the floor (default: measured on a CPU, 4300 on an H200)",
+        help="memory read bandwidth for the floor (default: measured on a CPU, 4300 on an H200, "
+        "the rate MLX's sum reads 1 GiB on another GPU)",
     )
     p.add_argument(
         "--anatomy",
@@ -219,6 +221,7 @@ class Drive:
         if self.variant == OURS_LINEAR_ALL_ROWS:
             context = linear_rows_up_to(self.slots)
         copies = attention_step_cache_copies()
+        mx.reset_peak_memory()
         with context:
             start = time.perf_counter()
             gen, step, uids = self._start(prompts)
@@ -232,7 +235,9 @@ class Drive:
             if self.variant not in OUR_VARIANTS:
                 gen.close()
             fused = kernel.calls()["fused_step"] if self.variant == MLX_LM_KERNEL else None
-        return start, uids, calls, fused, attention_step_cache_copies() - copies
+        memory = {"peak_memory_gb": mx.get_peak_memory() / 1e9,
+                  "buffer_cache_gb": mx.get_cache_memory() / 1e9}  # fmt: skip
+        return start, uids, calls, fused, attention_step_cache_copies() - copies, memory
 
     def _start(self, prompts):
         if self.variant in OUR_VARIANTS:
@@ -286,7 +291,7 @@ def percentile(values: list[float], q: float) -> float | None:
 
 def measure(run_result, prompts, weight_bytes: int, kv_per_position: int, bandwidth_gbs) -> dict:
     """One round of one variant: the samples and what they give (see the module doc)."""
-    start, uids, calls, fused, copies = run_result
+    start, uids, calls, fused, copies, memory = run_result
     index = {uid: i for i, uid in enumerate(uids)}
     tokens: dict[int, list[int]] = {uid: [] for uid in uids}
     stamps: dict[int, list[float]] = {uid: [] for uid in uids}
@@ -327,6 +332,8 @@ def measure(run_result, prompts, weight_bytes: int, kv_per_position: int, bandwi
         "fused_steps": fused,
         # caches the fused steps copied instead of writing in place (0 in a donating loop)
         "cache_copies": copies,
+        # MLX's allocations at their peak during the run, and its buffer cache after it
+        **memory,
     }
 
 
@@ -626,6 +633,8 @@ def run(args, progress: Progress | None = None) -> dict:
             args.bandwidth_gbs = _ext.measure_read_bandwidth(1 << 30, 3) / 1e9
         elif mx.cuda.is_available() and "H200" in bench.gpu_name():
             args.bandwidth_gbs = bench.H200_BANDWIDTH_GBS
+        else:  # another GPU: the rate MLX's sum reads 1 GiB at
+            args.bandwidth_gbs = bench.gpu_read_bandwidth() / 1e9
     progress.say(f"loading {args.model} (random weights, {args.quantize}) ...")
     model = qwen3_model.load(
         args.model, quantize=None if args.quantize == "none" else args.quantize, seed=args.seed
