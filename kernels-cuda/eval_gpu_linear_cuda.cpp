@@ -77,7 +77,10 @@ void DecodeLinear::eval_gpu(const std::vector<mx::array>& inputs,
   p.biases = device_pointer(operands[3]);
   p.bias = has_bias_ ? device_pointer(operands[4]) : nullptr;
   p.out = mx::gpu_ptr<char>(out);
+  // The copies as inputs too: the kernel node follows the copy nodes that write them (naming
+  // only the originals let them run side by side: the GPU strided test saw wrong outputs).
   for (const auto& in : inputs) encoder.set_input_array(in);
+  for (const auto& in : operands) encoder.set_input_array(in);
   encoder.set_output_array(out);
   if (p.rows == 0) return;
   const cuda::LinearPlan plan = cuda::plan_linear_quantized(p);
