@@ -40,8 +40,9 @@
 #               Nsight Compute (bench-serve --kernel-trace)
 #   linear      the quantized linear kernel (kernels-cuda/linear_quantized.cuh): its GPU tests
 #               (the quick tier: 291 s for both tiers on a fresh H100, MLX's first calls slow),
-#               bench-linear --device gpu on Qwen3-4B's projections (4 and 8 bits, 1-32 rows)
-#               against mx.quantized_matmul, and the row-tile A/B at 16 and 32 rows
+#               bench-linear --device gpu on Qwen3-4B's projections (4 and 8 bits, 1-32 rows;
+#               4 bits at group 128, the serving model's, 4-32 rows) against
+#               mx.quantized_matmul, and the row-tile A/B at 16 and 32 rows
 #   models      issue 40's shapes through mlx-lm's own generate with and without enable():
 #               Llama-3.2-1B, Phi-3-mini, Gemma-3-4B, 4-bit, 8192+65; and Qwen3-4B decoding
 #               speculatively (its own weights as the draft)
@@ -236,6 +237,10 @@ linear() {
   local rows=(--rows 1 --rows 2 --rows 4 --rows 8 --rows 16 --rows 32)
   python3 -m llm_eval.linear --device gpu --model qwen3-4b --format q4 --format q8 "${rows[@]}" \
     --iterations 6 --force --output "$R/$G-qwen3-4b-linear-gpu-$V.json" 2>&1 | quiet
+  # Group 128, as the serving model (and the published 4-bit checkpoints) quantize
+  python3 -m llm_eval.linear --device gpu --model qwen3-4b --format q4 --group-size 128 \
+    --rows 4 --rows 8 --rows 16 --rows 32 --iterations 8 --force \
+    --output "$R/$G-qwen3-4b-linear-gpu-group-128-$V.json" 2>&1 | quiet
   local tiles
   for tiles in 1 2; do  # W rows a warp covers (plan_linear_quantized's choice: 2 from 17 rows)
     ATTN_LINEAR_ROW_TILES=$tiles python3 -m llm_eval.linear --device gpu --model qwen3-4b \
