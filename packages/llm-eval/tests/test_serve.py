@@ -51,6 +51,7 @@ def test_every_variant_serves_the_mix(tmp_path, tiny, capsys):
                 decode_s = sum(c["seconds"] for c in decode)
                 tokens = sum(c["emitted"] for c in decode)
                 assert s["decode_tok_s"] == pytest.approx(tokens / decode_s)
+                assert s["mean_step_ms"] == pytest.approx(decode_s / len(decode) * 1e3)
                 assert s["floor_fraction"] > 0 and s["ttft_ms_p50"] <= s["ttft_ms_p99"]
                 # Every generated token after the first of a request comes from a decode step;
                 # the kernel's are fused, one per layer (a call may prefill and decode at once).

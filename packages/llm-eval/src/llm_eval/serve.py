@@ -10,7 +10,8 @@ min(8, B)). Every variant runs the whole mix once per round, the variant order r
 
 Per variant and batch size, from every call of the generator's next(), timed (all samples kept):
   decode tok/s   tokens returned by calls that prefilled nothing / their time (steady decoding)
-  ms per step    median time of those calls
+  ms per step    median time of those calls, and their mean (a pipelined generator's calls can
+                 alternate between waiting for one step and two: then only the mean is a step)
   e2e tok/s      all generated tokens / the wall time of the whole mix (prefill included)
   TTFT, ITL      time to a request's first token from submission, between its tokens (p50/p99)
   floor          a step must read every weight and the K/V of its requests' contexts: the time
@@ -322,6 +323,7 @@ def measure(run_result, prompts, weight_bytes: int, kv_per_position: int, bandwi
         "e2e_tok_s": generated / wall,
         "decode_tok_s": decode_tokens / decode_s if decode_s else None,
         "median_step_ms": statistics.median(decode_steps) * 1e3 if decode_steps else None,
+        "mean_step_ms": statistics.fmean(decode_steps) * 1e3 if decode_steps else None,
         "ttft_ms": [t * 1e3 for t in ttft],
         "itl_ms_p50": (percentile(itl, 0.5) or 0) * 1e3,
         "itl_ms_p99": (percentile(itl, 0.99) or 0) * 1e3,
@@ -342,7 +344,8 @@ def summarise(samples: dict[str, list[dict]]) -> dict:
     for variant, rows in samples.items():
         m = {}
         for key in (
-            "decode_tok_s", "e2e_tok_s", "median_step_ms", "ttft_ms_p50", "ttft_ms_p99",
+            "decode_tok_s", "e2e_tok_s", "median_step_ms", "mean_step_ms", "ttft_ms_p50",
+            "ttft_ms_p99",
             "itl_ms_p50", "itl_ms_p99", "floor_fraction", "floor_tok_s",
         ):  # fmt: skip
             values = [r[key] for r in rows if r.get(key) is not None]
@@ -709,7 +712,7 @@ def run(args, progress: Progress | None = None) -> dict:
 
 def format_table(record: dict) -> str:
     head = (
-        "| slots | variant | decode tok/s (min-max) | vs mlx-lm | ms/step | e2e tok/s "
+        "| slots | variant | decode tok/s (min-max) | vs mlx-lm | ms/step median/mean | e2e tok/s "
         "| TTFT p50/p99 ms | ITL p50/p99 ms | floor tok/s | of floor | same tokens "
         "| cache copies |"
     )
@@ -722,7 +725,8 @@ def format_table(record: dict) -> str:
             lines.append(
                 f"| {series['slots']} | {variant} | {m['decode_tok_s'] or 0:.1f} "
                 f"({m['decode_tok_s_min']:.1f}-{m['decode_tok_s_max']:.1f}) | {ratio} | "
-                f"{m['median_step_ms'] or 0:.1f} | {m['e2e_tok_s'] or 0:.1f} | "
+                f"{m['median_step_ms'] or 0:.1f} / {m.get('mean_step_ms') or 0:.1f} | "
+                f"{m['e2e_tok_s'] or 0:.1f} | "
                 f"{m['ttft_ms_p50'] or 0:.0f} / {m['ttft_ms_p99'] or 0:.0f} | "
                 f"{m['itl_ms_p50'] or 0:.1f} / {m['itl_ms_p99'] or 0:.1f} | "
                 f"{m['floor_tok_s'] or 0:.0f} | {100 * (m['floor_fraction'] or 0):.1f}% | "
