@@ -12,6 +12,8 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -89,6 +91,15 @@ inline void launch(unsigned gx, unsigned gy, int threads, size_t shared_floats,
       for (auto& t : pool) t.join();
     }
   }
+}
+
+// A runner's one argument, the folder of its inputs (usage and exit status 2 otherwise).
+inline std::string runner_folder(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: %s DIR\n", argv[0]);
+    std::exit(2);
+  }
+  return argv[1];
 }
 
 // A runner's input file as an array of T (raw bytes, native order).

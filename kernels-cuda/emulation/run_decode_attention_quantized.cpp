@@ -84,11 +84,7 @@ std::vector<__half> to_half(const std::vector<float>& x) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: %s DIR\n", argv[0]);
-    return 2;
-  }
-  const std::string dir = argv[1];
+  const std::string dir = emu::runner_folder(argc, argv);
   std::ifstream config(dir + "/config.txt");
   int b, hq, hkv, L, S, D, bits, group_size, causal, mask_kind, splits, capacity, kind;
   config >> b >> hq >> hkv >> L >> S >> D >> bits >> group_size >> causal >> mask_kind >> splits >>

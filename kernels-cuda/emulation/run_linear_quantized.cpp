@@ -39,11 +39,7 @@ Kernel kernel_for(int nt, int mt) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: %s DIR\n", argv[0]);
-    return 2;
-  }
-  const std::string dir = argv[1];
+  const std::string dir = emu::runner_folder(argc, argv);
   std::ifstream config(dir + "/config.txt");
   int M, N, K, bits, group_size, dtype, stride, has_bias, nt, mt, warps;
   config >> M >> N >> K >> bits >> group_size >> dtype >> stride >> has_bias >> nt >> mt >> warps;

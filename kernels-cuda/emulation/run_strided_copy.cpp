@@ -41,11 +41,7 @@ void run(StridedCopy c, unsigned blocks, bool vectors) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: %s DIR\n", argv[0]);
-    return 2;
-  }
-  const std::string dir = argv[1];
+  const std::string dir = emu::runner_folder(argc, argv);
   std::ifstream config(dir + "/config.txt");
   StridedCopy c{};
   int itemsize = 0;
