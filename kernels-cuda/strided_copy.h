@@ -19,13 +19,14 @@ struct StridedCopy {
 constexpr unsigned kCopyThreads = 256;
 
 // Whether the 16-byte kernel can take it: the last axis contiguous and whole vectors long, every
-// row starting 16-byte aligned at both ends, fewer than 2^32 vectors (its index math is 32-bit).
+// row starting 16-byte aligned at both ends, fewer than 2^31 vectors (its index math is 32-bit,
+// the grid stride added past the last vector included).
 inline bool copy_by_vectors(const StridedCopy& c, int64_t itemsize) {
   const int64_t per_vector = 16 / itemsize;
   auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   return c.strides[3] == 1 && c.shape[3] % per_vector == 0 && c.strides[0] % per_vector == 0 &&
          c.strides[1] % per_vector == 0 && c.strides[2] % per_vector == 0 && aligned(c.src) &&
-         aligned(c.dst) && c.size / per_vector < (int64_t{1} << 32);
+         aligned(c.dst) && c.size / per_vector < (int64_t{1} << 31);
 }
 
 // Blocks for `items` threads' work (elements or vectors), a grid-stride loop past 16 a SM.

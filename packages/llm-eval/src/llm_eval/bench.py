@@ -278,7 +278,7 @@ def find_results_dir(start: Path | None = None) -> Path:
 
 
 def gpu_read_bandwidth() -> float:
-    """Bytes per second MLX's sum reads a 1 GiB array at on the GPU (best of 5)."""
+    """Bytes per second MLX's sum reads a 1 GiB array at on the GPU (best of 6)."""
     a = mx.ones((1 << 28,), mx.float32)
     mx.eval(a)
     best = 0.0
