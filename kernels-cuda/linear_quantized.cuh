@@ -1,8 +1,9 @@
 // DecodeLinear's GPU kernel: out (M, N) = x (M, K) @ W^T (+ bias) for a decode step's few rows
 // of x, W in mx.quantize's affine layout (4 or 8 bits), bf16 or f16. MLX's qmv re-reads the
-// weights once per row of x and its qmm pads to 128-row tiles; a serving step of 2-32 rows spent
-// 16 of its 20 ms of kernels there (docs/serving.md, "Kernel by kernel"). Here every weight is read
-// once for all rows, on the tensor cores (mma.sync m16n8k16, A = weights, B = x):
+// weights once per row of x and its qmm pads to 128-row tiles; under Nsight Compute a serving
+// step of 2-32 rows spent 16 of its 20 ms of kernels there (docs/serving-cuda.md, "Kernel by
+// kernel"). Here every weight is read once for all rows, on the tensor cores (mma.sync
+// m16n8k16, A = weights, B = x):
 //
 // - A block covers 16 * MT outputs (W's rows); its warps split K, iterations of 128 inputs, and
 //   add their sums through shared memory at the end. Lane (g, c) = (lane / 4, lane % 4) holds
