@@ -61,6 +61,12 @@ def test_every_variant_serves_the_mix(tmp_path, tiny, capsys):
                 else:
                     assert s["fused_steps"] is None
                 assert s["cache_copies"] == 0  # decode steps write the caches in place
+                waits = [c["waited_s"] for c in s["calls"]]
+                if variant == serve.OURS:  # a part of each call: its reads' wait
+                    assert all(0 <= c["waited_s"] <= c["seconds"] for c in s["calls"])
+                    assert sum(waits) > 0
+                else:
+                    assert waits == [None] * len(waits)
         summary = series["summary"]
         assert summary[serve.MLX_LM]["vs_mlx_lm"] == 1.0
         # float32 would tie every token; bf16 may part at near-ties, so only counted here.

@@ -20,6 +20,8 @@ Per variant and batch size, from every call of the generator's next(), timed (al
   cache copies   K/V caches the fused steps copied instead of writing in place (0 when the
                  loop donates them; each copy is a whole layer's cache)
   memory         MLX's peak allocations during the run and its buffer cache after it (GB)
+  waited         per call of ours, the seconds its reads waited for the device (the rest of the
+                 call built and encoded the next step, or prefilled)
 Greedy tokens: each request's against mlx-lm's in the same round (counted, not asserted: bf16
 roundings of the paths differ and can flip near-ties).
 
@@ -226,11 +228,16 @@ class Drive:
         with context:
             start = time.perf_counter()
             gen, step, uids = self._start(prompts)
+            ours = self.variant in OUR_VARIANTS
             calls = []
             while True:
                 t0 = time.perf_counter()
+                read_before = gen.stats.decode_time if ours else 0.0
                 prefilled, tokens = step(gen)
-                calls.append((t0, time.perf_counter() - t0, prefilled, tokens))
+                # ours: the part of the call its reads waited for the device (the rest builds
+                # and encodes the next step, or prefills)
+                waited = gen.stats.decode_time - read_before if ours else None
+                calls.append((t0, time.perf_counter() - t0, prefilled, tokens, waited))
                 if not tokens and not prefilled:
                     break
             if self.variant not in OUR_VARIANTS:
@@ -298,7 +305,7 @@ def measure(run_result, prompts, weight_bytes: int, kv_per_position: int, bandwi
     stamps: dict[int, list[float]] = {uid: [] for uid in uids}
     decode_s = decode_tokens = floor_s = 0.0
     decode_steps = []
-    for t0, seconds, prefilled, emitted in calls:
+    for t0, seconds, prefilled, emitted, _ in calls:
         end = t0 + seconds
         kv_positions = 0
         for uid, token in emitted:
@@ -317,7 +324,10 @@ def measure(run_result, prompts, weight_bytes: int, kv_per_position: int, bandwi
     generated = sum(len(t) for t in tokens.values())
     return {
         "tokens": [tokens[u] for u in uids],
-        "calls": [{"seconds": s, "prefilled": p, "emitted": len(e)} for _, s, p, e in calls],
+        "calls": [
+            {"seconds": s, "prefilled": p, "emitted": len(e), "waited_s": w}
+            for _, s, p, e, w in calls
+        ],
         "generated": generated,
         "wall_s": wall,
         "e2e_tok_s": generated / wall,
