@@ -448,3 +448,26 @@ def test_add_norm_switch(monkeypatch):
         calls.clear()
     for a, b in zip(*logits, strict=True):
         assert mx.array_equal(a, b).item()
+
+
+def test_linear_asks_the_guard_only_at_the_rows_it_routes(monkeypatch):
+    """Where decode_linear runs 2-4 rows (CUDA's limits, here on the CPU), a decode call of 1 or
+    5 rows goes to MLX's matmul without the guard's full question (layer arrays, formats); 2 and
+    4 rows ask it and take decode_linear. Every output equals the layer's within bf16."""
+    monkeypatch.setitem(guard.LINEAR_MIN_ROWS, "cpu", 2)
+    monkeypatch.setitem(guard.LINEAR_LIMITS, "cpu", (4, guard.LINEAR_LIMITS["cpu"][1]))
+    asked, kernel_rows = [], []
+    use, kernel = guard.use_linear, attn_kernels.linear.decode_linear
+    monkeypatch.setattr(guard, "use_linear", lambda *a, **k: asked.append(a[0]) or use(*a, **k))
+    monkeypatch.setattr(
+        attn_kernels.linear,
+        "decode_linear",
+        lambda x, *a, **k: kernel_rows.append(x.shape[-2]) or kernel(x, *a, **k),
+    )
+    layer = nn.Linear(64, 24, bias=False)
+    layer.set_dtype(mx.bfloat16)
+    for rows in (1, 2, 4, 5):
+        x = mx.random.normal((1, rows, 64), key=mx.random.key(rows)).astype(mx.bfloat16)
+        got = model_module.linear(layer, x, decode=True).astype(mx.float32)
+        assert mx.allclose(got, layer(x).astype(mx.float32), rtol=2**-7, atol=2**-6).item()
+    assert asked == [2, 4] and kernel_rows == [2, 4]
