@@ -87,11 +87,13 @@ cpu (2-vCPU AMD EPYC, Zen 3, AVX2): cpu-2core-qwen3-0.6b-linear-mlx-0.32.4.json:
 cuda (an H100, sm_90 as the H200): h100-qwen3-4b-linear-gpu-mlx-0.32.4.json (bench-linear --device
     gpu, the tensor-core kernel of kernels-cuda/linear_quantized.cuh against mx.quantized_matmul,
     Qwen3-4B's fused q/k/v, o, fused gate/up, down and LM head, 4- and 8-bit codes, group 64,
-    bf16 x, 6 samples each): at 2 and 4 rows (MLX's qmv reads the weights once per row) ours won
-    every sample of every layer, 1.5x-6.1x (medians), but one: 8 bits, o, 2 rows, a tie (median
-    1.02x, slowest sample 0.85x). At 1 row MLX's qmv ties or wins at 8 bits (0.84-0.99x) and loses
-    only some layers at 4 bits; from 8 rows MLX's qmm (tensor cores, a 128-row tile) ties or wins
-    (0.24-1.28x), so rows 2-4; f16 x not measured.
+    bf16 x, 6 samples each, each sample 16 calls chained as a step's): at 2 and 4 rows (MLX's qmv
+    reads the weights once per row) ours won the median of every layer, 1.04x-5.7x (three 8-bit
+    layers at 2 rows overlapped MLX in a sample or two; the record before it, independent calls,
+    1.02x-6.1x). At 1 row MLX's qmv wins at 8 bits (0.84-0.98x) and trails at 4 bits
+    (1.04-1.58x), one row limit for both keeps it (a 4-bit one-row limit waits for a step's
+    record with the wrapper's host time); from 8 rows MLX's qmm (tensor cores, a 128-row
+    tile) wins most medians (0.3-1.16x), so rows 2-4; group 128 and f16 x not measured.
 """
 
 from __future__ import annotations
