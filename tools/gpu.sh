@@ -40,9 +40,9 @@
 #               Nsight Compute (bench-serve --kernel-trace)
 #   linear      the quantized linear kernel (kernels-cuda/linear_quantized.cuh): its GPU tests
 #               (the quick tier: 291 s for both tiers on a fresh H100, MLX's first calls slow),
-#               bench-linear --device gpu on Qwen3-4B's projections (4 and 8 bits, 1-32 rows;
-#               4 bits at group 128, the serving model's, 4-32 rows) against
-#               mx.quantized_matmul, and the row-tile A/B at 16 and 32 rows
+#               bench-linear --device gpu on Qwen3-4B's projections (4 and 8 bits, 1-32 rows,
+#               groups 64 and 128: the serving model's) against mx.quantized_matmul, and the
+#               row-tile A/B at 16 and 32 rows; PART bench: the two bench-linear records alone
 #   models      issue 40's shapes through mlx-lm's own generate with and without enable():
 #               Llama-3.2-1B, Phi-3-mini, Gemma-3-4B, 4-bit, 8192+65; and Qwen3-4B decoding
 #               speculatively (its own weights as the draft)
@@ -231,16 +231,19 @@ serve() {
 }
 
 linear() {
-  python3 -m pytest -q -p no:cacheprovider packages/attn-kernels/tests/test_linear.py \
-    packages/attn-kernels/tests/test_mlx_lm_linear.py packages/attn-kernels/tests/test_guard_limits.py \
-    -m "not full" -k "gpu or cuda or limits" 2>&1 | tail -30 | tee "$OUT/linear-tests.txt"
+  if [ "$1" = all ]; then
+    python3 -m pytest -q -p no:cacheprovider packages/attn-kernels/tests/test_linear.py \
+      packages/attn-kernels/tests/test_mlx_lm_linear.py packages/attn-kernels/tests/test_guard_limits.py \
+      -m "not full" -k "gpu or cuda or limits" 2>&1 | tail -30 | tee "$OUT/linear-tests.txt"
+  fi
   local rows=(--rows 1 --rows 2 --rows 4 --rows 8 --rows 16 --rows 32)
   python3 -m llm_eval.linear --device gpu --model qwen3-4b --format q4 --format q8 "${rows[@]}" \
     --iterations 6 --force --output "$R/$G-qwen3-4b-linear-gpu-$V.json" 2>&1 | quiet
   # Group 128, as the serving model (and the published 4-bit checkpoints) quantize
-  python3 -m llm_eval.linear --device gpu --model qwen3-4b --format q4 --group-size 128 \
-    --rows 4 --rows 8 --rows 16 --rows 32 --iterations 8 --force \
+  python3 -m llm_eval.linear --device gpu --model qwen3-4b --format q4 --format q8 \
+    --group-size 128 "${rows[@]}" --iterations 6 --force \
     --output "$R/$G-qwen3-4b-linear-gpu-group-128-$V.json" 2>&1 | quiet
+  [ "$1" = all ] || return 0
   local tiles
   for tiles in 1 2; do  # W rows a warp covers (plan_linear_quantized's choice: 2 from 17 rows)
     ATTN_LINEAR_ROW_TILES=$tiles python3 -m llm_eval.linear --device gpu --model qwen3-4b \
@@ -304,11 +307,12 @@ for target in "$@"; do
   [ "$name" = "$target" ] || part="${target#*:}"
   echo "== $target $(date -u +%T)"
   case "$name" in
-    operators | coverage | serve) "$name" "$part" ;;
-    tests | ragged | model | models | step | quantized | linear) "$name" ;;
+    operators | coverage | serve | linear) "$name" "$part" ;;
+    tests | ragged | model | models | step | quantized) "$name" ;;
     cpu-host) cpu_host "$part" ;;
     *) echo "tools/gpu.sh: unknown target $target (tests, operators[:kernels|grid|short|long]," \
-      "coverage[:split-mma], ragged, model, models, step, quantized, linear, serve[:rates|anatomy|trace]," \
+      "coverage[:split-mma], ragged, model, models, step, quantized, linear[:bench]," \
+      "serve[:rates|anatomy|trace]," \
       "cpu-host[:kernels|model])" >&2 ;;
   esac
   # After each target, so that a call stopped at its limit still returns the finished ones

@@ -66,12 +66,18 @@ def test_bad_arguments(argv, message, capsys):
 
 
 def test_chained_calls_wait_for_each_other():
-    """A GPU sample's calls (here on the CPU): each call's x waits for the previous output, and
-    the chain's outputs are the calls' own (mx.depends adds no arithmetic)."""
+    """A GPU sample's calls (here on the CPU): each call's x is computed from the previous
+    output, so a kernel reads it (a NaN there reaches x: mx.depends, which CUDA's graph does not
+    order by, would pass x through), with x's values otherwise (the calls' own arithmetic)."""
     copies = [linear.Weights(24, 64, "q4", 32, mx.random.key(i)) for i in range(3)]
     x = mx.random.normal((2, 64)).astype(mx.bfloat16)
     assert linear.time_call(copies, "ours", x) > 0
-    chained = mx.depends(x, copies[0].caller("mlx", x)(x))
+    assert linear.time_glue(3, x) > 0
+    previous = copies[0].caller("mlx", x)(x)
+    chained = linear.chained_input(x, previous)
+    assert chained.dtype == x.dtype and mx.array_equal(chained, x).item()
+    poisoned = linear.chained_input(x, mx.full(previous.shape, float("nan"), previous.dtype))
+    assert mx.isnan(poisoned).all().item()
     for w in copies:
         got, expected = w.caller("ours", chained)(chained), w.caller("ours", x)(x)
         assert mx.array_equal(got, expected).item()

@@ -17,9 +17,10 @@ GB/s counts the weights' bytes as stored (codes, scales and biases); the floor i
 the read rate the kernel's threads measure (best of the runs before and after).
 
 On a GPU (--device gpu: NVIDIA, quantized formats): a sample is one evaluation of --batch
-calls, each on the next copy of the weights and waiting for the one before (a decode step's
-chain), its time divided by the calls (launches included); the floor is the rate MLX's sum reads
-a 1 GiB array.
+calls, each on the next copy of the weights and its input computed from the one before's output
+(a decode step's chain), its time divided by the calls (launches included), less the two small
+kernels that chain them (timed alone each iteration: `glue_us`); the floor is the rate MLX's sum
+reads a 1 GiB array.
 
     bench-linear --model qwen3-0.6b --format bf16 --format q4 --rows 1 --rows 8
     bench-linear --device gpu --model qwen3-4b --format q4 --rows 1 --rows 8 --rows 32
@@ -195,10 +196,10 @@ class Weights:
 
 def time_call(weights: list[Weights], name: str, x: mx.array) -> float | None:
     """Seconds a call takes: one call per copy in `weights` (one on the CPU, --batch on a GPU),
-    evaluated together, the time divided by the calls. Each call's x waits for the previous
-    call's output (mx.depends: no op of its own), as a decode step's projections wait for each
-    other: independent calls in one graph may run side by side on a GPU, which flatters a kernel
-    whose grid does not fill it."""
+    evaluated together, the time divided by the calls. Each call's x is computed from the
+    previous call's output (chained_input), as a decode step's projections wait for each other:
+    independent calls in one graph may run side by side on a GPU, which flatters a kernel whose
+    grid does not fill it."""
     calls = [w.caller(name, x) for w in weights]
     if calls[0] is None:
         return None
@@ -206,10 +207,30 @@ def time_call(weights: list[Weights], name: str, x: mx.array) -> float | None:
     outs, inp = [], x
     for call in calls:
         outs.append(call(inp))
-        if isinstance(outs[-1], mx.array):
-            inp = mx.depends(x, outs[-1])
+        if isinstance(outs[-1], mx.array) and len(calls) > 1:
+            inp = chained_input(x, outs[-1])
     mx.eval([out for out in outs if isinstance(out, mx.array)])
     return (time.perf_counter() - start) / len(calls)
+
+
+def chained_input(x: mx.array, previous: mx.array) -> mx.array:
+    """x's values, computed by ops that read `previous`: the next call cannot start before the
+    previous one ends. (mx.depends does not order them on CUDA: MLX orders a graph's kernels by
+    the buffers they read and write and depends writes none, so its "chained" calls ran side by
+    side: a step's 144 quantized matmuls at 8 rows took 2.8 ms against 12.6 ms with each
+    input computed from the previous output, H100; docs/serving-cuda.md.) Two small kernels a
+    call, timed alone as the glue (time_glue) and taken off both implementations."""
+    return x + 0 * previous[..., :1]
+
+
+def time_glue(calls: int, x: mx.array) -> float:
+    """Seconds a call's chained_input takes in a chain of `calls` of them alone."""
+    start = time.perf_counter()
+    inp = x
+    for _ in range(calls):
+        inp = chained_input(x, inp)
+    mx.eval(inp)
+    return (time.perf_counter() - start) / calls
 
 
 def run(args, progress: Progress | None = None) -> dict:
@@ -242,11 +263,14 @@ def run(args, progress: Progress | None = None) -> dict:
         x = mx.random.normal((rows, k), key=xkey).astype(FORMATS[fmt][0])
         mx.eval(x)
         samples = {name: [] for name in args.implementations}
+        glue = []  # chained_input's own time per call (GPU chains), taken off every sample
         if "torch" in args.implementations:  # torch's copies of every weight copy, made first
             for w in sets:
                 w.caller("torch", x)
         for name in args.implementations:  # warm-up: one sample each (on copies read last)
             time_call(sets[-batch:], name, x)
+        if batch > 1:
+            time_glue(batch, x)
         turn = 0
         for it in range(args.iterations):
             order_log.append(
@@ -257,14 +281,17 @@ def run(args, progress: Progress | None = None) -> dict:
                 turn += batch
                 if t is not None:
                     samples[name].append(t)
+            if batch > 1:
+                glue.append(time_glue(batch, x))
+        glue_s = statistics.median(glue) if glue else 0.0
         summary = {}
         for name, ts in samples.items():
             if not ts:
                 continue
-            med = statistics.median(ts)
+            med = statistics.median(ts) - glue_s
             summary[name] = {
                 "median_us": med * 1e6,
-                "min_us": min(ts) * 1e6,
+                "min_us": (min(ts) - glue_s) * 1e6,
                 "gbs": first.nbytes / med / 1e9,
             }
         if "ours" in summary:
@@ -279,6 +306,7 @@ def run(args, progress: Progress | None = None) -> dict:
             "weight_bytes": first.nbytes,
             "copies": copies,
             "samples_us": {name: [t * 1e6 for t in ts] for name, ts in samples.items()},
+            "glue_us": [t * 1e6 for t in glue],  # per call, in samples_us, off the summary's
             "summary": summary,
         }
         del sets
