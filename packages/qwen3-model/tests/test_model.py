@@ -451,7 +451,7 @@ def test_add_norm_switch(monkeypatch):
 
 
 def test_linear_asks_the_guard_only_at_the_rows_it_routes(monkeypatch):
-    """Where decode_linear runs 2-4 rows (CUDA's limits, here on the CPU), a decode call of 1 or
+    """Where decode_linear runs 2-4 rows (limits set so for the test, on the CPU), a decode call of 1 or
     5 rows goes to MLX's matmul without the guard's full question (layer arrays, formats); 2 and
     4 rows ask it and take decode_linear. Every output equals the layer's within bf16."""
     monkeypatch.setitem(guard.LINEAR_MIN_ROWS, "cpu", 2)

@@ -84,16 +84,21 @@ cpu (2-vCPU AMD EPYC, Zen 3, AVX2): cpu-2core-qwen3-0.6b-linear-mlx-0.32.4.json:
     64, bf16 activations), 1 and 8 rows: ours faster in every sample (the slowest of ours at
     least 3.0x faster than the fastest of MLX's), medians 3.3x (q/k/v and o, f32, 1 row) to 699x
     (LM head, 4-bit, 8 rows); more rows than 8, and codes with f16 or f32 scales, not measured.
-cuda (an H100, sm_90 as the H200): h100-qwen3-4b-linear-gpu-mlx-0.32.4.json (bench-linear --device
-    gpu, the tensor-core kernel of kernels-cuda/linear_quantized.cuh against mx.quantized_matmul,
-    Qwen3-4B's fused q/k/v, o, fused gate/up, down and LM head, 4- and 8-bit codes, group 64,
-    bf16 x, 6 samples each, each sample 16 calls chained as a step's): at 2 and 4 rows (MLX's qmv
-    reads the weights once per row) ours won the median of every layer, 1.04x-5.7x (three 8-bit
-    layers at 2 rows overlapped MLX in a sample or two; the record before it, independent calls,
-    1.02x-6.1x). At 1 row MLX's qmv wins at 8 bits (0.84-0.98x) and trails at 4 bits
-    (1.04-1.58x), one row limit for both keeps it (a 4-bit one-row limit waits for a step's
-    record with the wrapper's host time); from 8 rows MLX's qmm (tensor cores, a 128-row
-    tile) wins most medians (0.3-1.16x), so rows 2-4; group 128 and f16 x not measured.
+cuda (an H100, sm_90 as the H200): h100-qwen3-4b-linear-gpu-mlx-0.32.4.json and
+    h100-qwen3-4b-linear-gpu-group-128-mlx-0.32.4.json (bench-linear --device gpu at 20962df, the
+    tensor-core kernel of kernels-cuda/linear_quantized.cuh against mx.quantized_matmul, Qwen3-4B's
+    fused q/k/v, o, fused gate/up, down and LM head, 4- and 8-bit codes, groups 64 and 128, bf16 x,
+    6 samples each, each sample 16 calls, each computing its x from the previous output): over a
+    step's projections (36 x each layer's median + the LM head) MLX takes 1.06-1.81x ours' time at
+    2-32 rows in both groups and widths, the two kernels that chain the calls included (1.13-2.88x
+    without them); at 1 row the two tie (0.91-1.02x). MLX's qmv reads the weights once a row up to
+    7 rows (5-7 not measured: its time only grows from 4), its qmm (a 128-row tile) from 8. By
+    layer MLX still wins the LM head from 16 rows (0.5-0.8x) and 4-bit gate/up at 16-32 (0.9-1.0x).
+    Rows 2-8: in the serving mix (h100-qwen3-4b-4bit-serve-rates-*), every row count through ours
+    decoded 8 slots 20-28% faster in three runs, while at 32 slots the runs disagree (0.79-1.16x,
+    the calls blocking on the host; docs/serving-cuda.md), so 9-32 rows wait for that. f16 x not
+    measured. Records before 20962df chained calls with mx.depends, which does not order kernels on
+    CUDA: their calls ran side by side and flattered MLX's qmm (the 2-4-row limit came from them).
 """
 
 from __future__ import annotations
@@ -201,7 +206,7 @@ LINEAR_LIMITS: dict[str, tuple[int, tuple[tuple[mx.Dtype, int], ...]]] = {
         8,
         ((mx.bfloat16, 0), (mx.float16, 0), (mx.float32, 0), (mx.bfloat16, 4), (mx.bfloat16, 8)),
     ),
-    "cuda": (4, ((mx.bfloat16, 4), (mx.bfloat16, 8))),
+    "cuda": (8, ((mx.bfloat16, 4), (mx.bfloat16, 8))),
     "metal": (0, ()),
 }
 LINEAR_MIN_ROWS: dict[str, int] = {"cpu": 1, "cuda": 2, "metal": 1}

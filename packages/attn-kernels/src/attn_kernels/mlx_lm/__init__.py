@@ -32,13 +32,13 @@ enable(fused_step=False) leaves those methods alone: only the attention function
 
 enable() also runs the linear layers of decode steps through `decode_linear` where the guard
 measured it to beat MLX's matmul (guard.use_linear: on the CPU up to 8 rows of x, bf16/f16/f32
-weights and bf16 4- and 8-bit affine codes; on CUDA 2-4 rows of bf16 4- and 8-bit codes):
+weights and bf16 4- and 8-bit affine codes; on CUDA 2-8 rows of bf16 4- and 8-bit codes):
 `nn.Linear`, `nn.QuantizedLinear` and the embeddings' `as_linear` (a tied LM head) of every
 mlx-lm model; other rows, formats, devices and layer subclasses keep MLX's. The routing is installed by default only where the guard's linear limits
 for the default device's backend start at one row (the CPU; a wrapped layer costs ~7 µs of Python
 a call, which a GPU's single-request decode step would pay 250 times for nothing: CUDA's limits
 start at 2 rows); enable(linear=False) keeps MLX's matmuls, enable(linear=True) installs it
-anyway (on CUDA: 4- and 8-bit layers at 2-4 rows, kernels-cuda/linear_quantized.cuh).
+anyway (on CUDA: 4- and 8-bit layers at 2-8 rows, kernels-cuda/linear_quantized.cuh).
 
 With the linear layers routed, enable() also replaces `MLP.__call__` of mlx-lm's llama, qwen2,
 qwen3 and qwen3_moe modules (their `down_proj(swiglu(gate_proj(x), up_proj(x)))`, checked against
@@ -189,7 +189,7 @@ def enable(fused_step: bool = True, linear: bool | None = None) -> None:
     the guard accepts them; None (default): where the guard's linear limits for the default
     device's backend start at one row (the CPU: on CUDA they start at two, so a single request
     would pay the wrapped layers' Python on every call for nothing; True there serves batches of
-    2-4 rows and speculative verify steps); False keeps (or puts back) MLX's matmuls."""
+    2-8 rows and speculative verify steps); False keeps (or puts back) MLX's matmuls."""
     global _enabled, _original, _rotating
     base, cache = _mlx_lm_modules()
     with _lock:
