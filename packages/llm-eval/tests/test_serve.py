@@ -85,6 +85,14 @@ def test_anatomy_names_each_part(tmp_path, tiny):
     for key in ("sync_build_ms", "sync_encode_ms", "sync_wait_ms", "pipelined_step_ms"):
         assert parts[key] >= 0
     assert parts["cache_copies"] == 0  # the steps update their caches in place
+    for name in ("qkv", "o_proj", "gate_up", "down"):  # chained over the layers, glue taken off
+        assert set(parts[f"{name}_ms"]) == {
+            "rows_as_batch",
+            "rows_as_positions",
+            "ours",
+            "bf16_weights",
+        }
+    assert set(parts["lm_head_ms"]) == {"rows_as_batch", "rows_as_positions"}
     ops = parts["graph_ops"]  # one AttentionStep a layer; the total counts every primitive
     assert ops["AttentionStep"] == record["model_config"]["num_hidden_layers"]
     assert ops["total"] == sum(v for k, v in ops.items() if k != "total")
@@ -93,9 +101,12 @@ def test_anatomy_names_each_part(tmp_path, tiny):
 
 def test_anatomy_only_skips_the_serving_runs(tmp_path, tiny, monkeypatch, capsys):
     monkeypatch.setenv("MLX_MAX_OPS_PER_BUFFER", "7")
-    record = run(tmp_path, "--slots", "2", "--anatomy-only", "--context", "20")
+    record = run(
+        tmp_path, "--slots", "2", "--anatomy-only", "--context", "20", "--quantize", "4bit"
+    )
     series = record["results"]["series"]["slots=2"]
     assert series["samples"] == {} and series["anatomy"]["pipelined_step_ms"] > 0
+    assert "ours" in series["anatomy"]["down_ms"]  # decode_linear_quantized on the 4-bit layers
     assert record["config"]["mlx_environment"]["MLX_MAX_OPS_PER_BUFFER"] == "7"
     assert "anatomy, 2 rows" in capsys.readouterr().out
 

@@ -35,7 +35,10 @@ default) and without; the graph building alone (host time); a synchronous step's
 runs it; the primitives in one step's graph; the caches those steps copied instead of updating
 in place (0 expected); the attention steps alone (one layer's, times the layers), the same as
 two kernels (CUDA's fold off) and the attention op alone over the same rows; each quantized
-projection of a layer on (B, 1, K) and on (1, B, K). --anatomy-only
+projection on (B, 1, K) and on (1, B, K), through our kernel (decode_linear, whatever the
+guard's limits), and with its weights dequantised to bf16, as a step runs it: one call a layer,
+each layer's weights, each input computed from the previous output (bench-linear's
+chained_input, its kernels timed alone and taken off). --anatomy-only
 skips the serving runs (one process per MLX setting, e.g. MLX_USE_CUDA_GRAPHS=0).
 
 With --kernel-trace (a GPU with Nsight Compute), every kernel of --trace-steps synchronous decode
@@ -60,9 +63,16 @@ from pathlib import Path
 
 import mlx.core as mx
 import qwen3_model
-from attn_kernels import _ext, attention_step_cache_copies, guard
+from attn_kernels import (
+    _ext,
+    attention_step_cache_copies,
+    decode_linear,
+    decode_linear_quantized,
+    guard,
+)
 
 from llm_eval import bench, kernel_trace
+from llm_eval.linear import chained_input
 from llm_eval.progress import Progress
 from llm_eval.record import (
     SCHEMA_VERSION,
@@ -392,6 +402,24 @@ def _time(fn, repeats: int = 10, calls: int = 1) -> float:
     return statistics.median(samples)
 
 
+def chain_ms(calls: list, x: mx.array) -> float:
+    """Milliseconds of calls[0](x), ..., calls[-1] in one chain, each input computed from the
+    previous output (chained_input), less the chaining kernels timed alone: what those calls cost
+    a step. Independent calls in one evaluation run side by side on a GPU (and one layer's
+    weights stay in its L2), which flatters a kernel that does not fill it (docs/serving-cuda.md)."""
+
+    def chained(body):
+        out, inp = None, x
+        for call in calls:
+            out = body(call, inp)
+            inp = chained_input(x, out)
+        return out
+
+    total = _time(lambda: chained(lambda call, inp: call(inp)))
+    glue = _time(lambda: chained(lambda call, inp: inp))
+    return (total - glue) * 1e3
+
+
 def step_phases(step, repeats: int = 12) -> dict:
     """Milliseconds of a synchronous step's host and device parts, medians: building the graph,
     encoding it (async_eval returns once MLX has encoded every op and launched its command
@@ -484,7 +512,7 @@ def anatomy(model, rows: int, context: int) -> dict:
     # Whole layers' caches the steps above copied instead of updating in place (0 expected).
     out["cache_copies"] = attention_step_cache_copies() - copies
     out["graph_ops"] = graph_ops(step())
-    attn, layer = model.layers[0].self_attn, model.layers[0]
+    attn = model.layers[0].self_attn
     q = mx.random.normal((rows, 1, a.num_attention_heads * a.head_dim)).astype(mx.bfloat16)
     kv = mx.random.normal((rows, 1, a.num_key_value_heads * a.head_dim)).astype(mx.bfloat16)
     # As the model holds them: only the step's returned caches, updated in place (owned).
@@ -511,33 +539,46 @@ def anatomy(model, rows: int, context: int) -> dict:
     out["attention_op_ms"] = per_step_ms(
         lambda: decode_attention_custom(heads, *held, scale=attn.scale, ends=ends)
     )
-    # each projection with its input width
+    # each projection over the layers, with its input width
     projections = {
-        "qkv": (attn.qkv, a.hidden_size),
-        "o_proj": (attn.o_proj, a.num_attention_heads * a.head_dim),
-        "gate_up": (layer.mlp.gate_up, a.hidden_size),
-        "down": (layer.mlp.down_proj, a.intermediate_size),
+        "qkv": (lambda layer: layer.self_attn.qkv, a.hidden_size),
+        "o_proj": (lambda layer: layer.self_attn.o_proj, a.num_attention_heads * a.head_dim),
+        "gate_up": (lambda layer: layer.mlp.gate_up, a.hidden_size),
+        "down": (lambda layer: layer.mlp.down_proj, a.intermediate_size),
     }
-    for name, (proj, width) in projections.items():
+    for name, (pick, width) in projections.items():
+        layers = [pick(layer) for layer in model.layers]
         x = mx.random.normal((rows, 1, width)).astype(mx.bfloat16)
-        folded = x.reshape(1, rows, width)
-        # and the same weights dequantised once, a bf16 matmul (what 4 times the bytes buys)
-        arrays = proj.arrays if hasattr(proj, "arrays") else proj
-        plain = arrays["weight"]
-        if "scales" in arrays:
-            plain = mx.dequantize(
-                plain, arrays["scales"], arrays.get("biases"), proj.group_size, proj.bits
-            )
+        # the same weights dequantised once, bf16 matmuls (what 4 times the bytes buys), and
+        # through our kernel whatever the guard says (decode_linear / decode_linear_quantized)
+        plain, ours = [], []
+        for proj in layers:
+            arrays = proj.arrays if hasattr(proj, "arrays") else proj
+            w = arrays["weight"]
+            if "scales" in arrays:
+                s, b = arrays["scales"], arrays.get("biases")
+                ours.append(lambda v, w=w, s=s, b=b, p=proj: decode_linear_quantized(
+                    v, w, s, b, group_size=p.group_size, bits=p.bits))  # fmt: skip
+                w = mx.dequantize(w, s, b, proj.group_size, proj.bits)
+            else:
+                ours.append(lambda v, w=w: decode_linear(v, w))
+            plain.append(w)
+        mx.eval(plain)
         out[f"{name}_ms"] = {
-            "rows_as_batch": per_step_ms(lambda p=proj, x=x: p(x)),
-            "rows_as_positions": per_step_ms(lambda p=proj, x=folded: p(x)),
-            "bf16_weights": per_step_ms(lambda w=plain, x=folded: x @ w.T),
+            "rows_as_batch": chain_ms(layers, x),
+            "rows_as_positions": chain_ms(layers, x.reshape(1, rows, width)),
+            "ours": chain_ms(ours, x.reshape(1, rows, width)),
+            "bf16_weights": chain_ms(
+                [lambda v, w=w: v @ w.T for w in plain], x.reshape(1, rows, width)
+            ),
         }
+        del plain
     x = mx.random.normal((rows, 1, a.hidden_size)).astype(mx.bfloat16)
     head = model.model.embed_tokens.as_linear if a.tie_word_embeddings else model.lm_head
+    heads = 4  # one LM head a step: four chained calls, their mean
     out["lm_head_ms"] = {
-        "rows_as_batch": _time(lambda: head(x), calls=20) * 1e3,
-        "rows_as_positions": _time(lambda: head(x.reshape(1, rows, -1)), calls=20) * 1e3,
+        "rows_as_batch": chain_ms([head] * heads, x) / heads,
+        "rows_as_positions": chain_ms([head] * heads, x.reshape(1, rows, -1)) / heads,
     }
     return out
 
