@@ -212,6 +212,26 @@ def test_what_the_guard_leaves_keeps_mlx_matmuls(monkeypatch):
         assert kernel.calls()["linear"] == 2 and len(calls) == 2
 
 
+def test_rows_the_backend_leaves_skip_the_guard_s_question(monkeypatch):
+    """With limits of 2-4 rows (CUDA's shape, set here on the CPU), a wrapped layer's call of 1 or
+    5 rows goes to MLX's matmul without the full question (the layer's arrays, the formats); 2
+    and 4 rows ask it and run decode_linear, MLX's result within the int8 rounding of x (x86's
+    4-bit path)."""
+    monkeypatch.setitem(guard.LINEAR_MIN_ROWS, "cpu", 2)
+    monkeypatch.setitem(guard.LINEAR_LIMITS, "cpu", (4, guard.LINEAR_LIMITS["cpu"][1]))
+    asked, use = [], guard.use_linear
+    monkeypatch.setattr(guard, "use_linear", lambda *a, **k: asked.append(a[0]) or use(*a, **k))
+    layer = nn.QuantizedLinear(64, 24, group_size=32, bits=4)
+    layer.set_dtype(mx.bfloat16)
+    with kernel.enabled(linear=True):  # by default not installed where limits start at 2 rows
+        for rows in (1, 2, 4, 5):
+            x = mx.random.normal((rows, 1, 64), key=mx.random.key(rows)).astype(mx.bfloat16)
+            got = layer(x).astype(mx.float32)
+            expected = nn.QuantizedLinear.__call__.__wrapped__(layer, x).astype(mx.float32)
+            assert mx.allclose(got, expected, rtol=2**-6, atol=2**-5).item()
+        assert asked == [2, 4] and kernel.calls()["linear"] == 2
+
+
 def test_routed_layer_equals_mlx_on_odd_widths():
     """A routed bf16 layer with a bias on widths that are not multiples of the vector width: the
     float64 result of the same rounded inputs within bf16 rounding (what nn.Linear computes)."""

@@ -143,6 +143,16 @@ def layer_weights(layer) -> LayerWeights | None:
     return None
 
 
+def linear_rows_routed(x: mx.array) -> bool:
+    """Whether x's rows (everything before its last axis) are a count decode_linear runs for on
+    the default device's backend (guard.linear_min_rows to guard.linear_rows): the cheap question
+    before the full one (the layer's arrays, their formats). Asked first, it keeps the rows MLX
+    runs from paying for the rest on every call (a one-row CUDA step, 250 linear calls)."""
+    if x.ndim == 0 or not x.shape[-1]:
+        return False
+    return guard.linear_min_rows() <= x.size // x.shape[-1] <= guard.linear_rows()
+
+
 def guarded_linear(
     x: mx.array, weights: LayerWeights | None, gate: mx.array | None = None
 ) -> mx.array | None:

@@ -24,7 +24,7 @@ from attn_kernels import (
     scaled_dot_product_attention,
 )
 from attn_kernels.guard import use_fused, use_fused_quantized, use_step, use_step_quantized
-from attn_kernels.linear import LayerWeights, guarded_linear, layer_weights
+from attn_kernels.linear import LayerWeights, guarded_linear, layer_weights, linear_rows_routed
 
 from qwen3_model.add_norm import add_rms_norm
 from qwen3_model.batch import BatchKVCache
@@ -115,11 +115,10 @@ def linear(layer, x: mx.array, decode: bool, gate: mx.array | None = None) -> mx
     MLX's matmul (the CPU; CUDA at 2-8 rows of 4- and 8-bit codes), on the CPU with the SwiGLU
     inside it: MLX's own op there runs its exp lane by lane (docs/cpu-linear.md, "The SwiGLU
     inside the down projection")."""
-    # The rows first (two lookups), the full question (the layer's arrays, the formats) only
-    # where the backend runs decode_linear for that many rows: asked on every call of a one- or
-    # 8-row step on CUDA, it added 8-20% to a 28-layer step's graph building (this CPU).
-    rows = x.size // x.shape[-1] if x.ndim and x.shape[-1] else 0
-    routed = decode and guard.linear_min_rows() <= rows <= guard.linear_rows()
+    # The rows first, the full question (the layer's arrays, the formats) only where the backend
+    # runs decode_linear for that many rows: asked on every call of a one-row step on CUDA, it
+    # added 8-20% to a 28-layer step's graph building (this CPU).
+    routed = decode and linear_rows_routed(x)
     out = guarded_linear(x, _weights(layer), gate) if routed else None
     if out is not None:
         return out

@@ -34,11 +34,13 @@ enable() also runs the linear layers of decode steps through `decode_linear` whe
 measured it to beat MLX's matmul (guard.use_linear: on the CPU up to 8 rows of x, bf16/f16/f32
 weights and bf16 4- and 8-bit affine codes; on CUDA 2-8 rows of bf16 4- and 8-bit codes):
 `nn.Linear`, `nn.QuantizedLinear` and the embeddings' `as_linear` (a tied LM head) of every
-mlx-lm model; other rows, formats, devices and layer subclasses keep MLX's. The routing is installed by default only where the guard's linear limits
-for the default device's backend start at one row (the CPU; a wrapped layer costs ~7 µs of Python
-a call, which a GPU's single-request decode step would pay 250 times for nothing: CUDA's limits
-start at 2 rows); enable(linear=False) keeps MLX's matmuls, enable(linear=True) installs it
-anyway (on CUDA: 4- and 8-bit layers at 2-8 rows, kernels-cuda/linear_quantized.cuh).
+mlx-lm model; other rows, formats, devices and layer subclasses keep MLX's. The routing is
+installed by default only where the guard's linear limits for the default device's backend start
+at one row (the CPU). A wrapped layer costs ~2.6 µs of Python a call at rows the backend leaves
+to MLX (over MLX's own ~3 µs, this CPU), which a GPU's single-request decode step, bound by its
+host, would pay 250 times for nothing: CUDA's limits start at 2 rows. enable(linear=False) keeps
+MLX's matmuls, enable(linear=True) installs it anyway (on CUDA: 4- and 8-bit layers at 2-8 rows,
+kernels-cuda/linear_quantized.cuh: a batch of up to 8 requests, a speculative verify step).
 
 With the linear layers routed, enable() also replaces `MLP.__call__` of mlx-lm's llama, qwen2,
 qwen3 and qwen3_moe modules (their `down_proj(swiglu(gate_proj(x), up_proj(x)))`, checked against
@@ -65,7 +67,7 @@ import mlx.core as mx
 from attn_kernels import guard
 from attn_kernels.attention import decode_attention_custom
 from attn_kernels.guard import use_fused, use_fused_quantized
-from attn_kernels.linear import guarded_linear, layer_weights
+from attn_kernels.linear import guarded_linear, layer_weights, linear_rows_routed
 from attn_kernels.mlx_lm import step
 from attn_kernels.quantized import decode_attention_quantized
 
@@ -245,7 +247,8 @@ def _linear_call(method):
     """A linear layer's forward `method` that runs decode_linear where the guard accepts x."""
 
     def call(self, x, *args, **kwargs):
-        out = None if args or kwargs else guarded_linear(x, layer_weights(self))
+        routed = not args and not kwargs and linear_rows_routed(x)
+        out = guarded_linear(x, layer_weights(self)) if routed else None
         if out is None:
             return method(self, x, *args, **kwargs)
         _calls["linear"] += 1
@@ -277,7 +280,7 @@ def _swiglu_call(method):
     from mlx_lm.models.activations import swiglu
 
     def call(self, x):
-        if not guard.linear_rows():
+        if not linear_rows_routed(x):
             return method(self, x)
         gate, up = self.gate_proj(x), self.up_proj(x)
         out = guarded_linear(up, layer_weights(self.down_proj), gate=gate)
