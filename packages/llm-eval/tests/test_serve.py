@@ -62,9 +62,13 @@ def test_every_variant_serves_the_mix(tmp_path, tiny, capsys):
                     assert s["fused_steps"] is None
                 assert s["cache_copies"] == 0  # decode steps write the caches in place
                 waits = [c["waited_s"] for c in s["calls"]]
-                if variant == serve.OURS:  # a part of each call: its reads' wait
-                    assert all(0 <= c["waited_s"] <= c["seconds"] for c in s["calls"])
-                    assert sum(waits) > 0
+                if variant == serve.OURS:  # parts of each call: the reads' wait, build, encode
+                    parts = [c["waited_s"] + c["built_s"] + c["encoded_s"] for c in s["calls"]]
+                    assert all(
+                        0 <= p <= c["seconds"] for p, c in zip(parts, s["calls"], strict=True)
+                    )
+                    assert min(c[k] for c in s["calls"] for k in ("built_s", "encoded_s")) >= 0
+                    assert sum(waits) > 0 and sum(c["built_s"] for c in s["calls"]) > 0
                 else:
                     assert waits == [None] * len(waits)
         summary = series["summary"]

@@ -20,8 +20,10 @@ Per variant and batch size, from every call of the generator's next(), timed (al
   cache copies   K/V caches the fused steps copied instead of writing in place (0 when the
                  loop donates them; each copy is a whole layer's cache)
   memory         MLX's peak allocations during the run and its buffer cache after it (GB)
-  waited         per call of ours, the seconds its reads waited for the device (the rest of the
-                 call built and encoded the next step, or prefilled)
+  waited         per call of ours, the seconds its reads waited for the device, and beside it
+                 (built_s, encoded_s) building the next step's graph and MLX's encoding of it
+                 (which waits for the device too where MLX's command buffers in flight are at its
+                 cap); the rest of a call prefills or hands out tokens
 Greedy tokens: each request's against mlx-lm's in the same round (counted, not asserted: bf16
 roundings of the paths differ and can flip near-ties).
 
@@ -242,12 +244,12 @@ class Drive:
             calls = []
             while True:
                 t0 = time.perf_counter()
-                read_before = gen.stats.decode_time if ours else 0.0
+                before = host_times(gen) if ours else None
                 prefilled, tokens = step(gen)
-                # ours: the part of the call its reads waited for the device (the rest builds
-                # and encodes the next step, or prefills)
-                waited = gen.stats.decode_time - read_before if ours else None
-                calls.append((t0, time.perf_counter() - t0, prefilled, tokens, waited))
+                # ours: where the call's time went (waiting for the step's tokens, building
+                # and encoding the next step; the rest prefills or hands out tokens)
+                parts = _deltas(before, host_times(gen)) if ours else None
+                calls.append((t0, time.perf_counter() - t0, prefilled, tokens, parts))
                 if not tokens and not prefilled:
                     break
             if self.variant not in OUR_VARIANTS:
@@ -286,6 +288,17 @@ class Drive:
             return bool(prompt_responses), [(r.uid, r.token) for r in responses]
 
         return gen, step, uids
+
+
+def host_times(gen) -> dict[str, float]:
+    """Our BatchGenerator's running totals: waiting for steps' tokens, building and encoding."""
+    stats = gen.stats
+    return {"waited_s": stats.decode_time, "built_s": stats.build_time,
+            "encoded_s": stats.encode_time}  # fmt: skip
+
+
+def _deltas(before: dict, after: dict) -> dict:
+    return {key: after[key] - before[key] for key in after}
 
 
 @contextlib.contextmanager
@@ -335,7 +348,7 @@ def measure(run_result, prompts, weight_bytes: int, kv_per_position: int, bandwi
     return {
         "tokens": [tokens[u] for u in uids],
         "calls": [
-            {"seconds": s, "prefilled": p, "emitted": len(e), "waited_s": w}
+            {"seconds": s, "prefilled": p, "emitted": len(e), **(w or {"waited_s": None})}
             for _, s, p, e, w in calls
         ],
         "generated": generated,

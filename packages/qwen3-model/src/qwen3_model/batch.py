@@ -260,6 +260,7 @@ class BatchGenerator:
 
     def _launch(self) -> _Step:
         """Queue one decode step of every row: inputs (rows, 1), each row at its own length."""
+        start = time.perf_counter()
         rows = list(self._rows)
         logits = self.model(self._inputs[:, None], self.cache)[:, -1, :]
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
@@ -275,7 +276,10 @@ class BatchGenerator:
                 ]
             )
         tokens = tokens.astype(mx.uint32)
+        built = time.perf_counter()
         mx.async_eval(tokens, logprobs)
+        self.stats.build_time += built - start
+        self.stats.encode_time += time.perf_counter() - built
         for row, request in enumerate(rows):
             if request is not None:
                 self.lengths[row] += 1
@@ -313,12 +317,16 @@ class BatchGenerator:
 @dataclass
 class BatchStats:
     """What a BatchGenerator did (mlx-lm's BatchStats' fields): prompt and generated tokens and
-    the time spent on each (tokens per second derived)."""
+    the time spent on each (tokens per second derived). Of the decode steps' host time, besides:
+    building their graphs (build_time) and MLX's encoding of them (encode_time: async_eval's
+    return, which also waits for the device where MLX's command buffers in flight are at its cap)."""
 
     prompt_tokens: int = 0
     prompt_time: float = 0.0
     generation_tokens: int = 0
     decode_time: float = 0.0
+    build_time: float = 0.0
+    encode_time: float = 0.0
 
     @property
     def prompt_tps(self) -> float:
