@@ -79,6 +79,28 @@ def test_every_variant_serves_the_mix(tmp_path, tiny, capsys):
     assert "| 5 | ours |" in out and "wrote" in out
 
 
+def test_on_request_variants(tmp_path, tiny):
+    """ours-linear-all-rows, and mlx-lm's generator under enable(linear=True) (its fused steps
+    counted; on a CPU the layers are routed by default too), serve the mix token for token
+    with their peers (on a CPU the same kernels run)."""
+    variants = [
+        serve.MLX_LM_KERNEL,
+        serve.MLX_LM_KERNEL_LINEAR,
+        serve.OURS,
+        serve.OURS_LINEAR_ALL_ROWS,
+    ]
+    argv = ["--slots", "3", "--rounds", "1", *[a for v in variants for a in ("--variant", v)]]
+    series = run(tmp_path, *argv)["results"]["series"]["slots=3"]
+    for variant in variants:
+        (sample,) = series["samples"][variant]
+        assert sample["generated"] == 20
+        if variant in serve.KERNEL_VARIANTS:
+            assert sample["fused_steps"] > 0
+    tokens = {v: series["samples"][v][0]["tokens"] for v in variants}
+    assert tokens[serve.MLX_LM_KERNEL_LINEAR] == tokens[serve.MLX_LM_KERNEL]
+    assert tokens[serve.OURS_LINEAR_ALL_ROWS] == tokens[serve.OURS]
+
+
 def test_anatomy_names_each_part(tmp_path, tiny):
     record = run(tmp_path, "--slots", "3", "--variant", "ours", "--anatomy", "--context", "40")
     parts = record["results"]["series"]["slots=3"]["anatomy"]

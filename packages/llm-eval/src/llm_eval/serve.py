@@ -94,6 +94,11 @@ OURS_SWIGLU_APART = "ours-swiglu-apart"
 # step's projections through our kernel (an A/B of guard.LINEAR_LIMITS at the batch's rows).
 OURS_LINEAR_ALL_ROWS = "ours-linear-all-rows"
 OUR_VARIANTS = (OURS, OURS_SWIGLU_APART, OURS_LINEAR_ALL_ROWS)
+# On request: mlx-lm's generator under enable(linear=True), its linear layers through
+# decode_linear where the guard takes them also where enable() leaves them to MLX by default
+# (CUDA, whose limits start at 2 rows; on a CPU the same as mlx-lm+kernel).
+MLX_LM_KERNEL_LINEAR = "mlx-lm+kernel+linear"
+KERNEL_VARIANTS = (MLX_LM_KERNEL, MLX_LM_KERNEL_LINEAR)
 DEFAULTS = {
     "gpu": dict(model="qwen3-4b", quantize="4bit", requests=32, prompt=(256, 2048), new=64),
     # A CPU prefills bf16 at ~5 tok/s (MLX's matmul, 2 vCPUs): short prompts keep a run to minutes.
@@ -133,11 +138,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--variant",
         action="append",
-        choices=[*VARIANTS, OURS_SWIGLU_APART, OURS_LINEAR_ALL_ROWS],
+        choices=[*VARIANTS, OURS_SWIGLU_APART, OURS_LINEAR_ALL_ROWS, MLX_LM_KERNEL_LINEAR],
         help="repeatable; default the first three (ours-swiglu-apart: ours with the MLP's "
         "SwiGLU as MLX's op before the down projection, not inside its CPU kernel; "
         "ours-linear-all-rows: ours with every decode step's projections through decode_linear, "
-        "the guard's row limit raised to the slots)",
+        "the guard's row limit raised to the slots; mlx-lm+kernel+linear: enable(linear=True), "
+        "the linear layers routed where enable() leaves them to MLX by default, as on CUDA)",
     )
     p.add_argument("--rounds", type=at_least(1), default=2, metavar="N", help="timed rounds (2)")
     p.add_argument("--device", choices=["cpu", "gpu"], default="gpu" if bench.has_gpu() else "cpu")
@@ -232,7 +238,9 @@ class Drive:
     def run(self, prompts: list[list[int]]):
         import attn_kernels.mlx_lm as kernel
 
-        context = kernel.enabled() if self.variant == MLX_LM_KERNEL else contextlib.nullcontext()
+        context = contextlib.nullcontext()
+        if self.variant in KERNEL_VARIANTS:
+            context = kernel.enabled(linear=True if self.variant == MLX_LM_KERNEL_LINEAR else None)
         if self.variant == OURS_LINEAR_ALL_ROWS:
             context = linear_rows_up_to(self.slots)
         copies = attention_step_cache_copies()
@@ -254,14 +262,14 @@ class Drive:
                     break
             if self.variant not in OUR_VARIANTS:
                 gen.close()
-            fused = kernel.calls()["fused_step"] if self.variant == MLX_LM_KERNEL else None
+            fused = kernel.calls()["fused_step"] if self.variant in KERNEL_VARIANTS else None
         memory = {"peak_memory_gb": mx.get_peak_memory() / 1e9,
                   "buffer_cache_gb": mx.get_cache_memory() / 1e9}  # fmt: skip
         return start, uids, calls, fused, attention_step_cache_copies() - copies, memory
 
     def _start(self, prompts):
         if self.variant in OUR_VARIANTS:
-            self.model.set_swiglu_in_linear(self.variant == OURS)
+            self.model.set_swiglu_in_linear(self.variant != OURS_SWIGLU_APART)
             gen = qwen3_model.BatchGenerator(
                 self.model, slots=self.slots, max_tokens=self.new_tokens
             )
