@@ -77,9 +77,10 @@ void DecodeLinear::eval_gpu(const std::vector<mx::array>& inputs,
   p.biases = device_pointer(operands[3]);
   p.bias = has_bias_ ? device_pointer(operands[4]) : nullptr;
   p.out = mx::gpu_ptr<char>(out);
-  // The copies as inputs too: the kernel node follows the copy nodes that write them (naming
-  // only the originals let them run side by side: the GPU strided test saw wrong outputs).
-  for (const auto& in : inputs) encoder.set_input_array(in);
+  // What the kernel reads: an input itself, or the copy made of it, whose node already follows
+  // the input's writer. Naming the originals instead let the kernel run beside the copies (the
+  // GPU strided test saw wrong outputs); naming both counted each weight's bytes twice toward
+  // MLX's graph size (it commits a graph every 1000 MB of inputs on sm_90).
   for (const auto& in : operands) encoder.set_input_array(in);
   encoder.set_output_array(out);
   if (p.rows == 0) return;
