@@ -155,27 +155,61 @@ def test_linear_false_and_disable_keep_mlx_matmuls():
 
 
 @pytest.mark.parametrize(
-    ("table", "value"),
-    [("LINEAR_LIMITS", (0, ())), ("LINEAR_MIN_ROWS", 2)],
+    ("table", "value", "routing"),
+    [("LINEAR_LIMITS", (0, ()), "off"), ("LINEAR_MIN_ROWS", 2, "batches")],
     ids=["no-limits", "limits-from-2-rows"],
 )
-def test_no_routing_by_default_where_one_row_keeps_mlx(monkeypatch, table, value):
-    """enable() installs the routing only where the default device's backend runs decode_linear
-    for one row: not where it has no linear limits, nor where they start at 2 rows (CUDA: a
-    single request's decode would pay the Python for nothing); linear=True installs it anyway
-    (batches, verify steps)."""
+def test_no_routing_by_default_where_one_row_keeps_mlx(monkeypatch, table, value, routing):
+    """enable() installs the routing for every call only where the default device's backend runs
+    decode_linear for one row: not where it has no linear limits, and where they start at 2 rows
+    (CUDA: a single request's decode would pay the Python for nothing) only inside mlx-lm's
+    batched decode steps; linear=True installs it for every call (verify steps)."""
     monkeypatch.setitem(getattr(guard, table), "cpu", value)
     mlx_call = nn.Linear.__call__
     kernel.enable()
-    assert not kernel.linear_enabled() and nn.Linear.__call__ is mlx_call
+    assert kernel.linear_routing() == routing and not kernel.linear_enabled()
+    assert nn.Linear.__call__ is mlx_call
     kernel.disable()
+    assert kernel.linear_routing() == "off"
     kernel.enable(linear=True)
-    assert kernel.linear_enabled()
+    assert kernel.linear_enabled() and kernel.linear_routing() == "all"
     if table == "LINEAR_MIN_ROWS":
         layer = nn.QuantizedLinear(64, 24, group_size=64, bits=4)
         layer.set_dtype(mx.bfloat16)
         mx.eval(layer(mx.zeros((1, 64), mx.bfloat16)), layer(mx.zeros((2, 64), mx.bfloat16)))
         assert kernel.calls()["linear"] == 1  # the 2-row call only
+
+
+def test_batch_routing_covers_batched_decode_steps_alone(monkeypatch):
+    """With limits from 2 rows (CUDA's, set on the CPU), enable()'s default routes the linear
+    layers inside mlx-lm's batched decode steps only: batch_generate's tokens equal mlx-lm's own
+    (float32) with routed calls counted; a single request's decode and the layers outside a step
+    keep MLX's matmuls; enabled() restores the routing it found; a bad `linear` changes nothing."""
+    from mlx_lm.generate import GenerationBatch, batch_generate
+    from test_mlx_lm_batch import Tokenizer, prompts
+
+    monkeypatch.setitem(guard.LINEAR_MIN_ROWS, "cpu", 2)
+    model = tiny("qwen3", "float32")
+    batch = prompts([5, 17, 3, 40, 9])
+    options = dict(max_tokens=[8, 5, 9, 6, 7], return_token_ids=True, completion_batch_size=3)
+    theirs = batch_generate(model, Tokenizer(), batch, **options).token_ids
+    mlx_calls, step = (nn.Linear.__call__, nn.QuantizedLinear.__call__), GenerationBatch.next
+    with kernel.enabled(fused_step=False):
+        assert kernel.linear_routing() == "batches" and GenerationBatch.next is not step
+        ours = batch_generate(model, Tokenizer(), batch, **options).token_ids
+        routed = kernel.calls()["linear"]
+        greedy(model, prompt_ids(12), 4)  # one row: no routed call
+        assert kernel.calls()["linear"] == routed > 0
+        assert not kernel.linear_enabled() and nn.Linear.__call__ is mlx_calls[0]
+        with kernel.enabled(linear=True):
+            assert kernel.linear_routing() == "all"
+        assert kernel.linear_routing() == "batches"
+    assert ours == theirs
+    assert GenerationBatch.next is step and kernel.linear_routing() == "off"
+    assert (nn.Linear.__call__, nn.QuantizedLinear.__call__) == mlx_calls
+    with pytest.raises(ValueError, match="linear must be"):
+        kernel.enable(linear="sometimes")
+    assert not kernel.is_enabled()
 
 
 def test_what_the_guard_leaves_keeps_mlx_matmuls(monkeypatch):

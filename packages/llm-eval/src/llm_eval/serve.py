@@ -94,11 +94,10 @@ OURS_SWIGLU_APART = "ours-swiglu-apart"
 # step's projections through our kernel (an A/B of guard.LINEAR_LIMITS at the batch's rows).
 OURS_LINEAR_ALL_ROWS = "ours-linear-all-rows"
 OUR_VARIANTS = (OURS, OURS_SWIGLU_APART, OURS_LINEAR_ALL_ROWS)
-# On request: mlx-lm's generator under enable(linear=True), its linear layers through
-# decode_linear where the guard takes them also where enable() leaves them to MLX by default
-# (CUDA, whose limits start at 2 rows; on a CPU the same as mlx-lm+kernel).
-MLX_LM_KERNEL_LINEAR = "mlx-lm+kernel+linear"
-KERNEL_VARIANTS = (MLX_LM_KERNEL, MLX_LM_KERNEL_LINEAR)
+# On request: mlx-lm's generator under enable(linear=False), its attention alone fused (the A/B
+# of enable()'s linear routing: every call on a CPU, the batched decode steps on CUDA).
+MLX_LM_ATTENTION = "mlx-lm+attention"
+KERNEL_VARIANTS = (MLX_LM_KERNEL, MLX_LM_ATTENTION)
 DEFAULTS = {
     "gpu": dict(model="qwen3-4b", quantize="4bit", requests=32, prompt=(256, 2048), new=64),
     # A CPU prefills bf16 at ~5 tok/s (MLX's matmul, 2 vCPUs): short prompts keep a run to minutes.
@@ -138,12 +137,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--variant",
         action="append",
-        choices=[*VARIANTS, OURS_SWIGLU_APART, OURS_LINEAR_ALL_ROWS, MLX_LM_KERNEL_LINEAR],
+        choices=[*VARIANTS, OURS_SWIGLU_APART, OURS_LINEAR_ALL_ROWS, MLX_LM_ATTENTION],
         help="repeatable; default the first three (ours-swiglu-apart: ours with the MLP's "
         "SwiGLU as MLX's op before the down projection, not inside its CPU kernel; "
         "ours-linear-all-rows: ours with every decode step's projections through decode_linear, "
-        "the guard's row limit raised to the slots; mlx-lm+kernel+linear: enable(linear=True), "
-        "the linear layers routed where enable() leaves them to MLX by default, as on CUDA)",
+        "the guard's row limit raised to the slots; mlx-lm+attention: enable(linear=False), "
+        "mlx-lm's attention fused and its linear layers left to MLX)",
     )
     p.add_argument("--rounds", type=at_least(1), default=2, metavar="N", help="timed rounds (2)")
     p.add_argument("--device", choices=["cpu", "gpu"], default="gpu" if bench.has_gpu() else "cpu")
@@ -240,7 +239,7 @@ class Drive:
 
         context = contextlib.nullcontext()
         if self.variant in KERNEL_VARIANTS:
-            context = kernel.enabled(linear=True if self.variant == MLX_LM_KERNEL_LINEAR else None)
+            context = kernel.enabled(linear=False if self.variant == MLX_LM_ATTENTION else None)
         if self.variant == OURS_LINEAR_ALL_ROWS:
             context = linear_rows_up_to(self.slots)
         copies = attention_step_cache_copies()

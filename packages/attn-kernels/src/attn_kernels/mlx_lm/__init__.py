@@ -34,13 +34,15 @@ enable() also runs the linear layers of decode steps through `decode_linear` whe
 measured it to beat MLX's matmul (guard.use_linear: on the CPU up to 8 rows of x, bf16/f16/f32
 weights and bf16 4- and 8-bit affine codes; on CUDA 2-8 rows of bf16 4- and 8-bit codes):
 `nn.Linear`, `nn.QuantizedLinear` and the embeddings' `as_linear` (a tied LM head) of every
-mlx-lm model; other rows, formats, devices and layer subclasses keep MLX's. The routing is
-installed by default only where the guard's linear limits for the default device's backend start
-at one row (the CPU). A wrapped layer costs ~2.6 µs of Python a call at rows the backend leaves
-to MLX (over MLX's own ~3 µs, this CPU), which a GPU's single-request decode step, bound by its
-host, would pay 250 times for nothing: CUDA's limits start at 2 rows. enable(linear=False) keeps
-MLX's matmuls, enable(linear=True) installs it anyway (on CUDA: 4- and 8-bit layers at 2-8 rows,
-kernels-cuda/linear_quantized.cuh: a batch of up to 8 requests, a speculative verify step).
+mlx-lm model; other rows, formats, devices and layer subclasses keep MLX's. Where the
+guard's linear limits for the default device's backend start at one row (the CPU) the routing is
+installed for every call. Where they start at two (CUDA) enable() installs it only while mlx-lm's
+GenerationBatch.next builds a batched decode step (BatchGenerator: batch_generate and
+mlx_lm.server): a wrapped layer costs ~2.6 µs of Python a call at rows the backend leaves to MLX
+(over MLX's own ~3 µs, this CPU), which a single request's decode step, bound by its host, would
+pay 250 times for nothing. enable(linear=False) keeps MLX's matmuls, enable(linear=True) installs
+the routing for every call (on CUDA also a speculative verify step's 2-8 rows;
+kernels-cuda/linear_quantized.cuh). linear_routing() says which.
 
 With the linear layers routed, enable() also replaces `MLP.__call__` of mlx-lm's llama, qwen2,
 qwen3 and qwen3_moe modules (their `down_proj(swiglu(gate_proj(x), up_proj(x)))`, checked against
@@ -56,6 +58,7 @@ GEMM of its own with a 128-row tile (B GEMMs where one does; step.fold_rows).
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import inspect
 import sys
@@ -86,6 +89,9 @@ _folded: dict[tuple[type, str], object] = {}
 # mlx.nn's linear layers' methods that enable() routes through decode_linear, with the methods
 # they replaced (MLX's, or the folded ones).
 _routed: dict[tuple[type, str], object] = {}
+# mlx-lm's GenerationBatch with its own `next`, where the routing is installed per batched decode
+# step (enable(linear=None) where the backend's linear limits start at 2 rows).
+_batch_steps: dict[type, object] = {}
 
 
 def _mlx_lm_modules():
@@ -178,7 +184,7 @@ def _rebind(old, new) -> int:
     return count
 
 
-def enable(fused_step: bool = True, linear: bool | None = None) -> None:
+def enable(fused_step: bool = True, linear: bool | str | None = None) -> None:
     """Send mlx-lm's decode attention through the fused kernel (idempotent). Starts calls()
     from zero when it was disabled.
 
@@ -188,11 +194,14 @@ def enable(fused_step: bool = True, linear: bool | None = None) -> None:
     mlx-lm's attention methods as they are (only the attention function is replaced), or puts
     them back if an earlier call replaced them.
     linear: also run decode-sized calls of mlx.nn's linear layers through decode_linear where
-    the guard accepts them; None (default): where the guard's linear limits for the default
-    device's backend start at one row (the CPU: on CUDA they start at two, so a single request
-    would pay the wrapped layers' Python on every call for nothing; True there serves batches of
-    2-8 rows and speculative verify steps); False keeps (or puts back) MLX's matmuls."""
+    the guard accepts them. None (default): every call where the guard's linear limits for the
+    default device's backend start at one row (the CPU); where they start at two (CUDA) only the
+    calls of mlx-lm's batched decode steps (GenerationBatch.next: a single request's step would
+    pay the wrapped layers' Python on every call for nothing); where the backend has no limits,
+    none. True: every call (on CUDA also speculative verify steps); False keeps (or puts back)
+    MLX's matmuls. A value of linear_routing() ("all", "batches", "off") sets that routing."""
     global _enabled, _original, _rotating
+    routing = _linear_routing_for(linear)
     base, cache = _mlx_lm_modules()
     with _lock:
         if not _enabled:
@@ -212,9 +221,23 @@ def enable(fused_step: bool = True, linear: bool | None = None) -> None:
             cache.RotatingKVCache,
         )
         _set_fused_step(fused_step, types)
-        if linear is None:  # where a single request's decode step runs it (the CPU)
-            linear = guard.linear_rows() > 0 and guard.linear_min_rows() == 1
-        _route_linear(linear)
+        _set_linear_routing(routing)
+
+
+def _linear_routing_for(linear) -> str:
+    """enable()'s `linear` as a linear_routing() value (None: the default device's backend's)."""
+    if linear is None:
+        if guard.linear_rows() == 0:
+            return "off"
+        return "all" if guard.linear_min_rows() == 1 else "batches"
+    if linear is True or linear is False:
+        return "all" if linear else "off"
+    if linear not in ("all", "batches", "off"):
+        raise ValueError(
+            "[enable] linear must be True, False, None or one of 'all', 'batches', 'off'; "
+            f"got {linear!r}"
+        )
+    return linear
 
 
 def _set_fused_step(on: bool, types: step.CacheTypes | None = None) -> None:
@@ -266,7 +289,12 @@ SWIGLU_LINE = "return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
 
 def swiglu_mlp(cls: type) -> bool:
     """Whether `cls.__call__` (an mlx-lm MLP's own) is exactly SWIGLU_LINE after its signature."""
-    method = cls.__dict__.get("__call__")
+    return _is_swiglu_method(cls.__dict__.get("__call__"))
+
+
+@functools.cache
+def _is_swiglu_method(method) -> bool:
+    """swiglu_mlp's reading of the source, once per method (the batch routing asks every step)."""
     try:
         lines = [line.strip() for line in inspect.getsource(method).splitlines()]
     except (OSError, TypeError):
@@ -317,6 +345,40 @@ def _route_linear(on: bool) -> None:
         _routed.clear()
 
 
+def _set_linear_routing(mode: str) -> None:
+    """ "all": every call routed; "batches": while GenerationBatch.next runs; "off": neither."""
+    _route_linear(mode == "all")
+    if mode == "batches" and not _batch_steps:
+        from mlx_lm.generate import GenerationBatch
+
+        _batch_steps[GenerationBatch] = GenerationBatch.__dict__["next"]
+        GenerationBatch.next = _routed_batch_step(_batch_steps[GenerationBatch])
+    elif mode != "batches":
+        for cls, method in _batch_steps.items():
+            cls.next = method
+        _batch_steps.clear()
+
+
+def _routed_batch_step(method):
+    """GenerationBatch.next with the linear layers routed while it builds the step (installed on
+    entry, removed on return: the Python of a few attribute writes a step)."""
+
+    def next(self):
+        with _lock:
+            own = not _routed  # routed already: linear=True, or another thread's step
+            if own:
+                _route_linear(True)
+        try:
+            return method(self)
+        finally:
+            if own:
+                with _lock:
+                    _route_linear(False)
+
+    next.__wrapped__ = method
+    return next
+
+
 def disable() -> None:
     """Give every name that holds the fused entry point mlx-lm's function back, and mlx-lm's
     attention classes their own methods (idempotent)."""
@@ -326,7 +388,7 @@ def disable() -> None:
             return
         _enabled = False
         _set_fused_step(False)
-        _route_linear(False)  # before the fold: the routed methods wrap the folded ones
+        _set_linear_routing("off")  # before the fold: the routed methods wrap the folded ones
         _fold_rows(False)
         _rebind(scaled_dot_product_attention, _original)
 
@@ -342,8 +404,15 @@ def fused_step_enabled() -> bool:
 
 
 def linear_enabled() -> bool:
-    """Whether mlx.nn's linear layers run decode_linear where the guard accepts them."""
-    return bool(_routed)
+    """Whether mlx.nn's linear layers run decode_linear where the guard accepts them, in every
+    call (enable(linear=True), or the CPU's default; see linear_routing)."""
+    return bool(_routed) and not _batch_steps
+
+
+def linear_routing() -> str:
+    """Where enable() routes the linear layers: "all" (every call), "batches" (mlx-lm's batched
+    decode steps: enable()'s default on CUDA) or "off"."""
+    return "batches" if _batch_steps else "all" if _routed else "off"
 
 
 def calls() -> dict[str, int]:
@@ -355,10 +424,10 @@ def calls() -> dict[str, int]:
 
 
 @contextlib.contextmanager
-def enabled(fused_step: bool = True, linear: bool | None = None) -> Iterator[None]:
+def enabled(fused_step: bool = True, linear: bool | str | None = None) -> Iterator[None]:
     """enable(fused_step, linear) for the block; afterwards the state before it (disabled, or
     enabled with or without the fused step and the linear layers)."""
-    was, had_step, had_linear = _enabled, fused_step_enabled(), linear_enabled()
+    was, had_step, had_linear = _enabled, fused_step_enabled(), linear_routing()
     enable(fused_step, linear)
     try:
         yield
