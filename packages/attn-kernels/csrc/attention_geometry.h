@@ -138,13 +138,16 @@ struct StepGeometry {
   attn_i64 kc_strides[4], vc_strides[4], sb_strides[4];
 };
 
-// Where token 0 of batch row b goes in the caches (its own offset with kRowEnds, else
-// `offset`), and the position RoPE rotates it by: that plus rope_shift minus the row's start
-// (kRowStarts). Ints as in row_range; StepGeometry's fields as scalars (no references: Metal's
-// would need an address space).
+// Where token 0 of batch row b goes in the caches (its own offset with kRowEnds, clamped into
+// [0, offset]: offsets the op could not check, an array still to be computed, write no further
+// than the largest it was built with; else `offset`), and the position RoPE rotates it by: that
+// plus rope_shift minus the row's start (kRowStarts). Ints as in row_range; StepGeometry's fields
+// as scalars (no references: Metal's would need an address space).
 template <typename Ints>
 ATTN_INLINE int step_write_position(int row_ranges, int offset, Ints offsets, int b) {
-  return (row_ranges & kRowEnds) ? offsets[b] : offset;
+  if (!(row_ranges & kRowEnds)) return offset;
+  const int own = offsets[b];
+  return own < 0 ? 0 : own > offset ? offset : own;
 }
 template <typename Ints>
 ATTN_INLINE int step_rope_position(int row_ranges, int offset, int rope_shift, Ints starts,

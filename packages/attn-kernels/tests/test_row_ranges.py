@@ -167,6 +167,51 @@ def test_step_ranges_match_the_reference(device, b, hq, hkv, length, d, layout, 
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("clipped", [False, True], ids=["exact", "row-past-max"])
+def test_step_offsets_array_with_max_offset(device, clipped):
+    """Per-row offsets as an array still to be computed (a decode loop's, advanced on the device)
+    with their largest given as max_offset: no read-back, the rows written and attended as with
+    the list. A row past max_offset (the caller's mistake the op cannot see) writes at
+    max_offset, inside the caches, as the reference with that row clipped."""
+    b, hq, hkv, length, d, capacity = 5, 8, 2, 2, 64, 90
+    rng = np.random.default_rng(11)
+    _, offsets = step_layout(rng, b, length, "ragged", capacity)
+    largest = int(offsets.max())
+    given = offsets.copy()
+    if clipped:
+        given[1] = largest + 7  # past the largest the op is built with
+    inputs = make_step(3, b, hq, hkv, length, d, capacity, mx.float32)
+    lazy = mx.array(given) + mx.zeros((b,), mx.int32)  # unevaluated: the op cannot check it
+    with mx.stream(device):
+        out, new_k, new_v = attention_step(
+            *inputs, lazy, max_offset=largest, eps=EPS, rope_base=BASE
+        )
+        mx.eval(out, new_k, new_v)
+    written = np.minimum(given, largest).astype(np.int32)
+    expected, exp_k, exp_v = ragged_step_f64(*inputs, np.zeros(b, np.int32), written, EPS, BASE)
+    np.testing.assert_allclose(to_numpy(out), expected, **TOLERANCE[mx.float32])
+    np.testing.assert_allclose(to_numpy(new_k), exp_k, atol=2e-4, rtol=2e-4)
+    np.testing.assert_array_equal(to_numpy(new_v), exp_v)
+
+
+@pytest.mark.parametrize(
+    ("offset", "max_offset", "message"),
+    [
+        (3, 3, "max_offset goes with an array offset only"),
+        ([3, 4], 4, "max_offset goes with an array offset only"),
+        (mx.array([3, 4]), -1, "max_offset must be >= 0, got -1"),
+        (mx.array([3, 4]), 4.0, "max_offset must be an int, got 4.0"),
+    ],
+)
+def test_bad_max_offset_names_the_argument(offset, max_offset, message):
+    q, k, v = mx.zeros((2, 1, 4 * 64)), mx.zeros((2, 1, 2 * 64)), mx.zeros((2, 1, 2 * 64))
+    cache = mx.zeros((2, 2, 40, 64))
+    with pytest.raises(ValueError, match=message):
+        attention_step(q, k, v, None, None, cache, cache, offset, max_offset=max_offset,
+                       rope_base=BASE)  # fmt: skip
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("layout", ["shared", "ragged"])
 def test_quantized_step_ranges_match_the_reference(device, layout):
     if device == mx.gpu and not mx.cuda.is_available():

@@ -36,13 +36,17 @@ def alone(model, prompt, max_tokens):
 
 @pytest.fixture
 def row_steps(monkeypatch):
-    """(batch rows, per-row offsets) of every attention_step the model ran on a batch cache."""
+    """(batch rows, per-row offsets) of every attention_step the model ran on a batch cache. The
+    generator passes them as an array it advances on the device, with their largest as
+    max_offset (read back here, which the generator never does)."""
     seen = []
     op = model_module.attention_step
 
     def spy(*args, **kwargs):
-        if isinstance(args[7], list):
-            seen.append((args[0].shape[0], list(args[7])))
+        if isinstance(args[7], mx.array):
+            offsets = args[7].tolist()
+            assert kwargs["max_offset"] == max(offsets)
+            seen.append((args[0].shape[0], offsets))
         return op(*args, **kwargs)
 
     monkeypatch.setattr(model_module, "attention_step", spy)

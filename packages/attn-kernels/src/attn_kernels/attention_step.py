@@ -23,15 +23,25 @@ from attn_kernels import _ext
 from attn_kernels.attention import row_bounds
 
 
-def _offsets(offset, batch: int) -> tuple[int, mx.array | None]:
+def _offsets(offset, batch: int, max_offset=None) -> tuple[int, mx.array | None]:
     """A step's `offset` as the op takes it: the write position of every row (an int), or per-row
     write positions (a sequence of ints, or an int32 (B,) array) with the largest of them, which
-    bounds the attention's context. The largest of an array's values is read from it (an
-    evaluation: pass a sequence in a loop that must not wait for the device)."""
+    bounds the attention's context. The largest of an array's values is `max_offset` where the
+    caller gives it, else read from the array (an evaluation: a loop that must not wait for the
+    device passes it, or a sequence)."""
+    if max_offset is not None:
+        if not isinstance(offset, mx.array):
+            raise ValueError("[attention_step] max_offset goes with an array offset only")
+        if isinstance(max_offset, bool) or not isinstance(max_offset, int | np.integer):
+            raise ValueError(f"[attention_step] max_offset must be an int, got {max_offset!r}")
+        if max_offset < 0:
+            raise ValueError(f"[attention_step] max_offset must be >= 0, got {max_offset}")
     if isinstance(offset, int | np.integer):
         return int(offset), None
     if isinstance(offset, mx.array):
         offsets = offset
+        if max_offset is not None:
+            return int(max_offset), offsets
         largest = int(mx.max(offsets).item()) if offsets.size else 0
     else:
         offsets = row_bounds("offset", offset, batch)
@@ -75,6 +85,7 @@ def attention_step(
     offset: int | Sequence[int] | mx.array,
     *,
     starts: Sequence[int] | mx.array | None = None,
+    max_offset: int | None = None,
     position: int | None = None,
     eps: float | None = None,
     rope_base: float | None = None,
@@ -97,6 +108,10 @@ def attention_step(
         offset: position of the first new token; offset + L <= capacity. Per batch row (rows of
             different lengths in one cache): a sequence of B ints or an int32 (B,) array, row b's
             tokens going to offsets[b] + i.
+        max_offset: with an array `offset`, its largest value as the caller knows it (the
+            attention's context, which the op is built with); without it the array is read back
+            (an evaluation, which waits for the steps in flight). Not checked against the array:
+            a smaller value clips the rows past it.
         starts: per batch row, its first valid cache position (int32 (B,) or a sequence; default
             0): mlx-lm's left padding. Row b attends to [starts[b], its offset + L) and rotates
             its tokens by RoPE at their position minus starts[b], as mlx-lm's batch caches count.
@@ -159,7 +174,7 @@ def attention_step(
     if scale is None:
         scale = 1.0 / math.sqrt(k_cache.shape[-1])
     batch = q.shape[0] if q.ndim else 0
-    offset, offsets = _offsets(offset, batch)
+    offset, offsets = _offsets(offset, batch, max_offset)
     rope_base, rope_freqs = _rope("attention_step", rope_base, rope_freqs)
     out, k_cache, v_cache = _ext.attention_step(
         q,

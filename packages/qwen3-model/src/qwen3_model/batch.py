@@ -27,18 +27,53 @@ from qwen3_model.cache import KVCache, make_cache
 Sampler = Callable[[mx.array], mx.array]
 
 
+class DeviceLengths:
+    """The rows' lengths as an int32 (rows,) array for the steps' AttentionStep, kept beside the
+    generator's list: rebuilt from the list where rows join or leave (reset), advanced on the
+    device in a step (each running row + 1). Made from the list every step, the array waited for
+    the step in flight while the next one was built (12 ms a step at 32 slots, H100): an array of
+    host data gets a buffer from MLX's cache, which may be one the device used."""
+
+    def __init__(self, lengths: list[int]):
+        self.lengths = lengths
+        self.array: mx.array | None = None
+        self._running: tuple[bool, ...] | None = None
+        self._increment: mx.array | None = None
+
+    def current(self) -> mx.array:
+        if self.array is None:
+            self.array = mx.array(self.lengths, dtype=mx.int32)
+        return self.array
+
+    def reset(self) -> None:
+        """The list changed other than by advance(): rebuild the array at its next use."""
+        self.array = None
+
+    def advance(self, running: Sequence[bool]) -> None:
+        """One step: the running rows' lengths + 1 in the list and (lazily) in the array."""
+        running = tuple(running)
+        for row, on in enumerate(running):
+            self.lengths[row] += on
+        if self.array is None:
+            return
+        if running != self._running:
+            self._running, self._increment = running, mx.array(running, dtype=mx.int32)
+        self.array = self.array + self._increment
+
+
 class BatchKVCache:
     """One layer's keys and values of `len(lengths)` rows, (rows, Hkv, capacity, D), capacity a
     multiple of `step`. Row b holds positions [0, lengths[b]); `lengths` is shared by every layer
     of the model and advanced by the generator once per step (each layer reads it as the step's
-    write positions)."""
+    write positions), `device_lengths` (optional, shared too) the same as an array."""
 
     step = 256
 
-    def __init__(self, lengths: list[int]):
+    def __init__(self, lengths: list[int], device_lengths: DeviceLengths | None = None):
         self.keys: mx.array | None = None
         self.values: mx.array | None = None
         self.lengths = lengths
+        self.device_lengths = device_lengths
 
     @property
     def capacity(self) -> int:
@@ -148,7 +183,8 @@ class BatchGenerator:
         self.prefill_step_size = prefill_step_size
         self.stream = stream or generation_stream()
         self.lengths = [0] * slots
-        self.cache = [BatchKVCache(self.lengths) for _ in model.layers]
+        self.device_lengths = DeviceLengths(self.lengths)
+        self.cache = [BatchKVCache(self.lengths, self.device_lengths) for _ in model.layers]
         self._rows: list[_Request | None] = [None] * slots
         self._inputs = mx.zeros((slots,), mx.uint32)  # each row's next input token
         self._waiting: deque[_Request] = deque()
@@ -229,6 +265,7 @@ class BatchGenerator:
         self._rows[row].done = True
         self._rows[row] = None
         self.lengths[row] = 0
+        self.device_lengths.reset()
 
     def _admit(self) -> None:
         """Prefill waiting requests into free rows: all but the last prompt token alone (a
@@ -252,6 +289,7 @@ class BatchGenerator:
                     layer.write_row(row, single)
                 mx.eval([(c.keys, c.values) for c in self.cache])
             self.lengths[row] = len(head)
+            self.device_lengths.reset()
             self._inputs[row] = request.prompt[-1]
             request.row = row
             self._rows[row] = request
@@ -280,9 +318,7 @@ class BatchGenerator:
         mx.async_eval(tokens, logprobs)
         self.stats.build_time += built - start
         self.stats.encode_time += time.perf_counter() - built
-        for row, request in enumerate(rows):
-            if request is not None:
-                self.lengths[row] += 1
+        self.device_lengths.advance([r is not None for r in rows])
         self._inputs = tokens
         return _Step(tokens, logprobs, rows)
 

@@ -289,8 +289,12 @@ class Attention(nn.Module):
             and self.fused_step
             and use_step(length, context, self.head_dim, "causal", where, dtype=q.dtype, batch=b)
         ):
+            # The rows' lengths as the generator keeps them on the device (DeviceLengths: an
+            # array made from the list here waited for the step in flight), with their largest.
+            lengths = cache.device_lengths.current() if cache.device_lengths else offsets
             out, keys, values = attention_step(
-                q, k, v, self.q_norm.weight, self.k_norm.weight, keys, values, offsets,
+                q, k, v, self.q_norm.weight, self.k_norm.weight, keys, values, lengths,
+                max_offset=max(offsets) if cache.device_lengths else None,
                 eps=self.eps, rope_base=self.rope_base, scale=self.scale, owned_caches=True,
                 schedule=self.schedule, fold=self.fold_step,
             )  # fmt: skip
