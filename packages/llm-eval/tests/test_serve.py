@@ -85,6 +85,7 @@ def test_on_request_variants(tmp_path, tiny):
     variants = [
         serve.MLX_LM_KERNEL,
         serve.MLX_LM_ATTENTION,
+        serve.MLX_LM_KERNEL_ALL_ROWS,
         serve.OURS,
         serve.OURS_LINEAR_ALL_ROWS,
     ]
@@ -97,6 +98,7 @@ def test_on_request_variants(tmp_path, tiny):
             assert sample["fused_steps"] > 0
     tokens = {v: series["samples"][v][0]["tokens"] for v in variants}
     assert tokens[serve.OURS_LINEAR_ALL_ROWS] == tokens[serve.OURS]
+    assert tokens[serve.MLX_LM_KERNEL_ALL_ROWS] == tokens[serve.MLX_LM_KERNEL]
 
 
 def test_anatomy_names_each_part(tmp_path, tiny):

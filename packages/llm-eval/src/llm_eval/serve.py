@@ -97,7 +97,10 @@ OUR_VARIANTS = (OURS, OURS_SWIGLU_APART, OURS_LINEAR_ALL_ROWS)
 # On request: mlx-lm's generator under enable(linear=False), its attention alone fused (the A/B
 # of enable()'s linear routing: every call on a CPU, the batched decode steps on CUDA).
 MLX_LM_ATTENTION = "mlx-lm+attention"
-KERNEL_VARIANTS = (MLX_LM_KERNEL, MLX_LM_ATTENTION)
+# On request: mlx-lm's generator under enable() with the guard's row limit raised to the slots
+# (the same A/B as ours-linear-all-rows).
+MLX_LM_KERNEL_ALL_ROWS = "mlx-lm+kernel-linear-all-rows"
+KERNEL_VARIANTS = (MLX_LM_KERNEL, MLX_LM_ATTENTION, MLX_LM_KERNEL_ALL_ROWS)
 DEFAULTS = {
     "gpu": dict(model="qwen3-4b", quantize="4bit", requests=32, prompt=(256, 2048), new=64),
     # A CPU prefills bf16 at ~5 tok/s (MLX's matmul, 2 vCPUs): short prompts keep a run to minutes.
@@ -137,12 +140,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--variant",
         action="append",
-        choices=[*VARIANTS, OURS_SWIGLU_APART, OURS_LINEAR_ALL_ROWS, MLX_LM_ATTENTION],
+        choices=[
+            *VARIANTS,
+            OURS_SWIGLU_APART,
+            OURS_LINEAR_ALL_ROWS,
+            MLX_LM_ATTENTION,
+            MLX_LM_KERNEL_ALL_ROWS,
+        ],
         help="repeatable; default the first three (ours-swiglu-apart: ours with the MLP's "
         "SwiGLU as MLX's op before the down projection, not inside its CPU kernel; "
         "ours-linear-all-rows: ours with every decode step's projections through decode_linear, "
         "the guard's row limit raised to the slots; mlx-lm+attention: enable(linear=False), "
-        "mlx-lm's attention fused and its linear layers left to MLX)",
+        "mlx-lm's attention fused and its linear layers left to MLX; "
+        "mlx-lm+kernel-linear-all-rows: enable() with that raised limit)",
     )
     p.add_argument("--rounds", type=at_least(1), default=2, metavar="N", help="timed rounds (2)")
     p.add_argument("--device", choices=["cpu", "gpu"], default="gpu" if bench.has_gpu() else "cpu")
@@ -237,11 +247,12 @@ class Drive:
     def run(self, prompts: list[list[int]]):
         import attn_kernels.mlx_lm as kernel
 
-        context = contextlib.nullcontext()
+        context = contextlib.ExitStack()
         if self.variant in KERNEL_VARIANTS:
-            context = kernel.enabled(linear=False if self.variant == MLX_LM_ATTENTION else None)
-        if self.variant == OURS_LINEAR_ALL_ROWS:
-            context = linear_rows_up_to(self.slots)
+            linear = False if self.variant == MLX_LM_ATTENTION else None
+            context.enter_context(kernel.enabled(linear=linear))
+        if self.variant in (OURS_LINEAR_ALL_ROWS, MLX_LM_KERNEL_ALL_ROWS):
+            context.enter_context(linear_rows_up_to(self.slots))
         copies = attention_step_cache_copies()
         mx.reset_peak_memory()
         with context:
