@@ -94,10 +94,12 @@ cuda (an H100, sm_90 as the H200): h100-qwen3-4b-linear-gpu-mlx-0.32.4.json and
     without them); at 1 row the two tie (0.91-1.02x). MLX's qmv reads the weights once a row up to
     7 rows (5-7 not measured: its time only grows from 4), its qmm (a 128-row tile) from 8. By
     layer MLX still wins the LM head from 16 rows (0.5-0.8x) and 4-bit gate/up at 16-32 (0.9-1.0x).
-    Rows 2-8: in the serving mix (h100-qwen3-4b-4bit-serve-rates-*), every row count through ours
-    decoded 8 slots 20-28% faster in three runs, while at 32 slots the runs disagree (0.79-1.16x,
-    the calls blocking on the host; docs/serving-cuda.md), so 9-32 rows wait for that. f16 x not
-    measured. Records before 20962df chained calls with mx.depends, which does not order kernels on
+    In the serving mix (32 requests of 256-2048 + 64 tokens, Qwen3-4B 4-bit group 128): every row
+    count through ours decoded 8 slots 20-28% faster in three runs (rows 2-8), and at 32 slots
+    h100-qwen3-4b-4bit-serve-linear-all-rows-32x256-2048+64-mlx-0.32.4.json (ac545d2, 2 rounds)
+    gave mlx-lm's BatchGenerator under enable() 1298 decode tok/s against 901 with 9-32 rows left
+    to MLX (a step's median 11.6 ms against 21.5), ours 1304 against 1215: rows 2-32. More than 32
+    rows take a second pass of the kernel (not measured). f16 x not measured. Records before 20962df chained calls with mx.depends, which does not order kernels on
     CUDA: their calls ran side by side and flattered MLX's qmm (the 2-4-row limit came from them).
 """
 
@@ -206,7 +208,7 @@ LINEAR_LIMITS: dict[str, tuple[int, tuple[tuple[mx.Dtype, int], ...]]] = {
         8,
         ((mx.bfloat16, 0), (mx.float16, 0), (mx.float32, 0), (mx.bfloat16, 4), (mx.bfloat16, 8)),
     ),
-    "cuda": (8, ((mx.bfloat16, 4), (mx.bfloat16, 8))),
+    "cuda": (32, ((mx.bfloat16, 4), (mx.bfloat16, 8))),
     "metal": (0, ()),
 }
 LINEAR_MIN_ROWS: dict[str, int] = {"cpu": 1, "cuda": 2, "metal": 1}

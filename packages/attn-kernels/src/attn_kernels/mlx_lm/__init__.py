@@ -32,7 +32,7 @@ enable(fused_step=False) leaves those methods alone: only the attention function
 
 enable() also runs the linear layers of decode steps through `decode_linear` where the guard
 measured it to beat MLX's matmul (guard.use_linear: on the CPU up to 8 rows of x, bf16/f16/f32
-weights and bf16 4- and 8-bit affine codes; on CUDA 2-8 rows of bf16 4- and 8-bit codes):
+weights and bf16 4- and 8-bit affine codes; on CUDA 2-32 rows of bf16 4- and 8-bit codes):
 `nn.Linear`, `nn.QuantizedLinear` and the embeddings' `as_linear` (a tied LM head) of every
 mlx-lm model; other rows, formats, devices and layer subclasses keep MLX's. Where the
 guard's linear limits for the default device's backend start at one row (the CPU) the routing is
