@@ -99,8 +99,9 @@ cuda (an H100, sm_90 as the H200): h100-qwen3-4b-linear-gpu-mlx-0.32.4.json and
     h100-qwen3-4b-4bit-serve-linear-all-rows-32x256-2048+64-mlx-0.32.4.json (ac545d2, 2 rounds)
     gave mlx-lm's BatchGenerator under enable() 1298 decode tok/s against 901 with 9-32 rows left
     to MLX (a step's median 11.6 ms against 21.5), ours 1304 against 1215: rows 2-32. More than 32
-    rows take a second pass of the kernel (not measured). f16 x not measured. Records before 20962df chained calls with mx.depends, which does not order kernels on
-    CUDA: their calls ran side by side and flattered MLX's qmm (the 2-4-row limit came from them).
+    rows take a second pass of the kernel (not measured). f16 x not measured. Records before
+    20962df chained calls with mx.depends, which does not order kernels on CUDA: their calls ran
+    side by side and flattered MLX's qmm (the 2-4-row limit came from them).
 """
 
 from __future__ import annotations

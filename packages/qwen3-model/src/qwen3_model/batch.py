@@ -30,9 +30,10 @@ Sampler = Callable[[mx.array], mx.array]
 class DeviceLengths:
     """The rows' lengths as an int32 (rows,) array for the steps' AttentionStep, kept beside the
     generator's list: rebuilt from the list where rows join or leave (reset), advanced on the
-    device in a step (each running row + 1). Made from the list every step, the array waited for
-    the step in flight while the next one was built (12 ms a step at 32 slots, H100): an array of
-    host data gets a buffer from MLX's cache, which may be one the device used."""
+    device in a step (each running row + 1). Made from the list in every layer, the array waited
+    for the step in flight while the next one was built (12 ms a step at 32 slots, H100; the
+    suspect, not measured: MLX's CUDA allocator hands host data a cached device buffer and moves
+    it to unified memory with a synchronous copy)."""
 
     def __init__(self, lengths: list[int]):
         self.lengths = lengths
