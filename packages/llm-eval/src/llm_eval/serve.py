@@ -72,6 +72,7 @@ from attn_kernels import (
     decode_linear_quantized,
     guard,
 )
+from qwen3_model.batch import DeviceLengths
 
 from llm_eval import bench, kernel_trace
 from llm_eval.linear import chained_input
@@ -504,10 +505,12 @@ def graph_ops(y: mx.array) -> dict[str, int]:
 
 def decode_fixture(model, rows: int, context: int):
     """A decode step of ours at `rows` rows of `context` positions, and its caches: a batch
-    cache filled with random K/V, every row written at the same position each time."""
+    cache filled with random K/V, every row written at the same position each time, the rows'
+    lengths on the device as BatchGenerator keeps them."""
     a = model.args
     lengths = [context] * rows
-    cache = [qwen3_model.BatchKVCache(lengths) for _ in model.layers]
+    on_device = DeviceLengths(lengths)
+    cache = [qwen3_model.BatchKVCache(lengths, on_device) for _ in model.layers]
     shape = (rows, a.num_key_value_heads, context + 256, a.head_dim)
     for c in cache:
         c.keys = mx.random.normal(shape).astype(mx.bfloat16)
@@ -549,12 +552,13 @@ def anatomy(model, rows: int, context: int) -> dict:
     # As the model holds them: only the step's returned caches, updated in place (owned).
     held = [cache[0].keys, cache[0].values]
     cache[0].keys = cache[0].values = None
+    on_device = cache[0].device_lengths.current()
 
     def attend(fold=None):
         out, held[0], held[1] = attention_step(
-            q, kv, kv, attn.q_norm.weight, attn.k_norm.weight, *held, lengths,
-            eps=attn.eps, rope_base=attn.rope_base, scale=attn.scale, owned_caches=True,
-            fold=fold,
+            q, kv, kv, attn.q_norm.weight, attn.k_norm.weight, *held, on_device,
+            max_offset=max(lengths), eps=attn.eps, rope_base=attn.rope_base, scale=attn.scale,
+            owned_caches=True, fold=fold,
         )  # fmt: skip
         return out
 

@@ -294,7 +294,7 @@ class Attention(nn.Module):
             lengths = cache.device_lengths.current() if cache.device_lengths else offsets
             out, keys, values = attention_step(
                 q, k, v, self.q_norm.weight, self.k_norm.weight, keys, values, lengths,
-                max_offset=max(offsets) if cache.device_lengths else None,
+                max_offset=context - length if cache.device_lengths else None,
                 eps=self.eps, rope_base=self.rope_base, scale=self.scale, owned_caches=True,
                 schedule=self.schedule, fold=self.fold_step,
             )  # fmt: skip
