@@ -127,6 +127,18 @@ def grow(cache, b: int, heads: int, length: int, head_dim: int, dtype: mx.Dtype,
     return cache.keys, cache.values
 
 
+def own_layout(cache) -> None:
+    """A batch cache whose buffers mlx-lm re-laid out since the last fused step (their shape
+    differs from the one that step left: rows left or joined) gets MLX's row-contiguous copies of
+    them. BatchKVCache.filter leaves views (`keys[rows][..., shift:, :]`) that the op would copy
+    into buffers of its own, which on CUDA are managed memory (kernels-cuda/README.md): filling
+    every layer's cache so made two calls of 138 and 275-283 ms when a 32-slot batch shrank
+    (H100, bench-serve), where MLX's copy lands in device memory and the op then writes it in
+    place. A row-contiguous buffer (extend's concatenation) passes MLX's copy as it is."""
+    if cache.keys is not None and cache.__dict__.get("_attn_kernels_shape") != cache.keys.shape:
+        cache.keys, cache.values = mx.contiguous(cache.keys), mx.contiguous(cache.values)
+
+
 def grow_rotating(cache, b: int, heads: int, head_dim: int, dtype: mx.Dtype):
     """The buffers of mlx-lm's BatchRotatingKVCache with room for one more position before it
     wraps, grown as its _update_in_place grows them (step positions at a time up to max_size);
@@ -304,6 +316,7 @@ def fused_call(original: Callable, types: CacheTypes, calls: dict, model: StepMo
                     group_size=cache.group_size, bits=cache.bits, **options,
                 )  # fmt: skip
             elif batched:
+                own_layout(cache)
                 if kind is types.batch_rotating:
                     grown = grow_rotating(cache, b, heads, head_dim, dtype)
                     if grown is None:  # wrapped: its keys are no longer in temporal order
@@ -338,6 +351,7 @@ def fused_call(original: Callable, types: CacheTypes, calls: dict, model: StepMo
             return original(self, x, mask, cache)
         cache.keys, cache.values = keys, values
         if batched:
+            cache.__dict__["_attn_kernels_shape"] = keys.shape  # beside mlx-lm's attributes
             cache._idx += length
             cache.offset = cache.offset + length  # an array: each row's own count
             if kind is types.batch_rotating:
