@@ -1,5 +1,6 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 #include <nanobind/stl/variant.h>
@@ -7,6 +8,7 @@
 #include "attention_step.h"
 #include "decode_attention.h"
 #include "decode_attention_quantized.h"
+#include "graph_limits.h"
 #include "linear.h"
 
 namespace nb = nanobind;
@@ -157,6 +159,14 @@ Returns:
       nb::kw_only(),
       "stream"_a = nb::none(),
       "x @ weight.T (+ bias) on the CPU linear kernel (see attn_kernels.decode_linear).");
+  m.def(
+      "set_graph_limits",
+      &attn_kernels::set_graph_limits,
+      "stream"_a,
+      "max_ops"_a = 0,
+      "max_mb"_a = 0,
+      "The stream's CUDA graph commit limits (ops, MB) before the call, setting each that is > 0 "
+      "(see attn_kernels.graph_limits); None without CUDA graphs.");
   m.def(
       "attention_step_folds",
       &attn_kernels::attention_step_folds,

@@ -32,3 +32,46 @@ def test_op_level_checks():
     # The contract's empty cases hold at the op too (attention.py).
     assert not mx.any(_ext.decode_attention(q, k[:, :, :0], v[:, :, :0], 1.0)).item()
     assert _ext.decode_attention(q[:, :, :0], k, v, 1.0).shape == (1, 4, 0, 16)
+
+
+def test_graph_limits_without_cuda_graphs():
+    """A CPU stream has no CUDA graphs: nothing set, None; bad arguments name themselves."""
+    from attn_kernels import graph_limits
+
+    assert graph_limits(mx.new_stream(mx.cpu), max_ops=10, max_mb=10) is None
+    for kwargs, name in (
+        (dict(max_ops=0), "max_ops"),
+        (dict(max_mb=-1), "max_mb"),
+        (dict(max_ops=2.5), "max_ops"),
+        (dict(max_mb=True), "max_mb"),
+    ):
+        with pytest.raises(ValueError, match=name):
+            graph_limits(mx.new_stream(mx.cpu), **kwargs)
+    with pytest.raises(ValueError, match="stream"):
+        graph_limits(mx.cpu)
+
+
+@pytest.mark.skipif(not mx.cuda.is_available(), reason="needs MLX's CUDA backend")
+def test_graph_limits_on_a_cuda_stream():
+    """A new GPU stream starts at MLX's limits (its environment's, or sm_90's 100 ops and 1000
+    MB); each given limit is set, the other kept, and work on the stream still evaluates."""
+    import os
+
+    from attn_kernels import graph_limits
+
+    stream = mx.new_stream(mx.gpu)
+    ops, mb = graph_limits(stream)
+    if "MLX_MAX_OPS_PER_BUFFER" not in os.environ and "MLX_MAX_MB_PER_BUFFER" not in os.environ:
+        assert ops > 0 and mb > 0
+    assert graph_limits(stream, max_ops=ops + 7) == (ops, mb)
+    assert graph_limits(stream, max_mb=mb + 3) == (ops + 7, mb)
+    assert graph_limits(stream) == (ops + 7, mb + 3)
+    with mx.stream(stream):
+        x = mx.arange(1000, dtype=mx.float32)
+        for _ in range(300):  # more kernels than MLX's default limit, one graph now
+            x = x * 1.0001 + 1
+        total = x.sum().item()
+    expected = mx.arange(1000, dtype=mx.float32)
+    for _ in range(300):
+        expected = expected * 1.0001 + 1
+    assert total == pytest.approx(expected.sum().item(), rel=1e-6)

@@ -8,6 +8,7 @@
   quantized cache.
 - `decode_linear`, `decode_linear_quantized`: a decode step's linear layers on the CPU, each
   weight read once (dense, or mlx-lm's quantized layout as stored).
+- `graph_limits`: how many kernels MLX's CUDA backend puts in one graph on a stream.
 """
 
 import mlx.core  # noqa: F401  (loads libmlx before the extension)
@@ -26,6 +27,7 @@ from attn_kernels.attention_step import (
     attention_step_folds,
     attention_step_quantized,
 )
+from attn_kernels.graphs import graph_limits
 from attn_kernels.linear import decode_linear, decode_linear_quantized
 from attn_kernels.quantized import decode_attention_quantized, dequantize_kv
 
@@ -42,6 +44,7 @@ __all__ = [
     "decode_linear",
     "decode_linear_quantized",
     "dequantize_kv",
+    "graph_limits",
     "range_mask",
     "scaled_dot_product_attention",
 ]

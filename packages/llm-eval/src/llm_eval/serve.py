@@ -94,7 +94,10 @@ OURS_SWIGLU_APART = "ours-swiglu-apart"
 # On request: ours with the guard's row limit for decode_linear raised to the slots, every decode
 # step's projections through our kernel (an A/B of guard.LINEAR_LIMITS at the batch's rows).
 OURS_LINEAR_ALL_ROWS = "ours-linear-all-rows"
-OUR_VARIANTS = (OURS, OURS_SWIGLU_APART, OURS_LINEAR_ALL_ROWS)
+# On request: ours on a new stream with MLX's CUDA graph limits (a commit every 100 kernels or
+# 1000 MB on sm_90), not its batch_stream()'s (guard.BATCH_GRAPH_LIMITS: a step a graph).
+OURS_MLX_GRAPHS = "ours-mlx-graphs"
+OUR_VARIANTS = (OURS, OURS_SWIGLU_APART, OURS_LINEAR_ALL_ROWS, OURS_MLX_GRAPHS)
 # On request: mlx-lm's generator under enable(linear=False), its attention alone fused (the A/B
 # of enable()'s linear routing: every call on a CPU, the batched decode steps on CUDA).
 MLX_LM_ATTENTION = "mlx-lm+attention"
@@ -145,13 +148,15 @@ def parse_args(argv=None) -> argparse.Namespace:
             *VARIANTS,
             OURS_SWIGLU_APART,
             OURS_LINEAR_ALL_ROWS,
+            OURS_MLX_GRAPHS,
             MLX_LM_ATTENTION,
             MLX_LM_KERNEL_ALL_ROWS,
         ],
         help="repeatable; default the first three (ours-swiglu-apart: ours with the MLP's "
         "SwiGLU as MLX's op before the down projection, not inside its CPU kernel; "
         "ours-linear-all-rows: ours with every decode step's projections through decode_linear, "
-        "the guard's row limit raised to the slots; mlx-lm+attention: enable(linear=False), "
+        "the guard's row limit raised to the slots; ours-mlx-graphs: ours on a stream with "
+        "MLX's own CUDA graph limits (several graphs a step); mlx-lm+attention: enable(linear=False), "
         "mlx-lm's attention fused and its linear layers left to MLX; "
         "mlx-lm+kernel-linear-all-rows: enable() with that raised limit)",
     )
@@ -281,8 +286,9 @@ class Drive:
     def _start(self, prompts):
         if self.variant in OUR_VARIANTS:
             self.model.set_swiglu_in_linear(self.variant != OURS_SWIGLU_APART)
+            stream = mx.new_stream(mx.default_device()) if self.variant == OURS_MLX_GRAPHS else None
             gen = qwen3_model.BatchGenerator(
-                self.model, slots=self.slots, max_tokens=self.new_tokens
+                self.model, slots=self.slots, max_tokens=self.new_tokens, stream=stream
             )
             uids = gen.insert(prompts)
 

@@ -21,10 +21,28 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import mlx.core as mx
+from attn_kernels import graph_limits
+from attn_kernels.guard import BATCH_GRAPH_LIMITS
 
 from qwen3_model.cache import KVCache, make_cache
 
 Sampler = Callable[[mx.array], mx.array]
+
+_streams: dict[str, mx.Stream] = {}
+
+
+def batch_stream() -> mx.Stream:
+    """The default device's stream for batched generation (made on first use), apart from
+    generate_step's: on CUDA each of its graphs holds a whole decode step
+    (guard.BATCH_GRAPH_LIMITS; MLX's defaults commit several graphs a step, and every other step
+    then waited in MLX's encoding)."""
+    device = mx.default_device()
+    key = str(device)
+    if key not in _streams:
+        stream = mx.new_stream(device)
+        graph_limits(stream, *BATCH_GRAPH_LIMITS)
+        _streams[key] = stream
+    return _streams[key]
 
 
 class DeviceLengths:
@@ -174,15 +192,13 @@ class BatchGenerator:
             raise ValueError(f"slots must be >= 1, got {slots}")
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
-        from qwen3_model.generate import generation_stream
-
         self.model = model
         self.slots = slots
         self.max_tokens = max_tokens
         self.sampler = sampler
         self.stop_tokens = frozenset(stop_tokens)
         self.prefill_step_size = prefill_step_size
-        self.stream = stream or generation_stream()
+        self.stream = stream or batch_stream()
         self.lengths = [0] * slots
         self.device_lengths = DeviceLengths(self.lengths)
         self.cache = [BatchKVCache(self.lengths, self.device_lengths) for _ in model.layers]

@@ -1,0 +1,28 @@
+"""How many kernels MLX's CUDA backend gathers into one CUDA graph on a stream before it commits
+it: every `ops` kernels or `mb` "MB" of inputs (MLX_MAX_OPS_PER_BUFFER, MLX_MAX_MB_PER_BUFFER:
+read once per process, 100 and 1000 on sm_90; mlx/backend/cuda/device.cpp). A batched decode
+step of a 4B model is ~400 kernels, so it commits several graphs mid-step; a stream whose step
+is one graph (guard.BATCH_GRAPH_LIMITS) decoded a 32-slot batch twice as fast (docs/serving-cuda.md).
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from attn_kernels import _ext
+
+
+def graph_limits(
+    stream: mx.Stream, max_ops: int | None = None, max_mb: int | None = None
+) -> tuple[int, int] | None:
+    """`stream`'s CUDA graph limits (ops, MB) before the call, then max_ops and max_mb set where
+    given (positive ints). None where MLX builds no CUDA graphs on the stream (a CPU stream, an
+    MLX without the CUDA backend), which has nothing to set."""
+    if not isinstance(stream, mx.Stream):
+        raise ValueError(f"[graph_limits] stream must be an mx.Stream, got {type(stream).__name__}")
+    for name, value in (("max_ops", max_ops), ("max_mb", max_mb)):
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 1
+        ):
+            raise ValueError(f"[graph_limits] {name} must be a positive int or None, got {value!r}")
+    return _ext.set_graph_limits(stream, max_ops or 0, max_mb or 0)
