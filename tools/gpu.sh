@@ -33,7 +33,8 @@
 #               mlx-lm's kv_bits=4
 #   serve       bench-serve: Qwen3-4B 4-bit, 32 requests of 256-2048 prompt tokens + 64 each,
 #               slots 8 and 32: mlx-lm's BatchGenerator, with enable(), and ours (--anatomy;
-#               PART rates: without it, and with enable(linear=False) (attention alone));
+#               PART rates: without it, with enable(linear=False) (attention alone) and
+#               ours on MLX's CUDA graph limits);
 #               PART anatomy: the anatomy alone at 1, 8 and 32 rows under MLX's default CUDA
 #               graphs, without them and with 1000 ops a graph (where a step's time goes);
 #               PART trace (not in all): each kernel of two decode steps at 8 and 32 rows under
@@ -205,10 +206,12 @@ serve() {
     python3 -m llm_eval.serve "${mix[@]}" --slots 8 --slots 32 --rounds "${ROUNDS:-2}" --anatomy \
       --output "$R/$G-qwen3-4b-4bit-serve-32x256-2048+64-$V.json" 2>&1 | quiet
   fi
-  if [ "$1" = rates ]; then  # the same runs without the anatomy (a shorter call), and
-    # enable(linear=False) (attention alone: the A/B of enable()'s routing of batched steps)
+  if [ "$1" = rates ]; then  # the same runs without the anatomy (a shorter call), with
+    # enable(linear=False) (attention alone: the A/B of enable()'s routing of batched steps) and
+    # ours on MLX's CUDA graph limits (the A/B of batch_stream()'s one graph a step)
     python3 -m llm_eval.serve "${mix[@]}" --slots 8 --slots 32 --rounds "${ROUNDS:-2}" \
       --variant mlx-lm --variant mlx-lm+kernel --variant mlx-lm+attention --variant ours \
+      --variant ours-mlx-graphs \
       --output "$R/$G-qwen3-4b-4bit-serve-rates-32x256-2048+64-$V.json" 2>&1 | quiet
   fi
   if [ "$1" = trace ]; then  # not in "all": its own call

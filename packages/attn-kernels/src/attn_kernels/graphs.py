@@ -1,8 +1,9 @@
 """How many kernels MLX's CUDA backend gathers into one CUDA graph on a stream before it commits
 it: every `ops` kernels or `mb` "MB" of inputs (MLX_MAX_OPS_PER_BUFFER, MLX_MAX_MB_PER_BUFFER:
 read once per process, 100 and 1000 on sm_90; mlx/backend/cuda/device.cpp). A batched decode
-step of a 4B model is ~400 kernels, so it commits several graphs mid-step; a stream whose step
-is one graph (guard.BATCH_GRAPH_LIMITS) decoded a 32-slot batch twice as fast (docs/serving-cuda.md).
+step of a 4B model is ~400 kernels, so it commits several graphs mid-step; on a stream whose
+step is one graph (guard.BATCH_GRAPH_LIMITS) a 32-slot batch decoded up to twice as fast, though
+not in every round (docs/serving-cuda.md).
 """
 
 from __future__ import annotations

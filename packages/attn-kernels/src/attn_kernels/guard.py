@@ -215,10 +215,12 @@ LINEAR_LIMITS: dict[str, tuple[int, tuple[tuple[mx.Dtype, int], ...]]] = {
 LINEAR_MIN_ROWS: dict[str, int] = {"cpu": 1, "cuda": 2, "metal": 1}
 
 # CUDA graph limits (kernels, "MB" of inputs) of the stream batched decode steps run on
-# (attn_kernels.graph_limits): a whole step as one graph. Qwen3-4B 4-bit, 32 slots, H100:
-# with MLX's sm_90 defaults (100, 1000) qwen3_model's generator decoded 1553 tok/s, every other
+# (attn_kernels.graph_limits): a whole step as one graph. Qwen3-4B 4-bit, 32 slots, H100: with
+# MLX's sm_90 defaults (100, 1000) qwen3_model's generator decoded 1479-1657 tok/s, every other
 # call waiting 20-30 ms in MLX's encoding; with either limit alone raised 1397-1688; with both
-# (a step of ~400 kernels and ~560 MB commits once) 3072 (h100-qwen3-4b-4bit-serve-graph-limits).
+# (a step of ~400 kernels and ~560 MB commits once) 3072 and, in one process beside MLX's limits'
+# 1479/1578, rounds of 3017 and 1405 (h100-qwen3-4b-4bit-serve-graph-limits-...; raw/
+# h100-serve-32-slots-probes.txt; docs/serving-cuda.md: the slow state is not found yet).
 BATCH_GRAPH_LIMITS = (4096, 1 << 20)
 
 # Backends whose AttentionStep kernel has run (Metal's launcher has not run on a Mac yet).

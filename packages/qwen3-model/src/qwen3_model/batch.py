@@ -34,8 +34,8 @@ _streams: dict[str, mx.Stream] = {}
 def batch_stream() -> mx.Stream:
     """The default device's stream for batched generation (made on first use), apart from
     generate_step's: on CUDA each of its graphs holds a whole decode step
-    (guard.BATCH_GRAPH_LIMITS; MLX's defaults commit several graphs a step, and every other step
-    then waited in MLX's encoding)."""
+    (guard.BATCH_GRAPH_LIMITS: with MLX's defaults, several graphs a step, every other step
+    waited in MLX's encoding; with one, most rounds did not: docs/serving-cuda.md)."""
     device = mx.default_device()
     key = str(device)
     if key not in _streams:
