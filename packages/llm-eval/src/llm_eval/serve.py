@@ -156,8 +156,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         "SwiGLU as MLX's op before the down projection, not inside its CPU kernel; "
         "ours-linear-all-rows: ours with every decode step's projections through decode_linear, "
         "the guard's row limit raised to the slots; ours-mlx-graphs: ours on a stream with "
-        "MLX's own CUDA graph limits (several graphs a step); mlx-lm+attention: enable(linear=False), "
-        "mlx-lm's attention fused and its linear layers left to MLX; "
+        "MLX's own CUDA graph limits (several graphs a step); mlx-lm+attention: "
+        "enable(linear=False), mlx-lm's attention fused and its linear layers left to MLX; "
         "mlx-lm+kernel-linear-all-rows: enable() with that raised limit)",
     )
     p.add_argument("--rounds", type=at_least(1), default=2, metavar="N", help="timed rounds (2)")

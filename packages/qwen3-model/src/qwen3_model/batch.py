@@ -35,7 +35,7 @@ def batch_stream() -> mx.Stream:
     """The default device's stream for batched generation (made on first use), apart from
     generate_step's: on CUDA each of its graphs holds a whole decode step
     (guard.BATCH_GRAPH_LIMITS: with MLX's defaults, several graphs a step, every other step
-    waited in MLX's encoding; with one, most rounds did not: docs/serving-cuda.md)."""
+    waited in MLX's encoding; with one, two runs of three did not: docs/serving-cuda.md)."""
     device = mx.default_device()
     key = str(device)
     if key not in _streams:
