@@ -61,6 +61,7 @@ def test_every_variant_serves_the_mix(tmp_path, tiny, capsys):
                 else:
                     assert s["fused_steps"] is None
                 assert s["cache_copies"] == 0  # decode steps write the caches in place
+                assert all(c["active_gb"] > 0 and c["cache_gb"] >= 0 for c in s["calls"])
                 waits = [c["waited_s"] for c in s["calls"]]
                 if variant == serve.OURS:  # parts of each call: the reads' wait, build, encode
                     parts = [c["waited_s"] + c["built_s"] + c["encoded_s"] for c in s["calls"]]

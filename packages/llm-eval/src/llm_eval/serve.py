@@ -19,7 +19,8 @@ Per variant and batch size, from every call of the generator's next(), timed (al
                  sum of 1 GiB on another GPU), over the decode calls' time (the fraction reached)
   cache copies   K/V caches the fused steps copied instead of writing in place (0 when the
                  loop donates them; each copy is a whole layer's cache)
-  memory         MLX's peak allocations during the run and its buffer cache after it (GB)
+  memory         MLX's peak allocations during the run and its buffer cache after it (GB); per
+                 call (active_gb, cache_gb) its allocations and buffer cache after the call
   waited         per call of ours, the seconds its reads waited for the device, and beside it
                  (built_s, encoded_s) building the next step's graph and MLX's encoding of it
                  (which waits for the device too where MLX's command buffers in flight are at its
@@ -273,7 +274,11 @@ class Drive:
                 # ours: where the call's time went (waiting for the step's tokens, building
                 # and encoding the next step; the rest prefills or hands out tokens)
                 parts = _deltas(before, host_times(gen)) if ours else None
-                calls.append((t0, time.perf_counter() - t0, prefilled, tokens, parts))
+                seconds = time.perf_counter() - t0
+                # MLX's allocations and buffer cache after the call: where the cache drains, its
+                # blocks were freed back to CUDA (a managed block's cudaFree waits for the device)
+                memory = (mx.get_active_memory(), mx.get_cache_memory())
+                calls.append((t0, seconds, prefilled, tokens, parts, memory))
                 if not tokens and not prefilled:
                     break
             if self.variant not in OUR_VARIANTS:
@@ -353,7 +358,7 @@ def measure(run_result, prompts, weight_bytes: int, kv_per_position: int, bandwi
     stamps: dict[int, list[float]] = {uid: [] for uid in uids}
     decode_s = decode_tokens = floor_s = 0.0
     decode_steps = []
-    for t0, seconds, prefilled, emitted, _ in calls:
+    for t0, seconds, prefilled, emitted, _, _ in calls:
         end = t0 + seconds
         kv_positions = 0
         for uid, token in emitted:
@@ -373,8 +378,15 @@ def measure(run_result, prompts, weight_bytes: int, kv_per_position: int, bandwi
     return {
         "tokens": [tokens[u] for u in uids],
         "calls": [
-            {"seconds": s, "prefilled": p, "emitted": len(e), **(w or {"waited_s": None})}
-            for _, s, p, e, w in calls
+            {
+                "seconds": s,
+                "prefilled": p,
+                "emitted": len(e),
+                **(w or {"waited_s": None}),
+                "active_gb": m[0] / 1e9,
+                "cache_gb": m[1] / 1e9,
+            }
+            for _, s, p, e, w, m in calls
         ],
         "generated": generated,
         "wall_s": wall,
