@@ -9,28 +9,25 @@
 #include <stdexcept>
 
 #include "mlx/backend/cuda/cuda.h"
+#include "private_member.h"
 
 namespace attn_kernels {
+
+// An array's descriptor, the first half of is_donatable(), which MLX keeps private
+// (private_member.h).
+struct ArrayDesc {
+  friend constexpr auto private_member(ArrayDesc);
+};
+template struct PrivateMember<ArrayDesc, &mx::array::array_desc_>;
 
 namespace {
 
 std::atomic<uint64_t> cache_copies{0};
 std::atomic<uint64_t> folded_steps{0};
 
-// How many arrays share `a`'s descriptor: the first half of is_donatable(), which MLX keeps
-// private. Read through a pointer to the private member, which an explicit instantiation may
-// name (access is not checked there, [temp.spec.general]); the friend function hands it out.
-struct ArrayDescTag {
-  friend constexpr auto array_desc_member(ArrayDescTag);
-};
-template <auto Member>
-struct ArrayDescAccess {
-  friend constexpr auto array_desc_member(ArrayDescTag) { return Member; }
-};
-template struct ArrayDescAccess<&mx::array::array_desc_>;
-
+// How many arrays share `a`'s descriptor.
 long array_holders(const mx::array& a) {
-  return (a.*array_desc_member(ArrayDescTag{})).use_count();
+  return (a.*private_member(ArrayDesc{})).use_count();
 }
 
 // q's dtype, and both norm weights or neither: the steps' first checks.

@@ -74,6 +74,7 @@ from attn_kernels import (
     guard,
 )
 from qwen3_model.batch import DeviceLengths
+from qwen3_model.generate import own_stream
 
 from llm_eval import bench, kernel_trace
 from llm_eval.linear import chained_input
@@ -291,7 +292,8 @@ class Drive:
     def _start(self, prompts):
         if self.variant in OUR_VARIANTS:
             self.model.set_swiglu_in_linear(self.variant != OURS_SWIGLU_APART)
-            stream = mx.new_stream(mx.default_device()) if self.variant == OURS_MLX_GRAPHS else None
+            # a stream of its own, made once, left at MLX's graph limits
+            stream = own_stream("mlx-graphs") if self.variant == OURS_MLX_GRAPHS else None
             gen = qwen3_model.BatchGenerator(
                 self.model, slots=self.slots, max_tokens=self.new_tokens, stream=stream
             )

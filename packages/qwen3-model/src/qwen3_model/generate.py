@@ -67,14 +67,23 @@ def make_sampler(temp: float = 0.0, top_p: float = 1.0) -> Sampler:
 _streams: dict = {}
 
 
-def generation_stream() -> mx.Stream:
-    """A stream of its own on the default device, as mlx-lm generates on one (made on first use,
-    so it lands on the device the caller chose)."""
-    device = mx.default_device()
-    key = str(device)
+def own_stream(
+    purpose: str = "generate", setup: Callable[[mx.Stream], object] | None = None
+) -> mx.Stream:
+    """A stream of the default device for `purpose`, made (and passed to `setup`) on first use,
+    so it lands on the device the caller chose."""
+    key = (purpose, str(mx.default_device()))
     if key not in _streams:
-        _streams[key] = mx.new_stream(device)
+        stream = mx.new_stream(mx.default_device())
+        if setup is not None:
+            setup(stream)
+        _streams[key] = stream
     return _streams[key]
+
+
+def generation_stream() -> mx.Stream:
+    """A stream of its own on the default device, as mlx-lm generates on one."""
+    return own_stream()
 
 
 def generate_step(
