@@ -21,7 +21,8 @@ target_sources(_ext PRIVATE
   ${CUDA_KERNEL_DIR}/linear_quantized.cu
   ${CUDA_KERNEL_DIR}/eval_gpu_linear_cuda.cpp
 
-  ${CUDA_KERNEL_DIR}/graph_limits_cuda.cpp)
+  ${CUDA_KERNEL_DIR}/graph_limits_cuda.cpp
+  ${CUDA_KERNEL_DIR}/output_memory_cuda.cpp)
 target_include_directories(_ext PRIVATE ${CUDA_KERNEL_DIR})
 # MLX's CUDA headers include <fmt/format.h>; the CUDA wheel does not ship it.
 if(DEFINED ENV{FMT_INCLUDE})

@@ -14,6 +14,7 @@
 #include "decode_attention_quantized_cuda.h"
 #include "mlx/backend/cuda/device.h"
 #include "mlx/backend/cuda/utils.h"
+#include "output_memory_cuda.h"
 
 namespace attn_kernels {
 
@@ -48,10 +49,12 @@ void add_copy(mx::cu::CommandEncoder& encoder, cuda::StridedCopy copy, size_t it
 
 // The caches that could not be donated get their own buffers (outputs[1...]), filled from
 // their inputs (from first_input on) by copy nodes.
-void allocate_caches(std::vector<mx::array>& outputs, const std::vector<bool>& donated) {
+void allocate_caches(
+    mx::cu::CommandEncoder& encoder, std::vector<mx::array>& outputs,
+    const std::vector<bool>& donated) {
   for (size_t c = 0; c < donated.size(); ++c) {
     if (!donated[c]) {
-      outputs[1 + c].set_data(mx::allocator::malloc(outputs[1 + c].nbytes()));
+      allocate_output(outputs[1 + c], outputs[1 + c].nbytes(), encoder);
     }
   }
 }
@@ -122,7 +125,7 @@ void AttentionStep::eval_gpu(
   auto& out = outputs[0];
   auto& encoder = mx::cu::get_command_encoder(stream());
   const auto donated = donate_caches(inputs, outputs, owned_caches_);
-  allocate_caches(outputs, donated);
+  allocate_caches(encoder, outputs, donated);
   StepProblem step = make_step_problem(inputs, outputs, offset_, qk_norm_, kQNormInput, eps_,
                                        rope_base_, rope_freqs_, 0, 0, row_ranges_, position_,
                                        device_pointer);
@@ -133,7 +136,7 @@ void AttentionStep::eval_gpu(
   DecodeProblem attention =
       make_step_attention(step, reinterpret_cast<const void*>(uintptr_t{256}), nullptr, scale_);
   const cuda::Plan plan = cuda::plan(attention, cuda::parse_schedule(schedule_));
-  out.set_data(mx::allocator::malloc(at.partials_at + plan.partial_floats * sizeof(float)));
+  allocate_output(out, at.partials_at + plan.partial_floats * sizeof(float), encoder);
   char* base = mx::gpu_ptr<char>(out);
   step.q_out = base + at.q_at;
   attention.queries = step.q_out;
@@ -183,7 +186,7 @@ void AttentionStepQuantized::eval_gpu(
   auto& out = outputs[0];
   auto& encoder = mx::cu::get_command_encoder(stream());
   const auto donated = donate_caches(inputs, outputs, owned_caches_, kQuantizedCacheInput);
-  allocate_caches(outputs, donated);
+  allocate_caches(encoder, outputs, donated);
   StepProblem step =
       make_step_problem(inputs, outputs, offset_, qk_norm_, kQuantizedQNormInput, eps_,
                         rope_base_, rope_freqs_, bits_, group_size_, row_ranges_, -1,
@@ -194,7 +197,7 @@ void AttentionStepQuantized::eval_gpu(
   QuantizedProblem attention = make_step_quantized_attention(
       step, reinterpret_cast<const void*>(uintptr_t{256}), nullptr, scale_);
   const cuda::QuantizedPlan plan = cuda::plan_quantized(attention);
-  out.set_data(mx::allocator::malloc(at.partials_at + plan.partial_floats * sizeof(float)));
+  allocate_output(out, at.partials_at + plan.partial_floats * sizeof(float), encoder);
   char* base = mx::gpu_ptr<char>(out);
   step.q_out = base + at.q_at;
   attention.queries = step.q_out;

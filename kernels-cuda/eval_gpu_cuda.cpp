@@ -4,6 +4,7 @@
 #include "decode_attention_cuda.h"
 #include "mlx/backend/cuda/device.h"
 #include "mlx/backend/cuda/utils.h"
+#include "output_memory_cuda.h"
 
 namespace attn_kernels {
 
@@ -15,27 +16,26 @@ void DecodeAttention::eval_gpu(
   const auto device_pointer = [](const mx::array& a) { return mx::gpu_ptr<void>(a); };
   DecodeProblem problem = this->problem(inputs, device_pointer);
   const cuda::Plan plan = cuda::plan(problem, cuda::parse_schedule(schedule_));
-  // allocator::malloc is the only allocation an extension can reach (cu::malloc_async, which MLX's
-  // own ops use, is not exported); it returns CUDA managed memory (kernels-cuda/README.md).
   // A split call's (max, denominator, accumulator) per context chunk, merged inside the same
   // launch, live behind the output (256-byte aligned) in its allocation: a workspace array of
   // its own cost 0.5-1.5 µs more per split call (benchmark_results/raw/h200-mlx-workspace-ab.txt).
   const size_t partials_at = (out.nbytes() + 255) / 256 * 256;
   const mx::array& q = inputs[0];
+  auto& encoder = mx::cu::get_command_encoder(stream());
   if (plan.splits == 1 && q.is_donatable() && q.flags().row_contiguous && q.size() == out.size()) {
     // As MLX's own sdpa_vector does: an unsplit call writes over a query that nothing else holds
     // (a decode step's q), no allocation. Safe in place: a query row is read only by the block
     // that writes its output row, into registers, before the block's barrier ahead of finish().
     out.copy_shared_buffer(q);
   } else {
-    out.set_data(mx::allocator::malloc(
-        plan.splits > 1 ? partials_at + plan.partial_floats * sizeof(float) : out.nbytes()));
+    allocate_output(
+        out, plan.splits > 1 ? partials_at + plan.partial_floats * sizeof(float) : out.nbytes(),
+        encoder);
   }
   problem.out = device_pointer(out);
   float* partials = plan.splits > 1
       ? reinterpret_cast<float*>(mx::gpu_ptr<char>(out) + partials_at)
       : nullptr;
-  auto& encoder = mx::cu::get_command_encoder(stream());
   for (const auto& in : inputs) {
     encoder.set_input_array(in);
   }

@@ -9,6 +9,7 @@
 #include "linear.h"
 #include "linear_quantized_cuda.h"
 #include "op_checks.h"
+#include "output_memory_cuda.h"
 #include "mlx/backend/cuda/device.h"
 #include "mlx/backend/cuda/utils.h"
 
@@ -29,7 +30,7 @@ mx::array readable(mx::cu::CommandEncoder& encoder, const mx::array& a, bool in_
                              "collapse into one stride: make it contiguous first");
   }
   mx::array copy(a.shape(), a.dtype(), nullptr, {});
-  copy.set_data(mx::allocator::malloc(copy.nbytes()));
+  allocate_output(copy, copy.nbytes(), encoder);
   cuda::StridedCopy c{device_pointer(a), mx::gpu_ptr<void>(copy), {1, 1, 1, 1}, {0, 0, 0, 0},
                       static_cast<int64_t>(a.size())};
   const int nd = static_cast<int>(a.ndim()), lead = 4 - nd;
@@ -55,8 +56,8 @@ void DecodeLinear::eval_gpu(const std::vector<mx::array>& inputs,
     throw std::runtime_error("[decode_linear] the GPU kernel takes quantized weights, no gate");
   }
   auto& out = outputs[0];
-  out.set_data(mx::allocator::malloc(out.nbytes()));
   auto& encoder = mx::cu::get_command_encoder(stream());
+  allocate_output(out, out.nbytes(), encoder);
   const int64_t stride = collapsed_row_stride(inputs[0]);
   std::vector<mx::array> operands;
   operands.push_back(readable(encoder, inputs[0], stride != 0));

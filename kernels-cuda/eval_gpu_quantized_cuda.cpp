@@ -3,6 +3,7 @@
 #include "decode_attention_quantized_cuda.h"
 #include "mlx/backend/cuda/device.h"
 #include "mlx/backend/cuda/utils.h"
+#include "output_memory_cuda.h"
 
 namespace attn_kernels {
 
@@ -15,12 +16,13 @@ void DecodeAttentionQuantized::eval_gpu(
   const cuda::QuantizedPlan plan = cuda::plan_quantized(problem);
   // The chunks' partial states live behind the output (256-byte aligned), as in eval_gpu_cuda.cpp.
   const size_t partials_at = (out.nbytes() + 255) / 256 * 256;
-  out.set_data(mx::allocator::malloc(
-      plan.splits > 1 ? partials_at + plan.partial_floats * sizeof(float) : out.nbytes()));
+  auto& encoder = mx::cu::get_command_encoder(stream());
+  allocate_output(
+      out, plan.splits > 1 ? partials_at + plan.partial_floats * sizeof(float) : out.nbytes(),
+      encoder);
   problem.out = mx::gpu_ptr<char>(out);
   float* partials =
       plan.splits > 1 ? reinterpret_cast<float*>(mx::gpu_ptr<char>(out) + partials_at) : nullptr;
-  auto& encoder = mx::cu::get_command_encoder(stream());
   for (const auto& in : inputs) {
     encoder.set_input_array(in);
   }

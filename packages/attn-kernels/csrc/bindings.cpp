@@ -10,6 +10,7 @@
 #include "decode_attention_quantized.h"
 #include "graph_limits.h"
 #include "linear.h"
+#include "output_memory.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -167,6 +168,21 @@ Returns:
       "max_mb"_a = 0,
       "The stream's CUDA graph commit limits (ops, MB) before the call, setting each that is > 0 "
       "(see attn_kernels.graph_limits); None without CUDA graphs.");
+  m.def(
+      "output_memory",
+      [](std::optional<bool> device) -> std::optional<nb::dict> {
+        const auto state = attn_kernels::output_memory(device);
+        if (!state) return std::nullopt;
+        nb::dict d;
+        d["device"] = state->device;
+        d["live_bytes"] = state->live_bytes;
+        d["cached_bytes"] = state->cached_bytes;
+        d["allocations"] = state->allocations;
+        return d;
+      },
+      "device"_a = nb::none(),
+      "Where our CUDA ops' outputs live, after setting `device` where given (see "
+      "attn_kernels.output_memory); None without the CUDA backend.");
   m.def(
       "attention_step_folds",
       &attn_kernels::attention_step_folds,

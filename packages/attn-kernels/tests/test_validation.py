@@ -75,3 +75,63 @@ def test_graph_limits_on_a_cuda_stream():
     for _ in range(300):
         expected = expected * 1.0001 + 1
     assert total == pytest.approx(expected.sum().item(), rel=1e-6)
+
+
+def test_output_memory_arguments():
+    """Without the CUDA backend outputs come from MLX's allocator: nothing to report or switch."""
+    from attn_kernels import output_memory
+
+    with pytest.raises(ValueError, match="device"):
+        output_memory(device=1)
+    if not mx.cuda.is_available():
+        assert output_memory() is None
+        assert output_memory(device=False) is None
+
+
+def settled(condition, seconds=2.0):
+    """MLX releases a graph's arrays in a completion handler, shortly after eval returns."""
+    import time
+
+    deadline = time.perf_counter() + seconds
+    while not condition() and time.perf_counter() < deadline:
+        mx.synchronize()
+        time.sleep(0.01)
+    return condition()
+
+
+@pytest.mark.skipif(not mx.cuda.is_available(), reason="needs MLX's CUDA backend")
+def test_output_memory_on_cuda():
+    """Our outputs in the extension's device memory equal those in MLX's managed memory and the
+    oracle; freed blocks are reused (not one allocation per call), an output read on the host
+    (MLX moves it to unified memory) still frees, and the switch holds both ways."""
+    import numpy as np
+    from attn_kernels import decode_attention_custom, output_memory, scaled_dot_product_attention
+
+    mx.random.seed(7)
+    q = mx.random.normal((3, 8, 1, 64)).astype(mx.float16)
+    k = mx.random.normal((3, 2, 1000, 64)).astype(mx.float16)  # long enough to split
+    v = mx.random.normal((3, 2, 1000, 64)).astype(mx.float16)
+    expected = np.array(scaled_dot_product_attention(q, k, v).astype(mx.float32))
+    assert output_memory(device=True)["device"]
+    mx.eval(decode_attention_custom(q, k, v))
+    mx.synchronize()
+    start = output_memory()
+    base = start["live_bytes"]  # outputs other tests still hold
+    for _ in range(20):
+        mx.eval(decode_attention_custom(q, k, v))
+    assert output_memory()["allocations"] < start["allocations"] + 5
+    held = decode_attention_custom(q, k, v)
+    mx.eval(held)
+    assert output_memory()["live_bytes"] > base
+    got = np.array(held)  # data(): MLX moves the block into unified memory
+    np.testing.assert_allclose(got.astype(np.float32), expected, atol=2e-2)
+    del held
+    assert settled(lambda: output_memory()["live_bytes"] <= base)
+    try:
+        assert not output_memory(device=False)["device"]
+        managed = decode_attention_custom(q, k, v)
+        mx.eval(managed)
+        assert output_memory()["live_bytes"] <= base  # MLX's allocation, not counted here
+        np.testing.assert_allclose(np.array(managed).astype(np.float32), expected, atol=2e-2)
+    finally:
+        output_memory(device=True)

@@ -8,7 +8,8 @@
   quantized cache.
 - `decode_linear`, `decode_linear_quantized`: a decode step's linear layers on the CPU, each
   weight read once (dense, or mlx-lm's quantized layout as stored).
-- `graph_limits`: how many kernels MLX's CUDA backend puts in one graph on a stream.
+- `graph_limits`: how many kernels MLX's CUDA backend puts in one graph on a stream;
+  `output_memory`: where our ops' outputs live on it (device memory the extension keeps).
 """
 
 import mlx.core  # noqa: F401  (loads libmlx before the extension)
@@ -27,7 +28,7 @@ from attn_kernels.attention_step import (
     attention_step_folds,
     attention_step_quantized,
 )
-from attn_kernels.graphs import graph_limits
+from attn_kernels.cuda_backend import graph_limits, output_memory
 from attn_kernels.linear import decode_linear, decode_linear_quantized
 from attn_kernels.quantized import decode_attention_quantized, dequantize_kv
 
@@ -45,6 +46,7 @@ __all__ = [
     "decode_linear_quantized",
     "dequantize_kv",
     "graph_limits",
+    "output_memory",
     "range_mask",
     "scaled_dot_product_attention",
 ]

@@ -72,6 +72,7 @@ from attn_kernels import (
     decode_linear,
     decode_linear_quantized,
     guard,
+    output_memory,
 )
 from qwen3_model.batch import DeviceLengths
 from qwen3_model.generate import own_stream
@@ -99,14 +100,23 @@ OURS_LINEAR_ALL_ROWS = "ours-linear-all-rows"
 # On request: ours on a new stream with MLX's CUDA graph limits (a commit every 100 kernels or
 # 1000 MB on sm_90), not its batch_stream()'s (guard.BATCH_GRAPH_LIMITS: a step a graph).
 OURS_MLX_GRAPHS = "ours-mlx-graphs"
-OUR_VARIANTS = (OURS, OURS_SWIGLU_APART, OURS_LINEAR_ALL_ROWS, OURS_MLX_GRAPHS)
+# On request: ours and enable() with our CUDA ops' outputs in MLX's managed memory
+# (output_memory(device=False)), not the extension's device memory (the A/B).
+OURS_MANAGED, MLX_LM_KERNEL_MANAGED = "ours-managed-outputs", "mlx-lm+kernel-managed-outputs"
+MANAGED_VARIANTS = (OURS_MANAGED, MLX_LM_KERNEL_MANAGED)
+OUR_VARIANTS = (OURS, OURS_SWIGLU_APART, OURS_LINEAR_ALL_ROWS, OURS_MLX_GRAPHS, OURS_MANAGED)
 # On request: mlx-lm's generator under enable(linear=False), its attention alone fused (the A/B
 # of enable()'s linear routing: every call on a CPU, the batched decode steps on CUDA).
 MLX_LM_ATTENTION = "mlx-lm+attention"
 # On request: mlx-lm's generator under enable() with the guard's row limit raised to the slots
 # (the same A/B as ours-linear-all-rows).
 MLX_LM_KERNEL_ALL_ROWS = "mlx-lm+kernel-linear-all-rows"
-KERNEL_VARIANTS = (MLX_LM_KERNEL, MLX_LM_ATTENTION, MLX_LM_KERNEL_ALL_ROWS)
+KERNEL_VARIANTS = (
+    MLX_LM_KERNEL,
+    MLX_LM_ATTENTION,
+    MLX_LM_KERNEL_ALL_ROWS,
+    MLX_LM_KERNEL_MANAGED,
+)
 DEFAULTS = {
     "gpu": dict(model="qwen3-4b", quantize="4bit", requests=32, prompt=(256, 2048), new=64),
     # A CPU prefills bf16 at ~5 tok/s (MLX's matmul, 2 vCPUs): short prompts keep a run to minutes.
@@ -153,6 +163,7 @@ def parse_args(argv=None) -> argparse.Namespace:
             OURS_MLX_GRAPHS,
             MLX_LM_ATTENTION,
             MLX_LM_KERNEL_ALL_ROWS,
+            *MANAGED_VARIANTS,
         ],
         help="repeatable; default the first three (ours-swiglu-apart: ours with the MLP's "
         "SwiGLU as MLX's op before the down projection, not inside its CPU kernel; "
@@ -160,7 +171,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         "the guard's row limit raised to the slots; ours-mlx-graphs: ours on a stream with "
         "MLX's own CUDA graph limits (several graphs a step); mlx-lm+attention: "
         "enable(linear=False), mlx-lm's attention fused and its linear layers left to MLX; "
-        "mlx-lm+kernel-linear-all-rows: enable() with that raised limit)",
+        "mlx-lm+kernel-linear-all-rows: enable() with that raised limit; ours-managed-outputs, "
+        "mlx-lm+kernel-managed-outputs: our CUDA ops' outputs in MLX's managed memory, not the "
+        "extension's device memory)",
     )
     p.add_argument("--rounds", type=at_least(1), default=2, metavar="N", help="timed rounds (2)")
     p.add_argument("--device", choices=["cpu", "gpu"], default="gpu" if bench.has_gpu() else "cpu")
@@ -261,6 +274,8 @@ class Drive:
             context.enter_context(kernel.enabled(linear=linear))
         if self.variant in (OURS_LINEAR_ALL_ROWS, MLX_LM_KERNEL_ALL_ROWS):
             context.enter_context(linear_rows_up_to(self.slots))
+        if self.variant in MANAGED_VARIANTS:
+            context.enter_context(managed_outputs())
         copies = attention_step_cache_copies()
         mx.reset_peak_memory()
         with context:
@@ -331,6 +346,17 @@ def host_times(gen) -> dict[str, float]:
 
 def _deltas(before: dict, after: dict) -> dict:
     return {key: after[key] - before[key] for key in after}
+
+
+@contextlib.contextmanager
+def managed_outputs():
+    """Our CUDA ops' outputs from MLX's allocator (managed memory) for the block's runs."""
+    before = output_memory(device=False)
+    try:
+        yield
+    finally:
+        if before is not None:
+            output_memory(device=before["device"])
 
 
 @contextlib.contextmanager
