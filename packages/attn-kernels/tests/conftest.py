@@ -1,4 +1,5 @@
 import sys
+import time
 from pathlib import Path
 
 import mlx.core as mx
@@ -36,3 +37,12 @@ def pytest_collection_modifyitems(config, items):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu_only: run on the GPU device only")
+
+
+def settled(condition, seconds=2.0):
+    """MLX releases a graph's arrays in a completion handler, shortly after eval returns."""
+    deadline = time.perf_counter() + seconds
+    while not condition() and time.perf_counter() < deadline:
+        mx.synchronize()
+        time.sleep(0.01)
+    return condition()

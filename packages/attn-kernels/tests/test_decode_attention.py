@@ -1,5 +1,6 @@
 """decode_attention_custom and the oracle against a float64 reference, on every backend here."""
 
+import contextlib
 import itertools
 import os
 import platform
@@ -11,7 +12,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from attn_kernels import SCHEDULES, _ext, decode_attention_custom, scaled_dot_product_attention
-from conftest import TOLERANCE
+from conftest import TOLERANCE, settled
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from reference import attention_f64, to_numpy
@@ -231,33 +232,77 @@ def data_address(a: mx.array) -> int:
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_output_fully_written(device, dtype):
-    """Free a NaN-filled block of the output's size just before each call: the allocator hands
-    it back as the output (checked by address), and no NaN may survive in it."""
+    """Free NaN-filled blocks of the output's size just before each call: the allocator hands
+    one back as the output, and no NaN may survive in it. MLX's allocator (CPU, Metal, CUDA's
+    managed outputs) is checked by address; CUDA's own output blocks by its counters."""
     # S=200 keeps CUDA's allocation at the output's size (no split workspace) for the tensor-core
     # schedule. float32 takes the SIMT one: on the H200 its output never landed on a poisoned
-    # block, neither at S=200 (split: output and workspace in one allocation) nor at S=60
-    # (unsplit, c4fc9c8; why is not known), so that case would prove nothing.
-    if device == mx.gpu and dtype == mx.float32 and mx.cuda.is_available():
+    # block of MLX's allocator, neither at S=200 (split: output and workspace in one allocation)
+    # nor at S=60 (unsplit, c4fc9c8; why is not known), so that case would prove nothing.
+    on_cuda = device == mx.gpu and mx.cuda.is_available()
+    if on_cuda and dtype == mx.float32:
         pytest.skip("CUDA float32: the allocator was never seen reusing the block (H200)")
-    s = 200
-    q, k, v, _ = make_inputs(5, 1, 32, 8, 1, s, 128, dtype, "none")
+    q, k, v, _ = make_inputs(5, 1, 32, 8, 1, 200, 128, dtype, "none")
     mx.eval(q, k, v)
-    reused = 0
     with mx.stream(device):
-        for _ in range(10):
-            # MLX's buffer cache hands out the oldest cached buffer of a size first: empty it so
-            # that the poisoned blocks are the only ones of the output's size.
-            mx.clear_cache()
-            poison = [mx.full(q.shape, mx.nan, dtype=dtype) for _ in range(4)]
-            poisoned_at = {data_address(p) for p in poison}
-            del poison
-            mx.synchronize()  # the GPU backends release buffers when their commands complete
-            out = decode_attention_custom(q, k, v)
-            mx.eval(out)
-            reused += data_address(out) in poisoned_at
-            assert not mx.any(mx.isnan(out)).item()
+        if on_cuda:
+            written_over_own_blocks(q, k, v)
+            with managed_outputs():
+                written_over_mlx_blocks(q, k, v)
+        else:
+            written_over_mlx_blocks(q, k, v)
+
+
+def written_over_mlx_blocks(q, k, v):
+    reused = 0
+    for _ in range(10):
+        # MLX's buffer cache hands out the oldest cached buffer of a size first: empty it so
+        # that the poisoned blocks are the only ones of the output's size.
+        mx.clear_cache()
+        poison = [mx.full(q.shape, mx.nan, dtype=q.dtype) for _ in range(4)]
+        poisoned_at = {data_address(p) for p in poison}
+        del poison
+        mx.synchronize()  # the GPU backends release buffers when their commands complete
+        out = decode_attention_custom(q, k, v)
+        mx.eval(out)
+        reused += data_address(out) in poisoned_at
+        assert not mx.any(mx.isnan(out)).item()
     assert reused, "the NaN-filled block was never reused: the test would prove nothing"
-    check(out, attention_f64(q, k, v), dtype)
+    check(out, attention_f64(q, k, v), q.dtype)
+
+
+def written_over_own_blocks(q, k, v):
+    """CUDA's output blocks (attn_kernels.output_memory) are poisoned by our op itself: a NaN
+    query gives NaN rows (the contract). Its cache hands back the block freed last, so no new
+    allocation proves the output landed on a poisoned one (reading an address would move it)."""
+    from attn_kernels import output_memory
+
+    nan_query = mx.full(q.shape, mx.nan, dtype=q.dtype)
+    base = output_memory()["live_bytes"]
+    reused = 0
+    for _ in range(10):
+        poison = [decode_attention_custom(nan_query, k, v) for _ in range(4)]
+        assert mx.all(mx.isnan(mx.stack(poison))).item()
+        del poison
+        assert settled(lambda: output_memory()["live_bytes"] <= base)
+        before = output_memory()["allocations"]
+        out = decode_attention_custom(q, k, v)
+        mx.eval(out)
+        reused += output_memory()["allocations"] == before
+        assert not mx.any(mx.isnan(out)).item()
+    assert reused, "no output came from a poisoned block: the test would prove nothing"
+    check(out, attention_f64(q, k, v), q.dtype)
+
+
+@contextlib.contextmanager
+def managed_outputs():
+    from attn_kernels import output_memory
+
+    output_memory(device=False)
+    try:
+        yield
+    finally:
+        output_memory(device=True)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -313,6 +358,14 @@ def test_property_against_float64(batch, kv_heads, group, length, extra, d, dtyp
     check(out, attention_f64(q, k, v, mask=mask), dtype)
 
 
+def own_output_bytes() -> int:
+    """Bytes our CUDA outputs hold in the extension's own blocks, which MLX's counters miss."""
+    from attn_kernels import output_memory
+
+    state = output_memory()
+    return state["live_bytes"] if state else 0
+
+
 def test_no_score_sized_intermediates():
     """At L=8, S=32768 the oracle's float32 scores are 8 MiB per head group; the kernel allocates
     little beyond its output."""
@@ -325,10 +378,10 @@ def test_no_score_sized_intermediates():
     ]:
         mx.clear_cache()
         mx.reset_peak_memory()
-        before = mx.get_active_memory()
+        before, own_before = mx.get_active_memory(), own_output_bytes()
         out = fn(q, k, v, mask="causal")
         mx.eval(out)
-        extra = mx.get_peak_memory() - before
+        extra = mx.get_peak_memory() - before + own_output_bytes() - own_before
         if bound is None:
             assert extra >= scores_bytes  # the oracle does build them: the measurement sees them
         else:
@@ -356,11 +409,11 @@ def test_output_over_a_donated_query(device, length, s):
             mx.synchronize()
             mx.clear_cache()
             mx.reset_peak_memory()
-            before = mx.get_active_memory()
+            before, own_before = mx.get_active_memory(), own_output_bytes()
             out = decode_attention_custom(q * 2, k, v, mask=mask, schedule=schedule)
             mx.eval(out)
             mx.synchronize()
-            extra = mx.get_peak_memory() - before
+            extra = mx.get_peak_memory() - before + own_output_bytes() - own_before
             check(out, expected, dtype, label=f"schedule={schedule}")
             assert extra >= out.nbytes, (schedule, extra)  # the query q * 2 at least
             if extra < 2 * out.nbytes:

@@ -3,6 +3,7 @@
 import mlx.core as mx
 import pytest
 from attn_kernels import _ext
+from conftest import settled
 
 
 def arrays(b=1, hq=4, hkv=2, length=1, s=8, d=16, dtype=mx.float32):
@@ -86,17 +87,6 @@ def test_output_memory_arguments():
     if not mx.cuda.is_available():
         assert output_memory() is None
         assert output_memory(device=False) is None
-
-
-def settled(condition, seconds=2.0):
-    """MLX releases a graph's arrays in a completion handler, shortly after eval returns."""
-    import time
-
-    deadline = time.perf_counter() + seconds
-    while not condition() and time.perf_counter() < deadline:
-        mx.synchronize()
-        time.sleep(0.01)
-    return condition()
 
 
 @pytest.mark.skipif(not mx.cuda.is_available(), reason="needs MLX's CUDA backend")
