@@ -208,10 +208,11 @@ serve() {
   fi
   if [ "$1" = rates ]; then  # the same runs without the anatomy (a shorter call), with
     # enable(linear=False) (attention alone: the A/B of enable()'s routing of batched steps) and
-    # ours on MLX's CUDA graph limits (the A/B of batch_stream()'s one graph a step)
+    # ours on MLX's CUDA graph limits (the A/B of batch_stream()'s one graph a step) and with
+    # its outputs in MLX's managed memory (the A/B of attn_kernels.output_memory)
     python3 -m llm_eval.serve "${mix[@]}" --slots 8 --slots 32 --rounds "${ROUNDS:-2}" \
       --variant mlx-lm --variant mlx-lm+kernel --variant mlx-lm+attention --variant ours \
-      --variant ours-mlx-graphs \
+      --variant ours-mlx-graphs --variant ours-managed-outputs \
       --output "$R/$G-qwen3-4b-4bit-serve-rates-32x256-2048+64-$V.json" 2>&1 | quiet
   fi
   if [ "$1" = trace ]; then  # not in "all": its own call

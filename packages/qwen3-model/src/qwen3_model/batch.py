@@ -32,8 +32,7 @@ Sampler = Callable[[mx.array], mx.array]
 def batch_stream() -> mx.Stream:
     """The default device's stream for batched generation (made on first use), apart from
     generate_step's: on CUDA each of its graphs holds a whole decode step
-    (guard.BATCH_GRAPH_LIMITS: with MLX's defaults, several graphs a step, every other step
-    waited in MLX's encoding; with one, two runs of three did not: docs/serving-cuda.md)."""
+    (guard.BATCH_GRAPH_LIMITS: with MLX's defaults, several graphs a step; docs/serving-cuda.md)."""
     from qwen3_model.generate import own_stream  # generate imports the model, which imports us
 
     return own_stream("batch", lambda stream: graph_limits(stream, *BATCH_GRAPH_LIMITS))
