@@ -48,13 +48,13 @@ void add_copy(mx::cu::CommandEncoder& encoder, cuda::StridedCopy copy, size_t it
 }
 
 // The caches that could not be donated get their own buffers (outputs[1...]), filled from
-// their inputs (from first_input on) by copy nodes.
-void allocate_caches(
-    mx::cu::CommandEncoder& encoder, std::vector<mx::array>& outputs,
-    const std::vector<bool>& donated) {
+// their inputs (from first_input on) by copy nodes. From MLX's allocator, not allocate_output:
+// the next step donates a cache only where MLX owns its buffer (is_owned()), so a cache in the
+// extension's blocks would be copied again at every step.
+void allocate_caches(std::vector<mx::array>& outputs, const std::vector<bool>& donated) {
   for (size_t c = 0; c < donated.size(); ++c) {
     if (!donated[c]) {
-      allocate_output(outputs[1 + c], outputs[1 + c].nbytes(), encoder);
+      outputs[1 + c].set_data(mx::allocator::malloc(outputs[1 + c].nbytes()));
     }
   }
 }
@@ -125,7 +125,7 @@ void AttentionStep::eval_gpu(
   auto& out = outputs[0];
   auto& encoder = mx::cu::get_command_encoder(stream());
   const auto donated = donate_caches(inputs, outputs, owned_caches_);
-  allocate_caches(encoder, outputs, donated);
+  allocate_caches(outputs, donated);
   StepProblem step = make_step_problem(inputs, outputs, offset_, qk_norm_, kQNormInput, eps_,
                                        rope_base_, rope_freqs_, 0, 0, row_ranges_, position_,
                                        device_pointer);
@@ -186,7 +186,7 @@ void AttentionStepQuantized::eval_gpu(
   auto& out = outputs[0];
   auto& encoder = mx::cu::get_command_encoder(stream());
   const auto donated = donate_caches(inputs, outputs, owned_caches_, kQuantizedCacheInput);
-  allocate_caches(encoder, outputs, donated);
+  allocate_caches(outputs, donated);
   StepProblem step =
       make_step_problem(inputs, outputs, offset_, qk_norm_, kQuantizedQNormInput, eps_,
                         rope_base_, rope_freqs_, bits_, group_size_, row_ranges_, -1,
