@@ -99,27 +99,32 @@ def test_output_memory_on_cuda():
 
     mx.random.seed(7)
     q = mx.random.normal((3, 8, 1, 64)).astype(mx.float16)
-    k = mx.random.normal((3, 2, 1000, 64)).astype(mx.float16)  # long enough to split
+    k = mx.random.normal((3, 2, 1000, 64)).astype(mx.float16)
     v = mx.random.normal((3, 2, 1000, 64)).astype(mx.float16)
     expected = np.array(scaled_dot_product_attention(q, k, v).astype(mx.float32))
+
+    def attend():  # split: partial states behind the output, so never the query's buffer
+        return decode_attention_custom(q, k, v, schedule="split")
+
     assert output_memory(device=True)["device"]
-    mx.eval(decode_attention_custom(q, k, v))
+    mx.eval(attend())
+    assert output_memory()["allocations"] > 0, output_memory()
     mx.synchronize()
     start = output_memory()
     base = start["live_bytes"]  # outputs other tests still hold
     for _ in range(20):
-        mx.eval(decode_attention_custom(q, k, v))
+        mx.eval(attend())
     assert output_memory()["allocations"] < start["allocations"] + 5
-    held = decode_attention_custom(q, k, v)
+    held = attend()
     mx.eval(held)
-    assert output_memory()["live_bytes"] > base
+    assert output_memory()["live_bytes"] > base, output_memory()
     got = np.array(held)  # data(): MLX moves the block into unified memory
     np.testing.assert_allclose(got.astype(np.float32), expected, atol=2e-2)
     del held
     assert settled(lambda: output_memory()["live_bytes"] <= base)
     try:
         assert not output_memory(device=False)["device"]
-        managed = decode_attention_custom(q, k, v)
+        managed = attend()
         mx.eval(managed)
         assert output_memory()["live_bytes"] <= base  # MLX's allocation, not counted here
         np.testing.assert_allclose(np.array(managed).astype(np.float32), expected, atol=2e-2)
