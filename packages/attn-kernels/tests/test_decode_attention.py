@@ -1,6 +1,5 @@
 """decode_attention_custom and the oracle against a float64 reference, on every backend here."""
 
-import contextlib
 import itertools
 import os
 import platform
@@ -12,6 +11,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from attn_kernels import SCHEDULES, _ext, decode_attention_custom, scaled_dot_product_attention
+from attn_kernels.cuda_backend import managed_outputs
 from conftest import TOLERANCE, settled
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -293,17 +293,6 @@ def written_over_own_blocks(q, k, v):
         assert not mx.any(mx.isnan(out)).item()
     assert reused, "no output came from a poisoned block: the test would prove nothing"
     check(out, attention_f64(q, k, v), q.dtype)
-
-
-@contextlib.contextmanager
-def managed_outputs():
-    from attn_kernels import output_memory
-
-    output_memory(device=False)
-    try:
-        yield
-    finally:
-        output_memory(device=True)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -96,6 +96,7 @@ def test_output_memory_on_cuda():
     (MLX moves it to unified memory) still frees, and the switch holds both ways."""
     import numpy as np
     from attn_kernels import decode_attention_custom, output_memory, scaled_dot_product_attention
+    from attn_kernels.cuda_backend import managed_outputs
 
     mx.random.seed(7)
     q = mx.random.normal((3, 8, 1, 64)).astype(mx.float16)
@@ -122,11 +123,10 @@ def test_output_memory_on_cuda():
     np.testing.assert_allclose(got.astype(np.float32), expected, atol=2e-2)
     del held
     assert settled(lambda: output_memory()["live_bytes"] <= base)
-    try:
-        assert not output_memory(device=False)["device"]
+    with managed_outputs():
+        assert not output_memory()["device"]
         managed = attend()
         mx.eval(managed)
         assert output_memory()["live_bytes"] <= base  # MLX's allocation, not counted here
         np.testing.assert_allclose(np.array(managed).astype(np.float32), expected, atol=2e-2)
-    finally:
-        output_memory(device=True)
+    assert output_memory()["device"]

@@ -16,6 +16,8 @@ device's memory pool, reused by size; not counted by `mx.get_active_memory`).
 
 from __future__ import annotations
 
+import contextlib
+
 import mlx.core as mx
 
 from attn_kernels import _ext
@@ -46,3 +48,15 @@ def output_memory(device: bool | None = None) -> dict | None:
     if device is not None and not isinstance(device, bool):
         raise ValueError(f"[output_memory] device must be a bool or None, got {device!r}")
     return _ext.output_memory(device)
+
+
+@contextlib.contextmanager
+def managed_outputs():
+    """Our CUDA ops' outputs from MLX's allocator (managed memory) inside the block, the setting
+    before it restored after (the A/B of output_memory); nothing to switch without CUDA."""
+    before = output_memory(device=False)
+    try:
+        yield
+    finally:
+        if before is not None:
+            output_memory(device=before["device"])

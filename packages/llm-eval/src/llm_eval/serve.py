@@ -72,8 +72,8 @@ from attn_kernels import (
     decode_linear,
     decode_linear_quantized,
     guard,
-    output_memory,
 )
+from attn_kernels.cuda_backend import managed_outputs
 from qwen3_model.batch import DeviceLengths
 from qwen3_model.generate import own_stream
 
@@ -346,17 +346,6 @@ def host_times(gen) -> dict[str, float]:
 
 def _deltas(before: dict, after: dict) -> dict:
     return {key: after[key] - before[key] for key in after}
-
-
-@contextlib.contextmanager
-def managed_outputs():
-    """Our CUDA ops' outputs from MLX's allocator (managed memory) for the block's runs."""
-    before = output_memory(device=False)
-    try:
-        yield
-    finally:
-        if before is not None:
-            output_memory(device=before["device"])
 
 
 @contextlib.contextmanager
