@@ -63,12 +63,18 @@ ATTN_ALWAYS_INLINE float lane_sum(V v) {
   }
 }
 
-// How far ahead of each weight row being read its bytes are prefetched into L2. A tile reads R
-// rows as R streams, which the hardware prefetcher alone kept to ~19 GB/s of 4-bit codes on two
-// Zen 3 vCPUs (Qwen3-4B's gate/up, cold); 4 KB ahead: 26-27 GB/s (2 KB: 19-21, 8 KB: 26, 16 KB:
-// 21-26). Dense bf16, which streams near the floor without help: 2 KB ahead keeps 19456 x 2560
-// (0.97-1.0x) and speeds 6144 x 1024 up 1.1-1.15x; 4 KB lost 4-8% on the first.
-constexpr int kCodePrefetchBytes = 4096, kDensePrefetchBytes = 2048;
+// How far ahead the weights are prefetched into L2: the same place in the tile two tiles on. A
+// tile's R rows lie one after another, so a distance in whole tiles fetches every line once and
+// the next rows' first bytes as early as their last. The hardware prefetcher alone kept R streams
+// of 4-bit codes to ~19 GB/s on two Zen 3 vCPUs (Qwen3-4B's gate/up, cold). A fixed distance
+// within the row (4 KB for codes, 2 KB for bf16/f16: 26-27 GB/s there) left rows shorter than a
+// few KB half-fetched at each tile's start: on a 2-vCPU Xeon (AVX-512), cold, M = 1, two tiles
+// on against it took 8-bit gate/up (19456 x 2560) 2.4 ms against 3.5, 4-bit 0.83x the time, bf16
+// 0.85x, down (2560 x 9728) 0.80x (4-bit) and 0.83x (8-bit); one tile on was slower at 4 bits
+// for K = 1024 (1.1-1.2x), where a tile is 2 KB. Measured with `make bench-linear-kernel`.
+ATTN_ALWAYS_INLINE int64_t prefetch_distance(int64_t tile_bytes) {
+  return 2 * tile_bytes;
+}
 
 // Accumulators zeroed lane by lane: `= {}` became a `rep stos` through memory (~7% of a 4-bit
 // call at K = 1024), which also kept them out of registers between chunks.
@@ -135,7 +141,8 @@ ATTN_ALWAYS_INLINE void dense_rows(const LinearProblem& p, const float* x, int r
     Pair wv[R];
     for (int r = 0; r < R; ++r) {
       if constexpr (sizeof(T) == 2) {  // f32 streams at the floor: prefetching lost it 3-7%
-        prefetch_to_l2(reinterpret_cast<const char*>(w + int64_t{r} * K + c) + kDensePrefetchBytes);
+        prefetch_to_l2(reinterpret_cast<const char*>(w + int64_t{r} * K + c) +
+                       prefetch_distance(R * int64_t{K} * sizeof(T)));
       }
       wv[r] = widen(w + int64_t{r} * K + c);
     }
@@ -263,7 +270,7 @@ ATTN_ALWAYS_INLINE void quantized_tile(const LinearProblem& p, const float* x, i
     for (int c = c0; c < end; c += BLOCK) {
       for (int r = 0; r < R; ++r) {
         const uint32_t* at = codes + r * words + c / P;
-        prefetch_to_l2(reinterpret_cast<const char*>(at) + kCodePrefetchBytes);
+        prefetch_to_l2(reinterpret_cast<const char*>(at) + prefetch_distance(R * words * 4));
         block(r, c, c - c0, load<Bits>(at), converted[r], acc[r]);
       }
     }
