@@ -1,6 +1,6 @@
 // Kernel-only timing of the CPU paths (no MLX, no Python): decode_attention_cpu on Qwen3-4B
 // shapes (bf16, Hq=32, Hkv=8, D=128, L=1), K/V either hot (one set, reused) or cold (sets
-// rotated over ~600 MB so every call streams from DRAM), the paths interleaved call by call in
+// rotated over 1.5 GB so every call streams from DRAM), the paths interleaved call by call in
 // one process; one KV head on one thread (the kernel's own rate); and the thread pool's hand-off
 // (an empty parallel_for over every thread, workers asleep before each call as between decode
 // steps, and back to back; workers sleeping at once after a call, and polling for
@@ -83,7 +83,7 @@ int main(int argc, char** argv) {
   for (const bool cold : {false, true}) {
     for (const int S : {1024, 4096, 16384, 65536}) {
       const double set_bytes = dev::Case::set_bytes(S);
-      const int sets = cold ? std::max(2, static_cast<int>(600e6 / set_bytes)) : 1;
+      const int sets = cold ? std::max(2, static_cast<int>(1.5e9 / set_bytes)) : 1;
       dev::Case c(S, sets);
       const int calls = std::max(3 * sets, S >= 65536 ? 15 : 31);
       std::vector<std::vector<double>> us(paths.size());

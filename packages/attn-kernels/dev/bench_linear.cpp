@@ -1,6 +1,7 @@
 // Kernel-only timing of the CPU linear kernel (no MLX, no Python): linear_cpu on a decode step's
-// projections, weights cold (sets rotated over ~600 MB, so every call streams W from DRAM as a
-// decode step does), the paths interleaved call by call in one process. From the repository root:
+// projections, weights cold (sets rotated over 1.5 GB call by call, so every call streams W from
+// DRAM as a decode step does), the paths interleaved call by call in one process. From the
+// repository root:
 //
 //   make bench-linear-kernel ARGS="[--shape NxK] [--rows M] [--format F] [PATH...]"
 //
@@ -55,7 +56,11 @@ struct Weights {
 void run(int n, int k, int rows, const Format& f, const std::vector<CpuPath>& paths, double read) {
   const size_t elem = f.dtype == ElementType::float32 ? 4 : 2;
   const size_t one = Weights(f, n, k).bytes();
-  const int sets = std::max<size_t>(2, (600u << 20) / one);
+  // Every call reads the set after the previous call's, paths interleaved included, so that no
+  // path finds W in a cache another path just filled: the sets span 1.5 GB, three times the
+  // largest L3 seen here (480 MB; with 600 MB and one set per round of paths, the paths after the
+  // first read much of W from L3, up to 1.5x the DRAM rate).
+  const int sets = std::max<size_t>(2, (size_t(1536) << 20) / one);
   std::vector<Weights> weights;
   for (int s = 0; s < sets; ++s) weights.emplace_back(f, n, k);
   std::vector<uint8_t> x(size_t(rows) * k * elem, 0x3c), out(size_t(rows) * n * elem);
@@ -70,12 +75,13 @@ void run(int n, int k, int rows, const Format& f, const std::vector<CpuPath>& pa
   p.x_row_stride = k;
   p.out = out.data();
   std::vector<std::vector<double>> us(paths.size());
-  for (int it = 0; it < 8 * sets + 4; ++it) {
-    const Weights& w = weights[it % sets];
-    p.weight = w.w.data();
-    p.scales = w.scales.data();
-    p.biases = w.biases.data();
-    for (size_t i = 0; i < paths.size(); ++i) {
+  const int iterations = std::max(8 * sets / int(paths.size()), 8) + 4;
+  for (int it = 0, call = 0; it < iterations; ++it) {
+    for (size_t i = 0; i < paths.size(); ++i, ++call) {
+      const Weights& w = weights[call % sets];
+      p.weight = w.w.data();
+      p.scales = w.scales.data();
+      p.biases = w.biases.data();
       const auto start = Clock::now();
       linear_cpu(p, paths[i]);
       const double t = std::chrono::duration<double>(Clock::now() - start).count() * 1e6;
