@@ -1,9 +1,9 @@
 // Kernel-only timing of the CPU linear kernel (no MLX, no Python): linear_cpu on a decode step's
 // projections, weights cold (sets rotated over 1.5 GB call by call, so every call streams W from
-// DRAM as a decode step does), the paths interleaved call by call in one process. From the
-// repository root:
+// DRAM as a decode step does) or with --hot one set reused (W from the caches: the compute's
+// rate), the paths interleaved call by call in one process. From the repository root:
 //
-//   make bench-linear-kernel ARGS="[--shape NxK] [--rows M] [--format F] [PATH...]"
+//   make bench-linear-kernel ARGS="[--shape NxK] [--rows M] [--format F] [--hot] [PATH...]"
 //
 // Defaults: Qwen3-4B's gate/up (19456 x 2560) and down (2560 x 9728), rows 1 and 8, formats
 // bf16, f16, f32, q4 (4-bit, group 64) and q8. PATH: avx512, avx2, portable, neon (default: every
@@ -53,14 +53,15 @@ struct Weights {
   size_t bytes() const { return w.size() + scales.size() + biases.size(); }
 };
 
-void run(int n, int k, int rows, const Format& f, const std::vector<CpuPath>& paths, double read) {
+void run(int n, int k, int rows, const Format& f, const std::vector<CpuPath>& paths, double read,
+         bool hot) {
   const size_t elem = f.dtype == ElementType::float32 ? 4 : 2;
   const size_t one = Weights(f, n, k).bytes();
   // Every call reads the set after the previous call's, paths interleaved included, so that no
   // path finds W in a cache another path just filled: the sets span 1.5 GB, three times the
   // largest L3 seen here (480 MB; with 600 MB and one set per round of paths, the paths after the
   // first read much of W from L3, up to 1.5x the DRAM rate).
-  const int sets = std::max<size_t>(2, (size_t(1536) << 20) / one);
+  const int sets = hot ? 1 : std::max<size_t>(2, (size_t(1536) << 20) / one);
   std::vector<Weights> weights;
   for (int s = 0; s < sets; ++s) weights.emplace_back(f, n, k);
   std::vector<uint8_t> x(size_t(rows) * k * elem, 0x3c), out(size_t(rows) * n * elem);
@@ -75,7 +76,7 @@ void run(int n, int k, int rows, const Format& f, const std::vector<CpuPath>& pa
   p.x_row_stride = k;
   p.out = out.data();
   std::vector<std::vector<double>> us(paths.size());
-  const int iterations = std::max(8 * sets / int(paths.size()), 8) + 4;
+  const int iterations = hot ? 104 : std::max(8 * sets / int(paths.size()), 8) + 4;
   for (int it = 0, call = 0; it < iterations; ++it) {
     for (size_t i = 0; i < paths.size(); ++i, ++call) {
       const Weights& w = weights[call % sets];
@@ -104,6 +105,7 @@ int main(int argc, char** argv) {
   std::vector<int> rows;
   std::vector<const Format*> formats;
   std::vector<CpuPath> paths;
+  bool hot = false;
   for (int a = 1; a < argc; ++a) {
     const std::string arg = argv[a];
     if (arg == "--shape" && a + 1 < argc) {
@@ -113,6 +115,8 @@ int main(int argc, char** argv) {
         return 2;
       }
       shapes.push_back({n, k});
+    } else if (arg == "--hot") {
+      hot = true;
     } else if (arg == "--rows" && a + 1 < argc) {
       rows.push_back(std::max(1, std::atoi(argv[++a])));
     } else if (arg == "--format" && a + 1 < argc) {
@@ -145,7 +149,7 @@ int main(int argc, char** argv) {
   std::printf("read rate %.1f GB/s (%d threads)\n", read, cpu_threads());
   for (const auto& [n, k] : shapes) {
     for (const Format* f : formats) {
-      for (int m : rows) run(n, k, m, *f, paths, read);
+      for (int m : rows) run(n, k, m, *f, paths, read, hot);
     }
   }
   return 0;
