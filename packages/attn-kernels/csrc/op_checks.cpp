@@ -1,21 +1,23 @@
 #include "op_checks.h"
 
 #include <algorithm>
-#include <sstream>
+#include <iterator>
 #include <stdexcept>
 
 #include "decode_attention.h"
 
 namespace attn_kernels {
 
+// Messages are built without iostreams. In the CUDA build on the H100 machine, an error whose
+// message went through std::ostringstream (a mask of the wrong shape) crashed the process, one
+// made of strings alone (an unknown schedule) raised; that the stream is the cause is this
+// change's hypothesis, not yet run on a GPU (docs/serving-cuda.md).
 std::string shape_str(const mx::Shape& shape) {
-  std::ostringstream os;
-  os << "(";
+  std::string s = "(";
   for (size_t i = 0; i < shape.size(); ++i) {
-    os << (i ? ", " : "") << shape[i];
+    s += (i ? ", " : "") + std::to_string(shape[i]);
   }
-  os << (shape.size() == 1 ? ",)" : ")");
-  return os.str();
+  return s + (shape.size() == 1 ? ",)" : ")");
 }
 
 std::string shape_str(const mx::array& a) {
@@ -23,9 +25,12 @@ std::string shape_str(const mx::array& a) {
 }
 
 std::string dtype_str(mx::Dtype t) {
-  std::ostringstream os;
-  os << t;
-  return os.str();
+  // In the order of mx::Dtype::Val, named as MLX prints them.
+  static constexpr const char* kNames[] = {"bool",    "uint8",   "uint16",  "uint32", "uint64",
+                                           "int8",    "int16",   "int32",   "int64",  "float16",
+                                           "float32", "float64", "bfloat16", "complex64"};
+  const auto i = static_cast<size_t>(t.val());
+  return i < std::size(kNames) ? kNames[i] : "dtype " + std::to_string(i);
 }
 
 void fail(const char* op, const std::string& message) {

@@ -98,6 +98,7 @@ def test_output_memory_on_cuda():
     from attn_kernels import decode_attention_custom, output_memory, scaled_dot_product_attention
     from attn_kernels.cuda_backend import managed_outputs
 
+    mx.set_default_device(mx.gpu)  # conftest's fixture starts every test on the CPU
     mx.random.seed(7)
     q = mx.random.normal((3, 8, 1, 64)).astype(mx.float16)
     k = mx.random.normal((3, 2, 1000, 64)).astype(mx.float16)
