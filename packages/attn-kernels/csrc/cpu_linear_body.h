@@ -293,13 +293,13 @@ ATTN_ALWAYS_INLINE void quantized_tile(const LinearProblem& p, const float* x, i
 
 // ---- Quantized weights, 4-bit, against int8 activations (x86) ------------------------------
 //
-// With bf16 or f16 x, 4-bit codes meet x rounded to int8 (max |x| / 127 per group, or per block
-// of 8 W values where a group spans blocks) in the integer dot product of x86 (vpmaddubsw: 32
+// With bf16 or f16 x, 4-bit codes meet x rounded to int8 (max |x| / 127 per group, or per 64
+// values where a group is longer) in the integer dot product of x86 (vpmaddubsw: 32
 // code-by-int8 products summed in pairs, then vpmaddwd to 32-bit sums): ~12 operations a block of
 // 8 W codes against ~30 for the float path (an AND, a conversion and an FMA per vector of codes).
-// Measured on one Zen 3 core, Qwen3-4B's gate/up 4-bit: 10.3 against 5.9 GB/s. One x scale per
-// block lets the weight and x scales be multiplied a chunk at a time, not per block and row (a
-// hot M = 1 call: 8-10% faster than with a scale per 32 values). The rounding of x adds at most
+// Measured on one Zen 3 core, Qwen3-4B's gate/up 4-bit: 10.3 against 5.9 GB/s. The weight and x
+// scales are multiplied a chunk at a time, not per block and row (a hot M = 1 call: 8-10% faster
+// than with a scale per 32 values). The rounding of x adds at most
 // sum |w| * scale / 2 to an output, of the order of the output's own bf16 rounding (and below
 // MLX's own bf16 path, which accumulates in bf16). float32 x keeps the float path (exact to
 // float32 accumulation).
@@ -320,10 +320,12 @@ ATTN_ALWAYS_INLINE Ints dot_codes_s8(Bits even, Bits xe, Bits odd, Bits xo) {
 }
 #endif
 
-// x values per int8 scale: one weight group, or one block where a group spans several (so that
-// a block has one x scale and one weight scale, multiplied a chunk at a time, not per block).
+// x values per int8 scale: one weight group, or 64 where a group is longer, on every path. A unit
+// of AVX-512's whole block (128 values) rounded x coarser than AVX2's: Qwen3's 4-bit logits
+// parted from mlx-lm's by 0.26 against 0.25 allowed (test_model.py), on AVX2 within it.
+constexpr int kS8MaxUnit = 64;
 int s8_unit(const LinearProblem& p) {
-  return p.group_size < 8 * W ? p.group_size : 8 * W;
+  return p.group_size < kS8MaxUnit ? p.group_size : kS8MaxUnit;
 }
 // Where a prepared row's int8 values start (in floats): after its x scales.
 int s8_bytes_at(const LinearProblem& p) {
@@ -341,13 +343,13 @@ bool uses_s8(const LinearProblem& p) {
 
 #if defined(ATTN_CPU_S8_DOT)
 // A prepared row of the int8 path: x as floats (natural order: the tail), the group sums, the
-// int8 scales of x (one per U = min(GS, 8 W) values), then per block of 8 W codes the block's
+// int8 scales of x (one per U = min(GS, 64) values), then per block of 8 W codes the block's
 // int8 values, the even codes' x then the odd codes' (byte i of a word vector holds codes 2 i and
 // 2 i + 1). Per chunk the weight and x scales are multiplied once, W units at a time.
 template <typename T, int GS, int M, int R>
 ATTN_ALWAYS_INLINE void quantized_rows_s8(const LinearProblem& p, const float* x, int row_floats,
                                           int n) {
-  constexpr int kBlock = 8 * W, U = GS < kBlock ? GS : kBlock;
+  constexpr int kBlock = 8 * W, U = GS < kS8MaxUnit ? GS : kS8MaxUnit;
   constexpr int kUnits = kChunkGroups * GS / U;  // units a chunk
   const float* x_scales = x + s8_scales_at(p);
   const auto* bytes = reinterpret_cast<const uint8_t*>(x + s8_bytes_at(p));

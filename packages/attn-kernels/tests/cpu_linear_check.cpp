@@ -109,7 +109,7 @@ void run_case(const Case& c, const std::vector<CpuPath>& paths, uint32_t seed,
                                                             : 0x1p-7;
   for (size_t n = 0; n < paths.size(); ++n) {
     // x86's vector paths take 4-bit codes against x rounded to int8 for half-precision x: a
-    // scale (max |x| / 127, in float) per group or per block where a group spans blocks, over
+    // scale (max |x| / 127, in float) per group or per 64 values where a group is longer, over
     // the part of K their blocks cover (one vector of words: 8 codes a lane). The reference
     // rounds x the same way for those codes.
     const bool int8_x = c.bits == 4 && c.dtype != ElementType::float32 &&
@@ -125,7 +125,7 @@ void run_case(const Case& c, const std::vector<CpuPath>& paths, uint32_t seed,
       // Near an int8 rounding's midpoint, or near a tie of the dtype's rounding, a gated input
       // may round to either int8 neighbour.
       std::vector<double> either(K, 0.0);
-      const int unit = std::min(c.group_size, block);
+      const int unit = std::min(c.group_size, 64);
       for (int k = 0; k < rounded; k += unit) {
         float top = 0.0f;
         for (int i = k; i < k + unit; ++i) top = std::max(top, std::abs(float(xm[i])));

@@ -35,9 +35,9 @@ def int8_rounding(x, w, unit):
     return top @ weight.T / 254.0 * (1 + 1e-6)
 
 
-def int8_unit(path, group):
-    """Values per int8 scale of x: a group, or a block of 8 vectors where a group spans more."""
-    return min(group, 8 * (16 if path == "avx512" else 8))
+def int8_unit(group):
+    """Values per int8 scale of x: a group, or 64 where a group is longer (every x86 path)."""
+    return min(group, 64)
 
 
 def rounds_x_to_int8(path, dtype, bits):
@@ -109,7 +109,7 @@ def test_quantized_matches_float64(path, dtype, bits, group, rows, groups):
     int8_w = None
     if rounds_x_to_int8(path, dtype, bits):
         int8_w = dequantized(codes, scales, None, bits, group)
-    unit = int8_unit(path, group)
+    unit = int8_unit(group)
     check(got.reshape(rows, n), x64, wq, to_numpy(bias), dtype, int8_w, unit)
     # No farther from float64 than MLX's own quantized matmul on the same triples (on the CPU
     # it accumulates half-precision inputs less exactly: up to ~0.1 off here in bf16), beyond
@@ -156,7 +156,7 @@ def test_swiglu_gate_matches_float64(path, dtype, bits, group, k, rows):
     wq = dequantized(codes, scales, biases, bits, group)
     # The kernel's float32 SwiGLU (relative error ~1e-6) may round to int8 on either side of a
     # midpoint: the tolerance's int8 term covers a whole step there (twice the half-step bound).
-    unit = int8_unit(path, group)
+    unit = int8_unit(group)
     int8_w = None if int8_w is None else 2 * int8_w
     check(got, hidden, wq, to_numpy(bias), dtype, int8_w, unit, x_rounded=True)
 
