@@ -323,13 +323,12 @@ ATTN_ALWAYS_INLINE Ints dot_codes_s8(Bits even, Bits xe, Bits odd, Bits xo) {
 // x values per int8 scale: one weight group, or 64 where a group is longer, on every path. A unit
 // of AVX-512's whole block (128 values) rounded x coarser than AVX2's: Qwen3's 4-bit logits
 // parted from mlx-lm's by 0.26 against 0.25 allowed (test_model.py), on AVX2 within it.
-constexpr int kS8MaxUnit = 64;
-int s8_unit(const LinearProblem& p) {
-  return p.group_size < kS8MaxUnit ? p.group_size : kS8MaxUnit;
+constexpr int s8_unit(int group_size) {
+  return group_size < 64 ? group_size : 64;
 }
 // Where a prepared row's int8 values start (in floats): after its x scales.
 int s8_bytes_at(const LinearProblem& p) {
-  return s8_scales_at(p) + quantized_main(p) / s8_unit(p);
+  return s8_scales_at(p) + quantized_main(p) / s8_unit(p.group_size);
 }
 
 bool uses_s8(const LinearProblem& p) {
@@ -349,7 +348,7 @@ bool uses_s8(const LinearProblem& p) {
 template <typename T, int GS, int M, int R>
 ATTN_ALWAYS_INLINE void quantized_rows_s8(const LinearProblem& p, const float* x, int row_floats,
                                           int n) {
-  constexpr int kBlock = 8 * W, U = GS < kS8MaxUnit ? GS : kS8MaxUnit;
+  constexpr int kBlock = 8 * W, U = s8_unit(GS);
   constexpr int kUnits = kChunkGroups * GS / U;  // units a chunk
   const float* x_scales = x + s8_scales_at(p);
   const auto* bytes = reinterpret_cast<const uint8_t*>(x + s8_bytes_at(p));
@@ -455,7 +454,7 @@ ATTN_ALWAYS_INLINE Quarter evens_then_odds(Ints q, std::index_sequence<I...>) {
 // |x / d| <= 127.
 template <typename T>
 void prepare_s8(const LinearProblem& p, const T* x, float* x_scales, uint8_t* bytes) {
-  const int main = quantized_main(p), unit = s8_unit(p);
+  const int main = quantized_main(p), unit = s8_unit(p.group_size);
   for (int u = 0; u < main; u += unit) {
     Vec top{};
     for (int i = u; i < u + unit; i += W) {
