@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 
 #if defined(__aarch64__)
 #include <arm_neon.h>
@@ -86,6 +87,24 @@ ATTN_ALWAYS_INLINE Vec halves_to_floats(Shorts h) {
 
 ATTN_ALWAYS_INLINE Pair widen(const Float16* p) {
   return {halves_to_floats(load<Shorts>(p)), halves_to_floats(load<Shorts>(p + W))};
+}
+
+// W consecutive values (the first half of a pair) as a Pair in accumulator_index order, the
+// lanes of the missing half zero: a head dim whose last pair is half full (80 on AVX-512).
+using HalfBits = uint32_t __attribute__((vector_size(W / 2 * sizeof(uint32_t))));
+template <size_t... L>
+ATTN_ALWAYS_INLINE Bits zero_extend(HalfBits h, std::index_sequence<L...>) {
+  return __builtin_shufflevector(h, HalfBits{}, static_cast<int>(L)...);
+}
+ATTN_ALWAYS_INLINE Pair widen_half(const float* p) {
+  return {load<Vec>(p), Vec{}};
+}
+ATTN_ALWAYS_INLINE Pair widen_half(const BFloat16* p) {
+  const Bits bits = zero_extend(load<HalfBits>(p), std::make_index_sequence<W>());
+  return {(Vec)(bits << 16), (Vec)(bits & 0xffff0000u)};
+}
+ATTN_ALWAYS_INLINE Pair widen_half(const Float16* p) {
+  return {halves_to_floats(load<Shorts>(p)), Vec{}};
 }
 
 // Prefetch into L2. An asm statement: GCC 12 deleted loops of
