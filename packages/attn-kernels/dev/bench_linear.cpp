@@ -3,10 +3,11 @@
 // DRAM as a decode step does) or with --hot one set reused (W from the caches: the compute's
 // rate), the paths interleaved call by call in one process. From the repository root:
 //
-//   make bench-linear-kernel ARGS="[--shape NxK] [--rows M] [--format F] [--hot] [PATH...]"
+//   make bench-linear-kernel ARGS="[--shape NxK] [--rows M] [--format F] [--group G] [--hot] [PATH...]"
 //
 // Defaults: Qwen3-4B's gate/up (19456 x 2560) and down (2560 x 9728), rows 1 and 8, formats
-// bf16, f16, f32, q4 (4-bit, group 64) and q8. PATH: avx512, avx2, portable, neon (default: every
+// bf16, f16, f32, q4 and q8 (4- and 8-bit, --group 32, 64 (default) or 128: models use 64 and
+// 128, which take different code paths). PATH: avx512, avx2, portable, neon (default: every
 // path this CPU runs). Prints per (shape, format, rows, path): median and min µs, GB/s of the
 // weights (codes, scales and biases as stored) and the fraction of the read rate measured first.
 #include <algorithm>
@@ -43,27 +44,27 @@ double median(std::vector<double> v) {
 // One weight set: bytes filled with a pattern that is a finite value in every dtype.
 struct Weights {
   std::vector<uint8_t> w, scales, biases;
-  Weights(const Format& f, int n, int k) {
+  Weights(const Format& f, int n, int k, int group) {
     const size_t elem = f.dtype == ElementType::float32 ? 4 : 2;
     w.assign(f.bits ? size_t(n) * k * f.bits / 8 : size_t(n) * k * elem, 0x3c);
-    const size_t groups = f.bits ? size_t(n) * k / 64 : 0;
+    const size_t groups = f.bits ? size_t(n) * k / group : 0;
     scales.assign(groups * elem, 0x3c);
     biases.assign(groups * elem, 0x3c);
   }
   size_t bytes() const { return w.size() + scales.size() + biases.size(); }
 };
 
-void run(int n, int k, int rows, const Format& f, const std::vector<CpuPath>& paths, double read,
-         bool hot) {
+void run(int n, int k, int rows, const Format& f, int group, const std::vector<CpuPath>& paths,
+         double read, bool hot) {
   const size_t elem = f.dtype == ElementType::float32 ? 4 : 2;
-  const size_t one = Weights(f, n, k).bytes();
+  const size_t one = Weights(f, n, k, group).bytes();
   // Every call reads the set after the previous call's, paths interleaved included, so that no
   // path finds W in a cache another path just filled: the sets span 1.5 GB, three times the
   // largest L3 seen here (480 MB; with 600 MB and one set per round of paths, the paths after the
   // first read much of W from L3, up to 1.5x the DRAM rate).
   const int sets = hot ? 1 : std::max<size_t>(2, (size_t(1536) << 20) / one);
   std::vector<Weights> weights;
-  for (int s = 0; s < sets; ++s) weights.emplace_back(f, n, k);
+  for (int s = 0; s < sets; ++s) weights.emplace_back(f, n, k, group);
   std::vector<uint8_t> x(size_t(rows) * k * elem, 0x3c), out(size_t(rows) * n * elem);
   LinearProblem p{};
   p.rows = rows;
@@ -71,7 +72,7 @@ void run(int n, int k, int rows, const Format& f, const std::vector<CpuPath>& pa
   p.inputs = k;
   p.dtype = f.dtype;
   p.bits = f.bits;
-  p.group_size = 64;
+  p.group_size = group;
   p.x = x.data();
   p.x_row_stride = k;
   p.out = out.data();
@@ -106,6 +107,7 @@ int main(int argc, char** argv) {
   std::vector<const Format*> formats;
   std::vector<CpuPath> paths;
   bool hot = false;
+  int group = 64;
   for (int a = 1; a < argc; ++a) {
     const std::string arg = argv[a];
     if (arg == "--shape" && a + 1 < argc) {
@@ -117,6 +119,12 @@ int main(int argc, char** argv) {
       shapes.push_back({n, k});
     } else if (arg == "--hot") {
       hot = true;
+    } else if (arg == "--group" && a + 1 < argc) {
+      group = std::atoi(argv[++a]);
+      if (group != 32 && group != 64 && group != 128) {
+        std::fprintf(stderr, "error: --group 32, 64 or 128, got %s\n", argv[a]);
+        return 2;
+      }
     } else if (arg == "--rows" && a + 1 < argc) {
       rows.push_back(std::max(1, std::atoi(argv[++a])));
     } else if (arg == "--format" && a + 1 < argc) {
@@ -149,7 +157,7 @@ int main(int argc, char** argv) {
   std::printf("read rate %.1f GB/s (%d threads)\n", read, cpu_threads());
   for (const auto& [n, k] : shapes) {
     for (const Format* f : formats) {
-      for (int m : rows) run(n, k, m, *f, paths, read, hot);
+      for (int m : rows) run(n, k, m, *f, group, paths, read, hot);
     }
   }
   return 0;
