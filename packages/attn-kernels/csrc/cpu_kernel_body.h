@@ -488,24 +488,20 @@ ATTN_ALWAYS_INLINE void attend_chunk(const DecodeProblem& p, int kv_row, int beg
       continue;
     }
     const T* values_ahead = ahead ? values + (j0 + kPrefetchRows) * v_row : nullptr;
+    // Rows read in place: a full block's position count is known at compile time.
+    auto accumulate_in_place = [&](const auto& rows) __attribute__((always_inline)) {
+      if (full) {
+        block_accumulate<kBlock>(scores, rescale, rows, n, values_ahead, v_row, state, vectors,
+                                 state_size, Dp);
+      } else {
+        block_accumulate<0>(scores, rescale, rows, n, values_ahead, v_row, state, vectors,
+                            state_size, Dp);
+      }
+    };
     if (values_direct) {
-      const CacheRows<T> rows{values + j0 * v_row, v_row};
-      if (full) {
-        block_accumulate<kBlock>(scores, rescale, rows, n, values_ahead, v_row, state, vectors,
-                                 state_size, Dp);
-      } else {
-        block_accumulate<0>(scores, rescale, rows, n, values_ahead, v_row, state, vectors,
-                            state_size, Dp);
-      }
+      accumulate_in_place(CacheRows<T>{values + j0 * v_row, v_row});
     } else if (values_tail) {
-      const HalfTailRows<T> rows{values + j0 * v_row, v_row, whole};
-      if (full) {
-        block_accumulate<kBlock>(scores, rescale, rows, n, values_ahead, v_row, state, vectors,
-                                 state_size, Dp);
-      } else {
-        block_accumulate<0>(scores, rescale, rows, n, values_ahead, v_row, state, vectors,
-                            state_size, Dp);
-      }
+      accumulate_in_place(HalfTailRows<T>{values + j0 * v_row, v_row, whole});
     } else {
       for (int j = 0; j < n; ++j) {
         convert_row(values_block + j * Dp, values + (j0 + j) * v_row, D, Dp, p.v_strides[3],
