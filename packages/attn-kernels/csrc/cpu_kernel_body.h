@@ -6,9 +6,10 @@
 // Per key/value row, all of its query vectors walk the cache once, kBlock positions at a time,
 // with a running max, denominator and float32 accumulator (online softmax). K and V rows are
 // read straight from the cache and widened in registers (bf16: a shift and a mask, no shuffles;
-// f16: the hardware conversion), so every byte is read once and nothing is copied. Rows that are
-// strided or of a length that is not a multiple of a vector pair are converted into scratch
-// first (tests, odd head dims).
+// f16: the hardware conversion), so every byte is read once and nothing is copied; so are rows
+// whose last pair is half full (head dim 80 on AVX-512). Other rows that are strided or of a
+// length that is not a multiple of a vector pair are converted into scratch first (tests, odd
+// head dims).
 //
 // Everything here is internal (anonymous namespace) or a builtin, never a standard-library
 // template: a template instantiated in files compiled for different instruction sets is one weak
