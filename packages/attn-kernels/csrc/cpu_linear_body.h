@@ -105,8 +105,8 @@ ATTN_ALWAYS_INLINE Vec load_floats(const T* p, int n) {
 
 // n values (n < W) at p as float lanes 0..n-1, the rest 0, where W values may be read at p: one
 // whole load and a select. Through load_floats (a copy into a vector, then read whole: a stalled
-// store forward) a chunk's partial scales cost the AVX-512 int8 path 1.4x at groups of 128 and
-// K = 1024 (8 groups a row), where AVX2 takes whole vectors.
+// store forward) a chunk's partial scales cost AVX-512's 4-bit layers up to 1.4x at groups of 128
+// and K = 1024 (8 groups a row), where AVX2 takes whole vectors; 8-bit and long rows 3-6%.
 template <typename T>
 ATTN_ALWAYS_INLINE Vec load_floats_within(const T* p, int n) {
   Ints lane{};
@@ -280,7 +280,8 @@ ATTN_ALWAYS_INLINE void quantized_tile(const LinearProblem& p, const float* x, i
         convert(g, load_floats_within(scales + at + g, count - g),
                 load_floats_within(biases + at + g, count - g));
       } else if (g < count) {  // the last row's end: never read past the arrays
-        convert(g, load_floats(scales + at + g, count - g), load_floats(biases + at + g, count - g));
+        convert(g, load_floats(scales + at + g, count - g),
+                load_floats(biases + at + g, count - g));
       }
     }
     const int c0 = g0 * GS, end = c0 + kChunkGroups * GS < main ? c0 + kChunkGroups * GS : main;

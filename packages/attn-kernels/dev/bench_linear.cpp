@@ -3,7 +3,8 @@
 // DRAM as a decode step does) or with --hot one set reused (W from the caches: the compute's
 // rate), the paths interleaved call by call in one process. From the repository root:
 //
-//   make bench-linear-kernel ARGS="[--shape NxK] [--rows M] [--format F] [--group G] [--hot] [PATH...]"
+//   make bench-linear-kernel ARGS="[--shape NxK] [--rows M] [--format F] [--group G] [--hot]
+//                                  [PATH...]"
 //
 // Defaults: Qwen3-4B's gate/up (19456 x 2560) and down (2560 x 9728), rows 1 and 8, formats
 // bf16, f16, f32, q4 and q8 (4- and 8-bit, --group 32, 64 (default) or 128: models use 64 and

@@ -360,7 +360,9 @@ int main(int argc, char** argv) {
     }
     // Odd head dims (scratch path; a half-full last pair read in place: 16 and 80 on AVX-512,
     // 40, 72 and 200 on AVX2, 20 on NEON), boolean masks, strided rows, split contexts.
-    for (int D : {1, 16, 20, 40, 72, 200, 256}) cases.push_back({t, 1, 6, 3, 3, 77, D, Mask::causal});
+    for (int D : {1, 16, 20, 40, 72, 200, 256}) {
+      cases.push_back({t, 1, 6, 3, 3, 77, D, Mask::causal});
+    }
     // The coverage sweep's other head dims (bench-coverage), without GQA and with groups of 8.
     for (int D : {80, 96}) {
       cases.push_back({t, 1, 4, 4, 1, 333, D, Mask::none});
