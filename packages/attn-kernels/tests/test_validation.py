@@ -89,6 +89,28 @@ def test_output_memory_arguments():
         assert output_memory(device=False) is None
 
 
+@pytest.mark.parametrize("setting", [True, False])
+def test_managed_outputs_restores_the_setting(monkeypatch, setting):
+    """managed_outputs() switches to MLX's allocator inside the block and back to the setting it
+    found after it, also when the block raises (the extension's switch stands in for CUDA's)."""
+    from attn_kernels import cuda_backend
+
+    state = {"device": setting, "live_bytes": 0, "cached_bytes": 0, "allocations": 0}
+
+    def output_memory(device=None):  # as the extension: the state after the switch
+        if device is not None:
+            state["device"] = device
+        return dict(state)
+
+    monkeypatch.setattr(cuda_backend._ext, "output_memory", output_memory)
+    with cuda_backend.managed_outputs():
+        assert state["device"] is False
+    assert state["device"] is setting
+    with pytest.raises(RuntimeError), cuda_backend.managed_outputs():
+        raise RuntimeError("inside")
+    assert state["device"] is setting
+
+
 @pytest.mark.skipif(not mx.cuda.is_available(), reason="needs MLX's CUDA backend")
 def test_output_memory_on_cuda():
     """Our outputs in the extension's device memory equal those in MLX's managed memory and the

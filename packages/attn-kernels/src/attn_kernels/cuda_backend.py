@@ -54,9 +54,12 @@ def output_memory(device: bool | None = None) -> dict | None:
 def managed_outputs():
     """Our CUDA ops' outputs from MLX's allocator (managed memory) inside the block, the setting
     before it restored after (the A/B of output_memory); nothing to switch without CUDA."""
-    before = output_memory(device=False)
+    before = output_memory()  # output_memory(device=...) returns the state after the switch
+    if before is None:
+        yield
+        return
+    output_memory(device=False)
     try:
         yield
     finally:
-        if before is not None:
-            output_memory(device=before["device"])
+        output_memory(device=before["device"])
