@@ -12,6 +12,8 @@
 //   split-mma  split-gqa's work split on tensor cores (attend_mma, decode_attention_mma.cuh):
 //              the SIMT kernels spend ~80 warp instructions per position and stop at ~37% of
 //              HBM bandwidth; this one spends ~14 and reads at 91-97% (docs/cuda-kernel.md).
+//   split-mma-16  split-mma with tiles of 16 query vectors where a KV head has more than 8
+//              (GQA 4 at L >= 3): half the blocks read each K/V chunk.
 //
 // In the SIMT kernels each row of D values is spread over a group of lanes that keeps its slice
 // of the scaled queries in registers; groups ("walkers") run the online-softmax recurrence over
@@ -276,11 +278,11 @@ const Kernel& simt_kernel() {
   return kernel;
 }
 
-template <typename T, int D>
+template <typename T, int D, int VPB>
 const Kernel& mma_kernel() {
   static const Kernel kernel =
-      resolve(reinterpret_cast<const void*>(&attend_mma<T, D>), kMmaWarps * 32,
-              attend_smem_bytes(kMmaWarps, kMmaVectors, D));
+      resolve(reinterpret_cast<const void*>(&attend_mma<T, D, VPB>), kMmaWarps * 32,
+              attend_smem_bytes(kMmaWarps, VPB, D));
   return kernel;
 }
 
@@ -335,6 +337,7 @@ bool has_bf16_mma() {  // mma.m16n8k16 with bf16: sm_80 and newer
 Schedule parse_schedule(const std::string& name) {
   if (name == "auto") return Schedule::automatic;
   if (name == "split-mma") return Schedule::split_mma;
+  if (name == "split-mma-16") return Schedule::split_mma16;
   if (name == "split-gqa") return Schedule::split_gqa;
   if (name == "split") return Schedule::split;
   if (name == "chapter-8") return Schedule::chapter8;
@@ -342,7 +345,8 @@ Schedule parse_schedule(const std::string& name) {
   if (name == "chapter-32") return Schedule::chapter32;
   throw std::invalid_argument(
       "[decode_attention] unknown schedule '" + name +
-      "': use auto, split-mma, split, split-gqa, chapter-8, chapter-16 or chapter-32");
+      "': use auto, split-mma, split-mma-16, split, split-gqa, chapter-8, chapter-16 or "
+      "chapter-32");
 }
 
 namespace {
@@ -367,14 +371,28 @@ bool mma_applies(const DecodeProblem& p) {
          aligned16(p.keys, p.k_strides, 3) && aligned16(p.values, p.v_strides, 3);
 }
 
+// 16-vector tiles up to D = 128 (past it a lane's two query slices and accumulators would not fit
+// its registers at 2 blocks per SM).
+bool mma16_head_dim(int head_dim) {
+  return head_dim <= 128;
+}
+
 template <typename T>
-const Kernel& mma_kernel(int head_dim) {
+const Kernel& mma_kernel(int head_dim, int vpb) {
+  if (vpb > kMmaVectors) {
+    switch (head_dim) {
+      case 64: return mma_kernel<T, 64, 2 * kMmaVectors>();
+      case 80: return mma_kernel<T, 80, 2 * kMmaVectors>();
+      case 96: return mma_kernel<T, 96, 2 * kMmaVectors>();
+      default: return mma_kernel<T, 128, 2 * kMmaVectors>();
+    }
+  }
   switch (head_dim) {
-    case 64: return mma_kernel<T, 64>();
-    case 80: return mma_kernel<T, 80>();
-    case 96: return mma_kernel<T, 96>();
-    case 256: return mma_kernel<T, 256>();
-    default: return mma_kernel<T, 128>();
+    case 64: return mma_kernel<T, 64, kMmaVectors>();
+    case 80: return mma_kernel<T, 80, kMmaVectors>();
+    case 96: return mma_kernel<T, 96, kMmaVectors>();
+    case 256: return mma_kernel<T, 256, kMmaVectors>();
+    default: return mma_kernel<T, 128, kMmaVectors>();
   }
 }
 
@@ -420,21 +438,23 @@ void finish_plan(Plan& plan, const DecodeProblem& p, int splits, int tiles, int 
   }
 }
 
-Plan plan_mma(const DecodeProblem& p) {
+// vpb: query vectors per block, kMmaVectors or twice that (split-mma-16).
+Plan plan_mma(const DecodeProblem& p, int vpb) {
   Plan plan{};
-  const Kernel& attend = p.dtype == ElementType::float16 ? mma_kernel<__half>(p.head_dim)
-                                                         : mma_kernel<__nv_bfloat16>(p.head_dim);
+  const Kernel& attend = p.dtype == ElementType::float16
+                             ? mma_kernel<__half>(p.head_dim, vpb)
+                             : mma_kernel<__nv_bfloat16>(p.head_dim, vpb);
   plan.attend = attend.function;
   plan.attend_threads = kMmaWarps * 32;
-  plan.attend_smem = attend_smem_bytes(kMmaWarps, kMmaVectors, p.head_dim);
-  if (p.query_len <= kStepMaxLength) {
+  plan.attend_smem = attend_smem_bytes(kMmaWarps, vpb, p.head_dim);
+  if (p.query_len <= kStepMaxLength && vpb == kMmaVectors) {  // the step folds 8-vector tiles
     const bool f16 = p.dtype == ElementType::float16;
     plan.attend_step = f16 ? mma_step_kernel<__half>(p.head_dim)
                            : mma_step_kernel<__nv_bfloat16>(p.head_dim);
     plan.attend_step_smem = f16 ? mma_step_smem_bytes<__half>(p.head_dim)
                                 : mma_step_smem_bytes<__nv_bfloat16>(p.head_dim);
   }
-  const int tiles = (p.group * p.query_len + kMmaVectors - 1) / kMmaVectors;
+  const int tiles = (p.group * p.query_len + vpb - 1) / vpb;
   // A merge costs ~2-3 µs on the H200 (the arrival atomic and L2 round trips): more than the
   // steps it saves while the context is at most kMmaUnsplitSteps block steps, where one chunk is
   // faster (benchmark_results/raw/h200-bench_attend-mma-min-steps.txt). Re-measured with the cheaper
@@ -471,8 +491,13 @@ Plan plan(const DecodeProblem& p, Schedule schedule) {
     // S = 1024; 2.8-13x at D 256 to S = 8192). Where mma_applies() fails, split-gqa.
     schedule = p.query_len == 1 && p.context <= 32 ? Schedule::split : Schedule::split_mma;
   }
+  if (schedule == Schedule::split_mma16) {  // where a KV head has more than 8 vectors
+    const bool wide = p.group * p.query_len > kMmaVectors && mma16_head_dim(p.head_dim);
+    if (mma_applies(p)) return plan_mma(p, wide ? 2 * kMmaVectors : kMmaVectors);
+    schedule = Schedule::split_gqa;
+  }
   if (schedule == Schedule::split_mma) {
-    if (mma_applies(p)) return plan_mma(p);
+    if (mma_applies(p)) return plan_mma(p, kMmaVectors);
     schedule = Schedule::split_gqa;
   }
   Plan plan{};

@@ -409,9 +409,10 @@ __device__ void merge_chunks(const Problem& p, float* smem, const float* partial
 // common max, each warp's rescale factor (stored over its max) and the denominator; then the
 // threads combine output dimensions across warps and write the output (one chunk) or the
 // block's partial state, which the group's last block merges.
-// Shared memory: finish_smem_floats(); a split call's merge takes 2 * VPB * splits + VPB floats,
-// and stages chunks in the rest of STAGE_FLOATS, the kernel's shared floats (merge_chunks_with).
-template <typename T, int VPB, bool WIDE_MERGE = VPB == kMmaVectors, int STAGE_FLOATS = 0,
+// Shared memory: finish_smem_floats(); a split call's merge takes 2 * M * splits + M floats
+// (M = min(VPB, kMmaVectors), the vectors of one merge) and stages chunks in the rest of
+// STAGE_FLOATS, the kernel's shared floats (merge_chunks_with).
+template <typename T, int VPB, bool WIDE_MERGE = VPB >= kMmaVectors, int STAGE_FLOATS = 0,
           typename Problem>
 __device__ void finish(const Problem& p, float* smem, float* partials, int kv_row, int tile,
                        int split, int splits, unsigned slot) {
@@ -471,7 +472,15 @@ __device__ void finish(const Problem& p, float* smem, float* partials, int kv_ro
     const bool last = last_to_arrive(slot, splits);
     if (threadIdx.x == 0) trace_stamp(kTraceArrived);
     if (last) {
-      merge_chunks<T, VPB, WIDE_MERGE, STAGE_FLOATS>(p, smem, partials, kv_row, tile, splits);
+      // A 16-vector tile (split-mma-16) merges as two 8-vector tiles, one after the other: the
+      // partials' layout does not depend on the tile, and 8 vectors keep the merge's registers.
+      constexpr int kMergeVPB = VPB > kMmaVectors ? kMmaVectors : VPB;
+      for (int part = 0; part < VPB / kMergeVPB; ++part) {
+        if (tile * VPB + part * kMergeVPB >= vectors) break;  // the last tile's empty half
+        if (part > 0) __syncthreads();  // the first merge's reads of its shared factors
+        merge_chunks<T, kMergeVPB, WIDE_MERGE, STAGE_FLOATS>(
+            p, smem, partials, kv_row, tile * (VPB / kMergeVPB) + part, splits);
+      }
     }
   }
 }

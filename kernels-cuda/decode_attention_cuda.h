@@ -12,7 +12,16 @@
 
 namespace attn_kernels::cuda {
 
-enum class Schedule { automatic, split_mma, split_gqa, split, chapter8, chapter16, chapter32 };
+enum class Schedule {
+  automatic,
+  split_mma,
+  split_mma16,
+  split_gqa,
+  split,
+  chapter8,
+  chapter16,
+  chapter32
+};
 
 Schedule parse_schedule(const std::string& name);
 

@@ -190,9 +190,15 @@ __device__ __forceinline__ void prepare_step_rows(const DecodeProblem& p, const 
 }
 
 // The body of both kernels; kFold: attend_mma_step (`step` is its problem), else attend_mma.
-template <typename T, int D, bool kFold>
+// VPB: query vectors per block, 8 (the score mma's A rows 8..15 zero) or 16 (split-mma-16: rows
+// 8..15 hold vectors 8..15 and O^T takes a second column tile), so that a KV head with more than
+// 8 vectors (GQA 4 at L >= 3) reads each K/V position in half as many blocks, at the cost of more
+// instructions per block and 2 blocks per SM (docs/cuda-kernel.md).
+template <typename T, int D, int VPB, bool kFold>
 __device__ __forceinline__ void attend_mma_body(const DecodeProblem& p, float* partials, int chunk,
                                                 unsigned slot, const StepProblem* step) {
+  static_assert(VPB == kMmaVectors || (VPB == 2 * kMmaVectors && !kFold));
+  constexpr int kHalves = VPB / kMmaVectors;  // h: A rows g (h = 0) and g + 8 (h = 1)
   ATTN_SHARED_FLOATS(smem);
   using Slices = MmaSlices<D>;
   constexpr int kSteps = D / 16;  // k-steps of Q K^T; 16-dim tiles of V^T P^T
@@ -201,7 +207,7 @@ __device__ __forceinline__ void attend_mma_body(const DecodeProblem& p, float* p
   const int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
   const int warp = threadIdx.x / 32, warps = blockDim.x / 32;
   const int L = p.query_len, S = p.context, vectors = p.group * L;
-  const int tiles = (vectors + kMmaVectors - 1) / kMmaVectors;
+  const int tiles = (vectors + VPB - 1) / VPB;
   const int kv_row = blockIdx.x / tiles, tile = blockIdx.x % tiles;
   const int split = blockIdx.y, splits = gridDim.y;
   // The chunk's positions inside the batch row's range (every position without per-row ranges).
@@ -211,15 +217,21 @@ __device__ __forceinline__ void attend_mma_body(const DecodeProblem& p, float* p
   const T* K = static_cast<const T*>(p.keys) + p.kv_offset(p.k_strides, kv_row);
   const T* V = static_cast<const T*>(p.values) + p.kv_offset(p.v_strides, kv_row);
 
-  // Lanes 4g..4g+3 own query vector g of the tile (the row of the score mma's A and C).
-  const int r = tile * kMmaVectors + g;
-  const bool real = r < vectors;
-  const int row = kv_row * p.group + (real ? r : 0) / L, i = (real ? r : 0) % L;
-  const int last = real ? visible_keys(range, L, i, p.causal).last : -1;
-  const int64_t mask_base = p.mask_offset(row, i);
-  uint32_t q[kQK] = {};  // the lane's slice of its query (MmaSlices)
-  if constexpr (!kFold) {
-    if (real) Slices::load_qk(q, static_cast<const T*>(p.queries) + p.q_offset(row, i), c);
+  // Lanes 4g..4g+3 own query vector g + 8h of the tile (the row of the score mma's A and C).
+  bool real[kHalves];
+  int last[kHalves];
+  int64_t mask_base[kHalves];
+  uint32_t q[kHalves][kQK] = {};  // the lane's slice of each of its queries (MmaSlices)
+#pragma unroll
+  for (int h = 0; h < kHalves; ++h) {
+    const int r = tile * VPB + kMmaVectors * h + g;
+    real[h] = r < vectors;
+    const int row = kv_row * p.group + (real[h] ? r : 0) / L, i = (real[h] ? r : 0) % L;
+    last[h] = real[h] ? visible_keys(range, L, i, p.causal).last : -1;
+    mask_base[h] = p.mask_offset(row, i);
+    if constexpr (!kFold) {
+      if (real[h]) Slices::load_qk(q[h], static_cast<const T*>(p.queries) + p.q_offset(row, i), c);
+    }
   }
 
 #if ATTN_MMA_PREFETCH && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -242,12 +254,15 @@ __device__ __forceinline__ void attend_mma_body(const DecodeProblem& p, float* p
   if constexpr (kFold) {  // after the prefetch, which then overlaps the step's rows
     T* staged = reinterpret_cast<T*>(smem + mma_smem_floats(D));
     prepare_step_rows<T, D>(p, *step, staged, kv_row, tile, chunk_begin, chunk_end);
-    if (real) Slices::load_qk(q, staged + g * D, c);
+    if (real[0]) Slices::load_qk(q[0], staged + g * D, c);
   }
-  // o[t]: O^T tile t, rows = dims dim(t) (c0, c1) and + 1 (c2, c3), columns = vectors
-  // 2c, 2c + 1. m: vector g's running max; l: this lane's part of its denominator.
-  float o[kSteps][4] = {};
-  float m = kNegInf, l = 0.0f;
+  // o[h][t]: O^T tile t, rows = dims dim(t) (c0, c1) and + 1 (c2, c3), columns = vectors
+  // 8h + 2c, 8h + 2c + 1. m[h]: vector 8h + g's running max; l[h]: this lane's part of its
+  // denominator.
+  float o[kHalves][kSteps][4] = {};
+  float m[kHalves], l[kHalves];
+#pragma unroll
+  for (int h = 0; h < kHalves; ++h) m[h] = kNegInf, l[h] = 0.0f;
   for (int base = begin + warp * kMmaStep; base < end; base += warps * kMmaStep) {
     // K rows base + g and base + 8 + g (the score mma's N = positions): lane c's D/4 dims.
     uint32_t k[2][kQK];
@@ -274,119 +289,138 @@ __device__ __forceinline__ void attend_mma_body(const DecodeProblem& p, float* p
     if constexpr (!kLateV) load_v();
     // S = Q K^T over two tiles of 8 positions. k-step s maps mma k = 2c, 2c+1 to word 2s and
     // k = 2c + 8, 2c + 9 to word 2s + 1 of the lane's Q and K slices (the same dims in both).
-    // A rows 8..15 (a1, a3) are unused: zero.
+    // A rows 8..15 (a1, a3) hold vector g + 8 in 16-vector blocks, else zero.
     float score[2][4] = {};
 #pragma unroll
     for (int n = 0; n < 2; ++n) {
 #pragma unroll
       for (int st = 0; st < kSteps; ++st) {
-        const uint32_t a[4] = {q[2 * st], 0u, q[2 * st + 1], 0u};
+        const uint32_t a[4] = {q[0][2 * st], kHalves > 1 ? q[kHalves - 1][2 * st] : 0u,
+                               q[0][2 * st + 1], kHalves > 1 ? q[kHalves - 1][2 * st + 1] : 0u};
         mma16816<T>(score[n], a, k[n][2 * st], k[n][2 * st + 1]);
       }
     }
-    // score[n][e], e < 2: vector g, position base + 8n + 2c + e.
-    float tile_max = kNegInf;
+    // score[n][2h + e]: vector 8h + g, position base + 8n + 2c + e.
+    float old_factor[kHalves], w[kHalves][2][2];
 #pragma unroll
-    for (int n = 0; n < 2; ++n) {
+    for (int h = 0; h < kHalves; ++h) {
+      float tile_max = kNegInf;
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int j = base + 8 * n + 2 * c + e;
-        float sc = score[n][e] * p.scale;
-        if (j >= end || j > last) {
-          sc = kNegInf;
-        } else if (p.mask) {
-          sc = apply_mask(p, mask_base + int64_t{j} * p.m_strides[3], sc);
+      for (int n = 0; n < 2; ++n) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int j = base + 8 * n + 2 * c + e;
+          float sc = score[n][2 * h + e] * p.scale;
+          if (j >= end || j > last[h]) {
+            sc = kNegInf;
+          } else if (p.mask) {
+            sc = apply_mask(p, mask_base[h] + int64_t{j} * p.m_strides[3], sc);
+          }
+          score[n][2 * h + e] = sc;
+          tile_max = max_nan(tile_max, sc);
         }
-        score[n][e] = sc;
-        tile_max = max_nan(tile_max, sc);
       }
-    }
-    tile_max = max_nan(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-    tile_max = max_nan(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-    // One rescale factor per vector and step; an all-masked prefix keeps m = -inf (weights 0).
-    const float new_max = max_nan(m, tile_max);
-    const float shift = new_max == kNegInf ? 0.0f : new_max;
-    const float old_factor = __expf(m - shift);
-    m = new_max;
-    float w[2][2];
-    l *= old_factor;
+      tile_max = max_nan(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+      tile_max = max_nan(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+      // One rescale factor per vector and step; an all-masked prefix keeps m = -inf (weights 0).
+      const float new_max = max_nan(m[h], tile_max);
+      const float shift = new_max == kNegInf ? 0.0f : new_max;
+      old_factor[h] = __expf(m[h] - shift);
+      m[h] = new_max;
+      l[h] *= old_factor[h];
 #pragma unroll
-    for (int n = 0; n < 2; ++n) {
+      for (int n = 0; n < 2; ++n) {
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        w[n][e] = __expf(score[n][e] - shift);
-        l += w[n][e];
+        for (int e = 0; e < 2; ++e) {
+          w[h][n][e] = __expf(score[n][2 * h + e] - shift);
+          l[h] += w[h][n][e];
+        }
       }
     }
     if constexpr (kLateV) load_v();
-    // O^T's columns are vectors 2c and 2c + 1, whose factors live on lanes 8c and 8c + 4.
-    const float f0 = __shfl_sync(0xffffffffu, old_factor, 8 * c);
-    const float f1 = __shfl_sync(0xffffffffu, old_factor, 8 * c + 4);
-    // P^T as the B operand: b0, b1 = positions 2c, 2c + 1 and b2, b3 = 8 + 2c, 9 + 2c of vector
-    // g: exactly this lane's weights.
-    const uint32_t b0 = pack2<T>(w[0][0], w[0][1]), b1 = pack2<T>(w[1][0], w[1][1]);
 #pragma unroll
-    for (int t = 0; t < kSteps; ++t) {
-      o[t][0] *= f0;
-      o[t][1] *= f1;
-      o[t][2] *= f0;
-      o[t][3] *= f1;
-      // A = V^T: row g = Slices::dim(g, t) (low halves of word t), row g + 8 = the next dim
-      // (high halves); k = 2c, 2c + 1 from V rows x = 0, 1 and k = 2c + 8, + 9 from x = 2, 3.
-      const uint32_t a[4] = {__byte_perm(v[0][t], v[1][t], 0x5410), __byte_perm(v[0][t], v[1][t], 0x7632),
-                             __byte_perm(v[2][t], v[3][t], 0x5410), __byte_perm(v[2][t], v[3][t], 0x7632)};
-      mma16816<T>(o[t], a, b0, b1);
+    for (int h = 0; h < kHalves; ++h) {
+      // O^T's columns are vectors 8h + 2c and + 1, whose factors live on lanes 8c and 8c + 4.
+      const float f0 = __shfl_sync(0xffffffffu, old_factor[h], 8 * c);
+      const float f1 = __shfl_sync(0xffffffffu, old_factor[h], 8 * c + 4);
+      // P^T as the B operand: b0, b1 = positions 2c, 2c + 1 and b2, b3 = 8 + 2c, 9 + 2c of
+      // vector 8h + g: exactly this lane's weights.
+      const uint32_t b0 = pack2<T>(w[h][0][0], w[h][0][1]), b1 = pack2<T>(w[h][1][0], w[h][1][1]);
+#pragma unroll
+      for (int t = 0; t < kSteps; ++t) {
+        o[h][t][0] *= f0;
+        o[h][t][1] *= f1;
+        o[h][t][2] *= f0;
+        o[h][t][3] *= f1;
+        // A = V^T: row g = Slices::dim(g, t) (low halves of word t), row g + 8 = the next dim
+        // (high halves); k = 2c, 2c + 1 from V rows x = 0, 1 and k = 2c + 8, + 9 from x = 2, 3.
+        const uint32_t a[4] = {
+            __byte_perm(v[0][t], v[1][t], 0x5410), __byte_perm(v[0][t], v[1][t], 0x7632),
+            __byte_perm(v[2][t], v[3][t], 0x5410), __byte_perm(v[2][t], v[3][t], 0x7632)};
+        mma16816<T>(o[h][t], a, b0, b1);
+      }
     }
   }
-  l += __shfl_xor_sync(0xffffffffu, l, 1);
-  l += __shfl_xor_sync(0xffffffffu, l, 2);
+#pragma unroll
+  for (int h = 0; h < kHalves; ++h) {
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+  }
 
   // finish()'s slots: [warp][vector][max, denominator, 2 unused, D accumulators].
   const int stride = partial_stride(D);
-  float* slots = smem + warp * kMmaVectors * stride;
-  if (c == 0) {
-    slots[g * stride] = m;
-    slots[g * stride + 1] = l;
+  float* slots = smem + warp * VPB * stride;
+#pragma unroll
+  for (int h = 0; h < kHalves; ++h) {
+    if (c == 0) {
+      slots[(8 * h + g) * stride] = m[h];
+      slots[(8 * h + g) * stride + 1] = l[h];
+    }
   }
-  // The lane holds dims Slices::dim(g, t) and + 1 of vectors 2c (o[t][0] and [2]) and 2c + 1
-  // ([1], [3]). Wide: dims 64w + 8g .. + 7, two 16-byte stores per vector and w. Odd c stores the
-  // upper half first, so that the 8 lanes of each quarter warp write 8 distinct bank quads
+  // The lane holds dims Slices::dim(g, t) and + 1 of vectors 8h + 2c (o[h][t][0] and [2]) and
+  // + 1 ([1], [3]). Wide: dims 64w + 8g .. + 7, two 16-byte stores per vector and w. Odd c stores
+  // the upper half first, so that the 8 lanes of each quarter warp write 8 distinct bank quads
   // (stride = 4 mod 32): no bank conflicts, where the 4-byte stores of stride D + 2 were 3.7-way
   // (ncu). Other D: one 8-byte store per vector and tile.
-  if constexpr (Slices::kWide) {
 #pragma unroll
-    for (int w = 0; w < D / 64; ++w) {
+  for (int h = 0; h < kHalves; ++h) {
+    if constexpr (Slices::kWide) {
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const float(&t0)[4] = o[4 * w], (&t1)[4] = o[4 * w + 1];
-        const float(&t2)[4] = o[4 * w + 2], (&t3)[4] = o[4 * w + 3];
-        const float4 low = make_float4(t0[e], t0[e + 2], t1[e], t1[e + 2]);
-        const float4 high = make_float4(t2[e], t2[e + 2], t3[e], t3[e + 2]);
-        float* row = slots + (2 * c + e) * stride + 4;
-        float4* at = reinterpret_cast<float4*>(row + Slices::dim(g, 4 * w));
-        const bool odd = c & 1;
-        at[odd] = odd ? high : low;
-        at[!odd] = odd ? low : high;
+      for (int w = 0; w < D / 64; ++w) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float(&t0)[4] = o[h][4 * w], (&t1)[4] = o[h][4 * w + 1];
+          const float(&t2)[4] = o[h][4 * w + 2], (&t3)[4] = o[h][4 * w + 3];
+          const float4 low = make_float4(t0[e], t0[e + 2], t1[e], t1[e + 2]);
+          const float4 high = make_float4(t2[e], t2[e + 2], t3[e], t3[e + 2]);
+          float* row = slots + (8 * h + 2 * c + e) * stride + 4;
+          float4* at = reinterpret_cast<float4*>(row + Slices::dim(g, 4 * w));
+          const bool odd = c & 1;
+          at[odd] = odd ? high : low;
+          at[!odd] = odd ? low : high;
+        }
       }
-    }
-  } else {
+    } else {
 #pragma unroll
-    for (int t = 0; t < kSteps; ++t) {
+      for (int t = 0; t < kSteps; ++t) {
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        float* row = slots + (2 * c + e) * stride + 4;
-        *reinterpret_cast<float2*>(row + Slices::dim(g, t)) = float2{o[t][e], o[t][e + 2]};
+        for (int e = 0; e < 2; ++e) {
+          float* row = slots + (8 * h + 2 * c + e) * stride + 4;
+          *reinterpret_cast<float2*>(row + Slices::dim(g, t)) =
+              float2{o[h][t][e], o[h][t][e + 2]};
+        }
       }
     }
   }
   __syncthreads();
-  finish<T, kMmaVectors>(p, smem, partials, kv_row, tile, split, splits, slot);
+  finish<T, VPB>(p, smem, partials, kv_row, tile, split, splits, slot);
 }
 
-template <typename T, int D>
-__global__ void __launch_bounds__(kMmaWarps * 32, mma_blocks_per_sm(D))
+// VPB 16 holds twice the query slices and accumulators: 2 blocks per SM.
+template <typename T, int D, int VPB = kMmaVectors>
+__global__ void __launch_bounds__(kMmaWarps * 32, VPB > kMmaVectors ? 2 : mma_blocks_per_sm(D))
     attend_mma(DecodeProblem p, float* partials, int chunk, unsigned slot) {
-  attend_mma_body<T, D, false>(p, partials, chunk, slot, nullptr);
+  attend_mma_body<T, D, VPB, false>(p, partials, chunk, slot, nullptr);
 }
 
 // AttentionStep as one kernel: attend_mma over the caches `step` updates, on its raw q/k/v
@@ -394,7 +428,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, mma_blocks_per_sm(D))
 template <typename T, int D>
 __global__ void __launch_bounds__(kMmaWarps * 32, mma_blocks_per_sm(D))
     attend_mma_step(DecodeProblem p, float* partials, int chunk, unsigned slot, StepProblem step) {
-  attend_mma_body<T, D, true>(p, partials, chunk, slot, &step);
+  attend_mma_body<T, D, kMmaVectors, true>(p, partials, chunk, slot, &step);
 }
 
 }  // namespace

@@ -13,8 +13,10 @@
 // (B, Hkv, capacity, D); with per-row ranges, starts.bin and offsets.bin (int32 (B,): the rows'
 // first positions and write positions; offset is then the largest write position). It writes
 // float32 out_chain.bin and out_fold.bin (B, Hq, L, D: the attention's heads-first output) and
-// kc_chain.bin, vc_chain.bin, kc_fold.bin, vc_fold.bin. The launches follow plan_mma() with the
-// split count given (chunks of whole 64-position block steps, no empty chunk).
+// kc_chain.bin, vc_chain.bin, kc_fold.bin, vc_fold.bin, and where a KV head has more than 8 query
+// vectors and D <= 128, out_wide.bin: split-mma-16's attend_mma (tiles of 16 vectors) over the
+// chain's caches. The launches follow plan_mma() with the split count given (chunks of whole
+// 64-position block steps, no empty chunk).
 // With --rotations, DIR holds rotations.txt ("D base") and positions.bin (int32) instead, and it
 // writes rotations.bin: float32 (positions, D/2, 3), the angle of each pair as the kernels form
 // it (the position times StepProblem's inverse frequency) and rope_cos_sin's cosine and sine.
@@ -144,6 +146,22 @@ int run(const std::string& dir, int b, int hq, int hkv, int L, int offset, int s
   write(dir + "/out_chain.bin", out);
   write(dir + "/kc_chain.bin", kc);
   write(dir + "/vc_chain.bin", vc);
+
+  // split-mma-16's kernel over the same updated caches, where a KV head has more than 8 vectors
+  // (tiles of 16; the same splits).
+  if constexpr (D <= 128) {
+    constexpr int kWide = 2 * kMmaVectors;
+    if (vectors > kMmaVectors) {
+      std::vector<T> out_wide(out.size());
+      std::fill(partials.begin(), partials.end(), NAN);
+      p.out = out_wide.data();
+      emu::launch(p.kv_rows * ((vectors + kWide - 1) / kWide), gy, kMmaWarps * 32,
+                  finish_smem_floats(kMmaWarps, kWide, D), [&] {
+                    attend_mma<T, D, kWide>(p, splits > 1 ? partials.data() : nullptr, chunk, 0u);
+                  });
+      write(dir + "/out_wide.bin", out_wide);
+    }
+  }
 
   // The folded kernel on fresh caches; no scratch.
   auto kf = kc0, vf = vc0;

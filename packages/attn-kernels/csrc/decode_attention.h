@@ -41,7 +41,8 @@ mx::array decode_attention(
 // GPU kernel schedules (see kernels-cuda/decode_attention.cu); the CPU kernel has one.
 inline const std::vector<std::string>& schedules() {
   static const std::vector<std::string> names = {
-      "auto", "split-mma", "split", "split-gqa", "chapter-8", "chapter-16", "chapter-32"};
+      "auto",      "split-mma",  "split-mma-16", "split", "split-gqa",
+      "chapter-8", "chapter-16", "chapter-32"};
   return names;
 }
 

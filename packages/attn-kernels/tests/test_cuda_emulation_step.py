@@ -61,7 +61,8 @@ CASES = [
 def run_step(emulator, tmp_path, config: str, inputs, hq: int, **int32_files):
     """The runner on `inputs` (q, k, v, both norm weights, both caches; written as float32) with
     the config line and any int32 files (starts, offsets): the folded kernel and the chain must
-    write the same output and caches bit for bit. Returns its stdout and the folded kernel's
+    write the same output and caches bit for bit, and split-mma-16's kernel the chain's output
+    where it runs. Returns its stdout and the folded kernel's
     output as (B, L, Hq * D) and caches."""
     (tmp_path / "config.txt").write_text(config + "\n")
     for name, x in zip(("q", "k", "v", "qw", "kw", "kc", "vc"), inputs, strict=True):
@@ -82,6 +83,12 @@ def run_step(emulator, tmp_path, config: str, inputs, hq: int, **int32_files):
     for name, shape in (("out", heads_first), ("kc", cache), ("vc", cache)):
         np.testing.assert_array_equal(
             result(f"{name}_fold", shape), result(f"{name}_chain", shape), err_msg=name
+        )
+    # split-mma-16 (more than 8 vectors per KV head): each vector's scores, weights and sums run
+    # in the same order as in 8-vector tiles, so the same bits.
+    if hq // cache[1] * length > 8 and d <= 128:
+        np.testing.assert_array_equal(
+            result("out_wide", heads_first), result("out_chain", heads_first), err_msg="wide"
         )
     out = result("out_fold", heads_first).transpose(0, 2, 1, 3).reshape(b, length, hq * d)
     return run.stdout, out, result("kc_fold", cache), result("vc_fold", cache)
