@@ -33,10 +33,12 @@ def test_small_sweep(tmp_path):
     coverage.main(["--head-dim", "80", "--head-dim", "64", "--dtype", "float16", "--group", "2",
                    "--group", "1", "--query-length", "3", "--query-length", "1", "--context", "70",
                    "--context", "35", "--heads", "4", "--schedule", "split-mma",
-                   "--calls-per-eval", "3", "--json-output", str(out)])  # fmt: skip
+                   "--calls-per-eval", "3", "--chain", "--json-output", str(out)])  # fmt: skip
     record = json.loads(out.read_text())
     assert record["kind"] == "coverage-sweep" and record["config"]["schedule"] == "split-mma"
-    assert record["config"]["calls_per_eval"] == 3
+    assert record["config"]["calls_per_eval"] == 3 and record["config"]["chain"] is True
+    assert "(chained calls)" in coverage.format_tables(record)
+    assert coverage.parse_args([]).chain is False  # a CPU sweep's calls are independent by default
     points = record["results"]
     assert len(points) == 2 * 2 * 2 * 2  # D x group x L x S
     p = points[coverage.point_key(80, "float16", 1, 3, 70)]
