@@ -17,7 +17,8 @@
 #               inputs), short (L = 1 to S = 4096, independent and chained calls), long (chained
 #               calls from S = 4096: the honest bandwidth figure, independent calls share K/V in L2)
 #   coverage    bench-coverage: ours against mx.fast over head dims 64-256, bf16/f16/f32, groups
-#               1-8, L = 1/4/8, S = 128..131072 (issue 40's sweep; the guard's CUDA shapes);
+#               1-8, L = 1/4/8, S = 128..131072, chained calls (issue 40's sweep; the guard's CUDA
+#               shapes);
 #               PART split-mma: the tensor-core kernel at D 80, 96, 256 in bf16/f16 (auto does
 #               not take it there until this record says so)
 #   ragged      bench-operators: a decode step of B rows, each of its own length (--ragged), and
