@@ -11,14 +11,14 @@ rectangle L' <= L, S_lo <= S' <= S_hi of swept points, every group, that covers 
 where none was lost. A point is lost unless ours won every pass or the two medians are within
 TIE (5%): at the per-call floor (~7 µs on the H200) and at the memory floor both kernels wait on
 the same thing, and two passes cannot order them. A region that starts at the smallest swept S
-reaches down to S = 1.
+reaches down to S = 1. attn_kernels.guard.LIMITS names the record its regions came from;
+llm-eval's tests check that they agree.
 
 On a GPU the calls of a sample are chained by default (--chain: each call's query is the previous
 call's output), as a decode step's layers wait on each other. Independent calls (--no-chain) run
 concurrently on the GPU and read the same K/V through its L2, past the HBM floor (an H100 record
 showed 6 TB/s at D = 256, S = 8192 against its 3.35): a throughput figure that favours whichever
-kernel leaves more of the GPU free, not the latency the guard decides on. attn_kernels.guard.LIMITS names the record its regions came from;
-llm-eval's tests check that they agree.
+kernel leaves more of the GPU free, not the latency the guard decides on.
 
     bench-coverage --device cpu --json-output benchmark_results/cpu-2core-attention-coverage-mlx-0.32.4.json
     bench-coverage --head-dim 96 --group 1 --context 8192 --query-length 1   # one question
@@ -53,20 +53,41 @@ CONTEXTS = (32, 128, 1024, 4096, 16384)
 TIE = 0.05  # medians this close are a tie (module doc)
 
 
+def show(values) -> str:
+    return ", ".join(map(str, values))
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="bench-coverage",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--head-dim", type=int, action="append", help=f"D (default {HEAD_DIMS})")
-    p.add_argument("--dtype", choices=DTYPES, action="append", help=f"(default {DTYPES})")
-    p.add_argument("--group", type=int, action="append", help=f"Hq / Hkv (default {GROUPS})")
-    p.add_argument("--query-length", type=int, action="append", help=f"L (default {QUERY_LENGTHS})")
-    p.add_argument("--context", type=int, action="append", help=f"S (default {CONTEXTS})")
+    p.add_argument(
+        "--head-dim", type=int, action="append", help=f"D, repeatable (default {show(HEAD_DIMS)})"
+    )
+    p.add_argument(
+        "--dtype", choices=DTYPES, action="append", help=f"repeatable (default {show(DTYPES)})"
+    )
+    p.add_argument(
+        "--group", type=int, action="append", help=f"Hq / Hkv, repeatable (default {show(GROUPS)})"
+    )
+    p.add_argument(
+        "--query-length",
+        type=int,
+        action="append",
+        help=f"L, repeatable (default {show(QUERY_LENGTHS)})",
+    )
+    p.add_argument(
+        "--context", type=int, action="append", help=f"S, repeatable (default {show(CONTEXTS)})"
+    )
     p.add_argument("--heads", type=int, default=32, help="query heads Hq (default 32)")
-    p.add_argument("--passes", type=int, default=2, help="passes over each (D, dtype, group)")
-    p.add_argument("--iterations", type=int, default=2, help="samples per pass (both orders)")
+    p.add_argument(
+        "--passes", type=int, default=2, help="passes over each (D, dtype, group) (default 2)"
+    )
+    p.add_argument(
+        "--iterations", type=int, default=2, help="samples per pass, both orders (default 2)"
+    )
     p.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
     p.add_argument(
         "--calls-per-eval",

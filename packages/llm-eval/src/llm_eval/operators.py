@@ -36,6 +36,9 @@ in the same environment): `--implementations ...,torch,torch-float32` times
 `torch.nn.functional.scaled_dot_product_attention(..., enable_gqa=True)` in this process, on
 copies of the inputs in --dtype (torch) and in float32 (torch-float32: twice the bytes, but
 PyTorch's fastest CPU path), with torch's default intra-op threads.
+
+    bench-operators --device cpu --context 1024 --context 4096        # ours against mx.fast
+    bench-operators --device gpu --chain --attention-mask causal --query-length 8 --context 131072
 """
 
 from __future__ import annotations
@@ -284,7 +287,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--section", choices=["attention"], default="attention")
-    p.add_argument("--context", type=int, action="append", help="cached context S (repeatable)")
+    p.add_argument(
+        "--context",
+        type=int,
+        action="append",
+        help="cached context S (repeatable; default 128, 1024, 4096, 16384)",
+    )
     p.add_argument("--query-length", type=int, action="append", help="query length L (repeatable)")
     p.add_argument("--heads", type=int, default=32, help="query heads (Qwen3-4B: 32)")
     p.add_argument("--gqa-ratio", type=int, default=4, help="query heads per KV head (Qwen3-4B: 4)")
