@@ -10,12 +10,13 @@
 # the GPU it ran on (h200-, or h100- where the device tool lent an H100); the device tool returns
 # at most 8 files, none with "+" in its name; logs stay beside it. Each target fits one device
 # call (600 s) unless noted.
-#   tests       every package's GPU cases (attn-kernels: -k gpu, every schedule), gpu-tests.txt
+#   tests       every package's GPU cases (every schedule), three processes at once: gpu-tests-*.txt
 #   operators   bench-operators, the records of docs/results-h200.md; PART picks one (two calls
 #               for all): kernels (every schedule over S = 1..131072, L = 1; L = 2/4/8 causal),
 #               grid (the chapter's grid, context/query sweeps, GQA 1, explicit masks, fresh
 #               inputs), short (L = 1 to S = 4096, independent and chained calls), long (chained
-#               calls from S = 4096: the honest bandwidth figure, independent calls share K/V in L2)
+#               calls from S = 4096: the honest bandwidth figure, independent calls share K/V in L2);
+#               mma16 (not in all): split-mma against split-mma-16, GQA 4 and 8, L 2-8, S 8192+
 #   coverage    bench-coverage: ours against mx.fast over head dims 64-256, bf16/f16/f32, groups
 #               1-8, L = 1/4/8, S = 128..131072, chained calls (issue 40's sweep; the guard's CUDA
 #               shapes);
@@ -70,13 +71,23 @@ ops() { python3 -m llm_eval.operators --device gpu --force "$@" 2>&1 | quiet; }
 CONTEXTS_LONG=(--context 4096 --context 16384 --context 32768 --context 131072)
 
 tests() {
-  python3 -m pytest -q -p no:cacheprovider packages/attn-kernels/tests -k gpu 2>&1 |
-    tail -40 > "$OUT/gpu-tests.txt"
-  for p in qwen3-model llm-eval; do
-    python3 -m pytest -q -p no:cacheprovider "packages/$p/tests" -k "gpu or cuda" 2>&1 |
-      tail -5 >> "$OUT/gpu-tests.txt"
-  done
-  tail -3 "$OUT/gpu-tests.txt"
+  # Three pytest processes side by side on the one GPU (16 host cores): one after another the
+  # GPU cases took ~10 minutes on an H100, past a device call. The CUDA emulation's cases run on
+  # the CPU and in `make test`, so not here. Each log is written as it goes (a call cut at its
+  # limit still returns what ran).
+  local t=packages/attn-kernels/tests
+  local run=(python3 -X faulthandler -m pytest -v -p no:cacheprovider
+    -k "(gpu or cuda) and not emulation")
+  "${run[@]}" $t/test_attention_step.py > "$OUT/gpu-tests-step.txt" 2>&1 &
+  "${run[@]}" $t/test_decode_attention.py $t/test_attention_step_quantized.py \
+    > "$OUT/gpu-tests-decode-step-quantized.txt" 2>&1 &
+  {  # one process per package: their conftest modules share a name
+    "${run[@]}" $(ls $t/test_*.py | grep -v -e /test_attention_step -e /test_decode_attention.py)
+    "${run[@]}" packages/qwen3-model/tests
+    "${run[@]}" packages/llm-eval/tests
+  } > "$OUT/gpu-tests-rest.txt" 2>&1 &
+  wait
+  tail -n 2 "$OUT"/gpu-tests-*.txt
 }
 
 operators() {
@@ -118,6 +129,16 @@ operators() {
     ops --query-length 2 --query-length 8 --attention-mask causal --context 32 --context 256 \
       --context 1024 --context 4096 --implementations custom,mlx --context-repeats 2 \
       --json-output "$f-L2-L8-short-$V.json"
+  fi
+  if [ "$part" = mma16 ]; then  # not in all: where split-mma-16 pays, for auto's rule
+    local g
+    for g in 4 8; do
+      ops --gqa-ratio $g --query-length 2 --query-length 3 --query-length 4 --query-length 6 \
+        --query-length 8 --attention-mask causal --context 8192 --context 16384 --context 32768 \
+        --context 65536 --context 131072 --schedule split-mma --schedule split-mma-16 \
+        --implementations mlx --chain --context-repeats 2 --iterations 4 \
+        --json-output "$R/$G-attention-G$g-L2-L8-split-mma-16-chained-$V.json"
+    done
   fi
   if [ "$part" = all ] || [ "$part" = long ]; then
     ops "${CONTEXTS_LONG[@]}" --schedule auto --implementations mlx --context-repeats 2 --chain \
