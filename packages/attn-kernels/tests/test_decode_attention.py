@@ -151,6 +151,26 @@ def test_long_context(device, s, dtype):
         check(causal, expected_causal, dtype)
 
 
+@pytest.mark.gpu_only
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("s", [8192, 32768])
+@pytest.mark.parametrize(("d", "hq", "hkv"), [(256, 4, 4), (256, 8, 2), (96, 8, 8), (80, 8, 2)])
+def test_long_context_head_dims(device, s, d, hq, hkv):
+    """Head dims other than 128 at long contexts: the tensor-core kernel's chunks and merge at the
+    split counts a long call gets (test_long_context covers D = 128). An H100 coverage record
+    timed D = 256 at S = 8192 faster than the card's HBM allows (overlapping calls sharing L2,
+    results-h200.md); this is the check that such a call reads and weighs every position."""
+    q, k, v, _ = make_inputs(s + d, 1, hq, hkv, 8, s, d, mx.bfloat16, "none")
+    one = q[:, :, -1:]
+    expected, expected_causal = attention_f64(one, k, v), attention_f64(q, k, v, mask="causal")
+    for schedule in schedules(device):
+        with mx.stream(device):
+            out = decode_attention_custom(one, k, v, schedule=schedule)
+            causal = decode_attention_custom(q, k, v, mask="causal", schedule=schedule)
+        check(out, expected, mx.bfloat16, label=f"L=1 schedule={schedule}")
+        check(causal, expected_causal, mx.bfloat16, label=f"L=8 causal schedule={schedule}")
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(("length", "group"), [(3, 4), (5, 3), (7, 3), (2, 8)])
 @pytest.mark.parametrize("s", [100, 1500])
