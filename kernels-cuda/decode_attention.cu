@@ -413,7 +413,9 @@ CUfunction mma_step_kernel(int head_dim) {
 int split_count(const DecodeProblem& p, int per_sm, uint32_t smem, int blocks, int min_chunk,
                 int vpb, int threads) {
   if (unsigned(blocks) > kArrivalSlots / 64) return 1;  // enough blocks without a split
-  if (vpb * ((p.head_dim + 3) / 4) > kMergeItems * threads) return 1;  // one merge pass per tile
+  // One merge pass per tile, of the vectors a tile holds (not its capacity: D = 256 calls of at
+  // most 4 vectors a KV head split, as every other head dim does).
+  if (!merge_fits(std::min(vpb, p.group * p.query_len), p.head_dim, threads)) return 1;
   const int wanted = (p.context + min_chunk - 1) / min_chunk;
   const int room = per_sm * sm_count();
   const int fit = max_merged_splits(static_cast<int>(smem / sizeof(float)), vpb);
