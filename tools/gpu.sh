@@ -15,8 +15,9 @@
 #               for all): kernels (every schedule over S = 1..131072, L = 1; L = 2/4/8 causal),
 #               grid (the chapter's grid, context/query sweeps, GQA 1, explicit masks, fresh
 #               inputs), short (L = 1 to S = 4096, independent and chained calls), long (chained
-#               calls from S = 4096: the honest bandwidth figure, independent calls share K/V in L2);
-#               mma16 (not in all): split-mma against split-mma-16, GQA 4 and 8, L 2-8, S 8192+
+#               calls from S = 4096: the honest bandwidth figure, independent calls share K/V in
+#               L2); mma16 (not in all): split-mma against split-mma-16, GQA 4 and 8, L 2-8,
+#               S 8192-131072
 #   coverage    bench-coverage: ours against mx.fast over head dims 64-256, bf16/f16/f32, groups
 #               1-8, L = 1/4/8, S = 128..131072, chained calls (issue 40's sweep; the guard's CUDA
 #               shapes);
