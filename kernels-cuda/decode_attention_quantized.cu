@@ -239,8 +239,8 @@ namespace {
 // floats per vector (`vpb` of them) and chunk in the kernel's shared memory (plan.smem).
 void split_context(QuantizedPlan& plan, const QuantizedProblem& p, int blocks, int splits,
                    int step, int vpb) {
-  const int quads = (p.head_dim + 3) / 4;
-  if (vpb * quads > kMergeItems * kThreads) splits = 1;  // D = 256 with 8 vectors per tile
+  // D = 256 with more than 4 vectors per tile
+  if (!merge_fits(std::min(vpb, p.group * p.query_len), p.head_dim, kThreads)) splits = 1;
   splits = std::clamp(splits, 1, max_merged_splits(int(plan.smem / sizeof(float)), vpb));
   plan.chunk = (p.context + splits - 1) / splits;
   plan.chunk = (plan.chunk + step - 1) / step * step;
