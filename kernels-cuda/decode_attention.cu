@@ -415,7 +415,7 @@ int split_count(const DecodeProblem& p, int per_sm, uint32_t smem, int blocks, i
   if (unsigned(blocks) > kArrivalSlots / 64) return 1;  // enough blocks without a split
   // One merge pass per tile, of the vectors a tile holds (not its capacity: D = 256 calls of at
   // most 4 vectors a KV head split, as every other head dim does).
-  if (!merge_fits(std::min(vpb, p.group * p.query_len), p.head_dim, threads)) return 1;
+  if (!merge_fits(vpb, p.group * p.query_len, p.head_dim, threads)) return 1;
   const int wanted = (p.context + min_chunk - 1) / min_chunk;
   const int room = per_sm * sm_count();
   const int fit = max_merged_splits(static_cast<int>(smem / sizeof(float)), vpb);

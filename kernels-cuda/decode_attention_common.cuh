@@ -221,11 +221,11 @@ constexpr int kMmaVectors = 8;  // split-mma's query vectors per block: the N of
 constexpr int kMergeItems = 2;   // (vector, four dimensions) items per thread in the merge
 constexpr int kMergeUnroll = 8;  // chunks' accumulator loads in flight per item
 
-// Whether the merge covers a tile of `vectors` query vectors in one pass (kMergeItems items of
-// four dimensions per thread): at D = 256 and 128 threads, tiles of at most 4 vectors; a call
-// whose tiles hold more runs unsplit.
-__host__ __device__ constexpr bool merge_fits(int vectors, int head_dim, int threads) {
-  return vectors * ((head_dim + 3) / 4) <= kMergeItems * threads;
+// Whether the merge covers a tile in one pass (kMergeItems items of four dimensions per thread):
+// the tile holds min(vpb, vectors) query vectors of a KV head's `vectors`. At D = 256 and 128
+// threads, tiles of at most 4 vectors; a call whose tiles hold more runs unsplit.
+__host__ __device__ constexpr bool merge_fits(int vpb, int vectors, int head_dim, int threads) {
+  return (vpb < vectors ? vpb : vectors) * ((head_dim + 3) / 4) <= kMergeItems * threads;
 }
 
 // The last block's merge of its VPB vectors. Each thread takes four output dimensions of up to

@@ -240,7 +240,7 @@ namespace {
 void split_context(QuantizedPlan& plan, const QuantizedProblem& p, int blocks, int splits,
                    int step, int vpb) {
   // D = 256 with more than 4 vectors per tile
-  if (!merge_fits(std::min(vpb, p.group * p.query_len), p.head_dim, kThreads)) splits = 1;
+  if (!merge_fits(vpb, p.group * p.query_len, p.head_dim, kThreads)) splits = 1;
   splits = std::clamp(splits, 1, max_merged_splits(int(plan.smem / sizeof(float)), vpb));
   plan.chunk = (p.context + splits - 1) / splits;
   plan.chunk = (plan.chunk + step - 1) / step * step;

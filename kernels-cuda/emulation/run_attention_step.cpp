@@ -127,7 +127,7 @@ int run(const std::string& dir, int b, int hq, int hkv, int L, int offset, int s
   int chunk = (S + splits - 1) / splits;
   chunk = (chunk + step - 1) / step * step;
   splits = (S + chunk - 1) / chunk;
-  if (splits > 1 && !merge_fits(std::min(vectors, kMmaVectors), D, kMmaWarps * 32)) {
+  if (splits > 1 && !merge_fits(kMmaVectors, vectors, D, kMmaWarps * 32)) {
     std::fprintf(stderr, "plan_mma() never splits this call: its merge does not cover a tile\n");
     return 2;
   }
