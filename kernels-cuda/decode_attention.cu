@@ -411,11 +411,8 @@ CUfunction mma_step_kernel(int head_dim) {
 // than `per_sm` per SM (at most what it holds at once: a second wave would only add a tail). The
 // merge keeps two floats per vector (`vpb` of them) and chunk in the kernel's shared memory.
 int split_count(const DecodeProblem& p, int per_sm, uint32_t smem, int blocks, int min_chunk,
-                int vpb, int threads) {
+                int vpb) {
   if (unsigned(blocks) > kArrivalSlots / 64) return 1;  // enough blocks without a split
-  // One merge pass per tile, of the vectors a tile holds (not its capacity: D = 256 calls of at
-  // most 4 vectors a KV head split, as every other head dim does).
-  if (!merge_fits(vpb, p.group * p.query_len, p.head_dim, threads)) return 1;
   const int wanted = (p.context + min_chunk - 1) / min_chunk;
   const int room = per_sm * sm_count();
   const int fit = max_merged_splits(static_cast<int>(smem / sizeof(float)), vpb);
@@ -472,7 +469,7 @@ Plan plan_mma(const DecodeProblem& p, int vpb) {
   int splits = 1;
   if (p.context > kMmaUnsplitSteps * kStep) {
     splits = split_count(p, std::min(attend.resident, kMmaSplitBlocksPerSM), plan.attend_smem,
-                         p.kv_rows * tiles, kStep, kMmaVectors, plan.attend_threads);
+                         p.kv_rows * tiles, kStep, kMmaVectors);
     splits = std::min(splits, ATTN_MMA_MAX_SPLITS);
   }
   finish_plan(plan, p, splits, tiles, kStep);
@@ -527,9 +524,7 @@ Plan plan(const DecodeProblem& p, Schedule schedule) {
   const int walkers = threads / lpr;
   const int step = walkers * (threads > 256 ? kTileFor<1024> : kTileFor<256>);
   const int splits =
-      split ? split_count(p, attend.resident, plan.attend_smem, p.kv_rows * tiles, step, vpb,
-                          threads)
-            : 1;
+      split ? split_count(p, attend.resident, plan.attend_smem, p.kv_rows * tiles, step, vpb) : 1;
   finish_plan(plan, p, splits, tiles, step);
   return plan;
 }

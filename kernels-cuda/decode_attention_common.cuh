@@ -221,31 +221,24 @@ constexpr int kMmaVectors = 8;  // split-mma's query vectors per block: the N of
 constexpr int kMergeItems = 2;   // (vector, four dimensions) items per thread in the merge
 constexpr int kMergeUnroll = 8;  // chunks' accumulator loads in flight per item
 
-// Whether the merge covers a tile in one pass (kMergeItems items of four dimensions per thread):
-// the tile holds min(vpb, vectors) query vectors of a KV head's `vectors`. At D = 256 and 128
-// threads, tiles of at most 4 vectors; a call whose tiles hold more runs unsplit.
-__host__ __device__ constexpr bool merge_fits(int vpb, int vectors, int head_dim, int threads) {
-  return (vpb < vectors ? vpb : vectors) * ((head_dim + 3) / 4) <= kMergeItems * threads;
-}
-
-// The last block's merge of its VPB vectors. Each thread takes four output dimensions of up to
-// ITEMS vectors (plan() checks that kMergeItems cover the tile) and issues the 16-byte
-// accumulator loads of its first UNROLL chunks before anything else, so that they travel
-// together with the chunks' (max, denominator) pairs, which the threads load next (__ldcg: other
-// SMs wrote them, this SM's L1 may hold nothing valid) into shared memory; one warp per vector
-// turns them into the common max, rescale factors and denominator; then the threads sum their
-// accumulators over the chunks. A merge of up to UNROLL chunks costs one round trip to L2.
-// (Folding each chunk in online instead, with no shared phase, was 1.2 µs slower at 32 chunks;
-// docs/cuda-kernel.md.) With STAGE_FLOATS of shared memory (0: none to spare), the chunks after
-// the first UNROLL go there with cp.async at the same time, as many as fit, each thread's own
-// items only (no barrier): a round trip (~1.5 µs on the H200) for each UNROLL of them saved.
-// (A template parameter, so that the kernels without it compile none of its code: compiled for
-// them too, it made the bf16 tensor-core kernel spill at its 168-register bound.)
+// The last block's merge of `count` vectors from `first` (at most VPB, and no more than ITEMS items
+// a thread cover: finish() merges larger tiles in parts). Each thread takes four output
+// dimensions of up to ITEMS vectors and issues the 16-byte accumulator loads of its first UNROLL
+// chunks before anything else, so that they travel together with the chunks' (max, denominator)
+// pairs, which the threads load next (__ldcg: other SMs wrote them, this SM's L1 may hold nothing
+// valid) into shared memory; one warp per vector turns them into the common max, rescale factors
+// and denominator; then the threads sum their accumulators over the chunks. A merge of up to UNROLL
+// chunks costs one round trip to L2. (Folding each chunk in online instead, with no shared phase,
+// was 1.2 µs slower at 32 chunks; docs/cuda-kernel.md.) With STAGE_FLOATS of shared memory (0: none
+// to spare), the chunks after the first UNROLL go there with cp.async at the same time, as many as
+// fit, each thread's own items only (no barrier): a round trip (~1.5 µs on the H200) for each
+// UNROLL of them saved. (A template parameter, so that the kernels without it compile none of its
+// code: compiled for them too, it made the bf16 tensor-core kernel spill at its 168-register
+// bound.)
 template <typename T, int VPB, int ITEMS, int UNROLL, int STAGE_FLOATS, typename Problem>
 __device__ void merge_chunks_with(const Problem& p, float* smem, const float* partials,
-                                  int kv_row, int tile, int splits) {
+                                  int kv_row, int first, int count, int splits) {
   const int D = p.head_dim, L = p.query_len, vectors = p.group * L, stride = partial_stride(D);
-  const int first = tile * VPB, count = min(VPB, vectors - first);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   const float* base = partials + (int64_t{kv_row} * vectors + first) * splits * stride;
   const int quads = (D + 3) / 4, items = count * quads;
@@ -394,19 +387,19 @@ __device__ void merge_chunks_with(const Problem& p, float* smem, const float* pa
 // (WIDE false: the quantized kernels, sized for 2-4 blocks per SM, take 16).
 template <typename T, int VPB, bool WIDE, int STAGE_FLOATS, typename Problem>
 __device__ void merge_chunks(const Problem& p, float* smem, const float* partials, int kv_row,
-                             int tile, int splits) {
-  const int count = min(VPB, p.group * p.query_len - tile * VPB);
+                             int first, int count, int splits) {
   if (count * ((p.head_dim + 3) / 4) <= int(blockDim.x)) {
     constexpr int kWide = kMergeItems * kMergeUnroll;
     if (WIDE && splits > kWide) {
-      merge_chunks_with<T, VPB, 1, 2 * kWide, STAGE_FLOATS>(p, smem, partials, kv_row, tile,
-                                                            splits);
+      merge_chunks_with<T, VPB, 1, 2 * kWide, STAGE_FLOATS>(p, smem, partials, kv_row, first,
+                                                            count, splits);
     } else {
-      merge_chunks_with<T, VPB, 1, kWide, STAGE_FLOATS>(p, smem, partials, kv_row, tile, splits);
+      merge_chunks_with<T, VPB, 1, kWide, STAGE_FLOATS>(p, smem, partials, kv_row, first, count,
+                                                        splits);
     }
   } else {
     merge_chunks_with<T, VPB, kMergeItems, kMergeUnroll, STAGE_FLOATS>(p, smem, partials, kv_row,
-                                                                       tile, splits);
+                                                                       first, count, splits);
   }
 }
 
@@ -479,14 +472,17 @@ __device__ void finish(const Problem& p, float* smem, float* partials, int kv_ro
     const bool last = last_to_arrive(slot, splits);
     if (threadIdx.x == 0) trace_stamp(kTraceArrived);
     if (last) {
-      // A 16-vector tile (split-mma-16) merges as two 8-vector tiles, one after the other: the
-      // partials' layout does not depend on the tile, and 8 vectors keep the merge's registers.
+      // The tile merges in parts, one after the other (the partials' layout does not depend on
+      // the tile): at most 8 vectors (a 16-vector tile of split-mma-16 keeps the merge's
+      // registers) and no more than kMergeItems items a thread cover (D = 256 at 128 threads:
+      // 4 vectors, so that its 8-vector tiles split too).
       constexpr int kMergeVPB = VPB > kMmaVectors ? kMmaVectors : VPB;
-      for (int part = 0; part < VPB / kMergeVPB; ++part) {
-        if (tile * VPB + part * kMergeVPB >= vectors) break;  // the last tile's empty half
-        if (part > 0) __syncthreads();  // the first merge's reads of its shared factors
-        merge_chunks<T, kMergeVPB, WIDE_MERGE, STAGE_FLOATS>(
-            p, smem, partials, kv_row, tile * (VPB / kMergeVPB) + part, splits);
+      const int per_part = min(kMergeVPB, kMergeItems * int(blockDim.x) / quads);
+      const int begin = tile * VPB, end = min(vectors, begin + VPB);
+      for (int first = begin; first < end; first += per_part) {
+        if (first > begin) __syncthreads();  // the last part's reads of its shared factors
+        merge_chunks<T, kMergeVPB, WIDE_MERGE, STAGE_FLOATS>(p, smem, partials, kv_row, first,
+                                                             min(per_part, end - first), splits);
       }
     }
   }

@@ -235,12 +235,10 @@ namespace {
 
 // The context in `splits` chunks of whole `step`s (no empty chunk), the grid of `blocks` x
 // chunks, and the partial states and arrival counters a split call needs. finish()'s merge
-// takes one pass over a tile's output (as split_count() in decode_attention.cu) and keeps two
-// floats per vector (`vpb` of them) and chunk in the kernel's shared memory (plan.smem).
+// keeps two floats per vector (`vpb` of them) and chunk in the kernel's shared memory
+// (plan.smem).
 void split_context(QuantizedPlan& plan, const QuantizedProblem& p, int blocks, int splits,
                    int step, int vpb) {
-  // D = 256 with more than 4 vectors per tile
-  if (!merge_fits(vpb, p.group * p.query_len, p.head_dim, kThreads)) splits = 1;
   splits = std::clamp(splits, 1, max_merged_splits(int(plan.smem / sizeof(float)), vpb));
   plan.chunk = (p.context + splits - 1) / splits;
   plan.chunk = (plan.chunk + step - 1) / step * step;

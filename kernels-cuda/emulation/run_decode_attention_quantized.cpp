@@ -160,8 +160,7 @@ int main(int argc, char** argv) {
   } else {
     kernel = bits == 8 ? kernel_for<8>(lpr) : kernel_for<4>(lpr);
   }
-  // split_context()'s limits: one merge pass per tile, the merge's chunks in shared memory.
-  if (!merge_fits(vpb, vectors, D, kThreads)) splits = 1;
+  // split_context()'s limit: the merge's chunks in shared memory.
   splits = std::clamp(splits, 1, max_merged_splits(int(smem_bytes / sizeof(float)), vpb));
   int chunk = (S + splits - 1) / splits;
   chunk = (chunk + step - 1) / step * step;

@@ -88,6 +88,14 @@ def test_cuda_quantized_kernel_under_emulation(emulator, tmp_path, kind, case):
     run_case(emulator, tmp_path, case, kind=kind)
 
 
+@pytest.mark.parametrize("kind", few(["8x2", "mmat", "mmat4"], "mmat4"))
+def test_cuda_quantized_kernel_merges_a_d256_tile_in_parts(emulator, tmp_path, kind):
+    """D = 256 with 8 vectors a KV head, split in 3: the last block merges the tile in two parts
+    of 4 vectors (finish(): at 128 threads its two items a thread cover 4 vectors of D = 256)."""
+    run_case(emulator, tmp_path, (1, 8, 2, 2, 300, 256, 8, 64, True, False, 3), kind=kind,
+             exact_splits=True)  # fmt: skip
+
+
 @pytest.mark.parametrize(("bits", "q_scale"), few_rows([(4, 1000.0), (8, 15000.0)], (4, 1000.0)))
 def test_cuda_quantized_kernel_with_large_queries(emulator, tmp_path, bits, q_scale):
     """Queries whose f16 operands would overflow (|q| up to ~4000 at 4 bits, where the slots
@@ -124,7 +132,12 @@ def test_cuda_quantized_kernel_row_ranges(emulator, tmp_path, kind, causal):
 KINDS = {"8x2": 0, "mmat": 2, "mmat4": 4}
 
 
-def run_case(emulator, tmp_path, case, kind, q_scale=1.0, k_scale=1.0, nan_at=None, ranges=None):
+def run_case(
+    emulator, tmp_path, case, kind, q_scale=1.0, k_scale=1.0, nan_at=None, ranges=None,
+    exact_splits=False,
+):  # fmt: skip
+    """The runner on `case`, against float64; exact_splits: the runner split the context as the
+    case asks (it clamps to what the plan would do)."""
     mma = kind != "8x2"
     b, hq, hkv, length, s, d, bits, group_size, causal, masked, splits = case
     capacity = s + 7  # K/V are views of a longer cache buffer
@@ -151,7 +164,11 @@ def run_case(emulator, tmp_path, case, kind, q_scale=1.0, k_scale=1.0, nan_at=No
     (tmp_path / "mask.bin").write_bytes(np.array(mask).tobytes() if masked else b"\0" * 4)
     for name, array in zip(("kc", "ks", "kb", "vc", "vs", "vb"), (*k, *v), strict=True):
         (tmp_path / f"{name}.bin").write_bytes(np.array(array).tobytes())
-    subprocess.run([str(emulator), str(tmp_path)], check=True, timeout=300, capture_output=True)
+    ran = subprocess.run(
+        [str(emulator), str(tmp_path)], check=True, timeout=300, capture_output=True, text=True
+    )
+    if exact_splits:
+        assert int(ran.stdout.split()[1]) == splits, ran.stdout
     out = np.fromfile(tmp_path / "out.bin", dtype=np.float32).reshape(b, hq, length, d)
 
     def storage(x):  # what the runner stores: f16 for the tensor-core kernel
