@@ -10,7 +10,7 @@
 # the GPU it ran on (h200-, or h100- where the device tool lent an H100); the device tool returns
 # at most 8 files, none with "+" in its name; logs stay beside it. Each target fits one device
 # call (600 s) unless noted.
-#   tests       every package's GPU cases (every schedule), three processes at once: gpu-tests-*.txt
+#   tests       every package's GPU cases (every schedule), four processes at once: gpu-tests-*.txt
 #   operators   bench-operators, the records of docs/results-h200.md; PART picks one (two calls
 #               for all): kernels (every schedule over S = 1..131072, L = 1; L = 2/4/8 causal),
 #               grid (the chapter's grid, context/query sweeps, GQA 1, explicit masks, fresh
@@ -72,18 +72,21 @@ ops() { python3 -m llm_eval.operators --device gpu --force "$@" 2>&1 | quiet; }
 CONTEXTS_LONG=(--context 4096 --context 16384 --context 32768 --context 131072)
 
 tests() {
-  # Three pytest processes side by side on the one GPU (16 host cores): one after another the
-  # GPU cases took ~10 minutes on an H100, past a device call. The CUDA emulation's cases run on
-  # the CPU and in `make test`, so not here. Each log is written as it goes (a call cut at its
-  # limit still returns what ran).
+  # Four pytest processes side by side on the one GPU (16 host cores): one after another the GPU
+  # cases took ~10 minutes on an H100, past a device call; test_quantized alone takes ~200 s
+  # (mlx-lm's quantized attention on the GPU). The CUDA emulation's cases run on the CPU and in
+  # `make test`, so not here. Each log is written as it goes (a call cut at its limit still
+  # returns what ran); a case that hangs fails after 100 s with every thread's stack.
   local t=packages/attn-kernels/tests
-  local run=(python3 -X faulthandler -m pytest -v -p no:cacheprovider
-    -k "(gpu or cuda) and not emulation")
+  local run=(python3 -X faulthandler -m pytest -v -p no:cacheprovider --timeout 100
+    --timeout-method thread --durations 8 -k "(gpu or cuda) and not emulation")
   "${run[@]}" $t/test_attention_step.py > "$OUT/gpu-tests-step.txt" 2>&1 &
   "${run[@]}" $t/test_decode_attention.py $t/test_attention_step_quantized.py \
     > "$OUT/gpu-tests-decode-step-quantized.txt" 2>&1 &
+  "${run[@]}" $t/test_quantized.py > "$OUT/gpu-tests-quantized.txt" 2>&1 &
   {  # one process per package: their conftest modules share a name
-    "${run[@]}" $(ls $t/test_*.py | grep -v -e /test_attention_step -e /test_decode_attention.py)
+    "${run[@]}" $(ls $t/test_*.py | grep -v -e /test_attention_step -e /test_decode_attention.py \
+      -e /test_quantized.py)
     "${run[@]}" packages/qwen3-model/tests
     "${run[@]}" packages/llm-eval/tests
   } > "$OUT/gpu-tests-rest.txt" 2>&1 &
