@@ -13,7 +13,10 @@ RESULTS = Path(__file__).resolve().parents[3] / "benchmark_results"
 # Per backend: the coverage records the guard's further shapes come from, and the (D, dtype)
 # pairs each speaks for (None: all it swept). A record that names a pair replaces what the
 # sweeps of all pairs (None) measured there; the records that name the same pair add up, a later
-# one's point replacing an earlier one's.
+# one's point replacing an earlier one's. ADDS: every pair it swept, added on top in that way
+# (the chained sweeps, which reach S = 16384 only).
+ADDS = "adds"
+HEAD_DIMS = (64, 80, 96, 128, 256)
 SPLIT_MMA = {(d, t) for d in (80, 96, 256) for t in ("bfloat16", "float16")}
 RECORDS = {
     "cpu": [("cpu-2core-attention-coverage-mlx-0.32.4.json", None)],
@@ -24,6 +27,7 @@ RECORDS = {
             "h100-attention-coverage-split-mma-D256-16384-mlx-0.32.4.json",
             {(256, "bfloat16"), (256, "float16")},
         ),
+        *((f"h100-attention-coverage-chained-D{d}-mlx-0.32.4.json", ADDS) for d in HEAD_DIMS),
     ],
 }
 
@@ -114,7 +118,9 @@ def test_guard_regions_are_the_records(backend):
         record = json.loads((RESULTS / name).read_text())
         for key, point in record["results"].items():
             shape = (point["head_dim"], point["dtype"])
-            if speaks_for is not None and shape in speaks_for:
+            if speaks_for == ADDS:
+                points.setdefault(shape, {})[key] = point
+            elif speaks_for is not None and shape in speaks_for:
                 if shape not in named:  # the first record naming it replaces the sweeps of all
                     named.add(shape)
                     points[shape] = {}

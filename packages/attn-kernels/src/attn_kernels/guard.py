@@ -71,10 +71,19 @@ cuda (H200): h200-attention-coverage-mlx-0.32.4.json (the same sweep, S = 128 ..
     from S = 1024 (losing or tied at 128: 0.84-0.98x), float32 (the SIMT kernel) where it won;
     D 80, 96 and 256 in bf16/f16 from the next record instead (the SIMT schedule had lost there).
 cuda (an H100, sm_90 as the H200): h100-attention-coverage-split-mma-mlx-0.32.4.json (the
-    tensor-core kernel at D 80/96/256 in bf16/f16, which auto takes there since this record):
-    D 80 and 96 won every point to S = 131072 (lowest 1.05x), D 256 to S = 8192 (0.37-0.96x
-    from 32768); h100-attention-coverage-split-mma-D256-16384-mlx-0.32.4.json adds D 256 at
-    S = 16384 (won every point, lowest 1.74x), so D 256 runs to 16384; not yet run on the H200.
+    tensor-core kernel at D 80/96/256 in bf16/f16, which auto takes there since this record;
+    with h100-attention-coverage-split-mma-D256-16384-mlx-0.32.4.json, S = 16384) replaces the
+    H200's points there. h100-attention-coverage-chained-D{64,80,96,128,256}-mlx-0.32.4.json
+    (581a8d0, chained calls, S = 32 .. 16384: a decode step's latency, where the independent
+    calls above overlap on the GPU) add their points to every pair, replacing those at S = 128
+    and 1024: 830 of their 900 points won or tied. What they changed: D 64 bf16/f16 from S = 128
+    (S = 32 at L = 1 lost: 0.74-0.94x, the per-call floor), D 96 bf16 from 1024 and f16 from 128
+    (0.65-0.89x at S = 32/128, L = 1), D 96 f32 at S = 1024 only, D 128 f16 and f32 from 1 and
+    1024, D 80 f32 to 16384, and D 256 bf16/f16 to S = 1024: at 581a8d0 a D 256 tile of more
+    than 4 vectors (G 8 at L = 1, G >= 2 at L >= 4, G 1 at L = 8) ran unsplit and lost from
+    S = 4096 (0.29-0.91x), while G <= 4 at L = 1 (Gemma's) won to 16384 (1.37-3.53x); one
+    rectangle holds every group, so Gemma's long contexts take mx.fast until the merge in parts
+    (cuda-kernel.md) is timed. Past S = 16384 the regions rest on the independent records.
 metal: D=128 bf16 only.
 
 Linear layers of a decode step (decode_linear, decode_linear_quantized; LINEAR_LIMITS), against
@@ -166,18 +175,19 @@ LIMITS: dict[str, Limits] = {
         32,
         8192,
         shapes=(
-            (64, mx.bfloat16, 8, 1024, 131072),
-            (64, mx.float16, 8, 1024, 131072),
-            (64, mx.float32, 4, 8192, 131072),
+            (64, mx.bfloat16, 8, 128, 131072),
+            (64, mx.float16, 8, 128, 131072),
+            (64, mx.float32, 4, 1024, 131072),
             (80, mx.bfloat16, 8, 1, 131072),
             (80, mx.float16, 8, 1, 131072),
-            (80, mx.float32, 8, 1, 8192),
-            (96, mx.bfloat16, 8, 1, 131072),
-            (96, mx.float16, 8, 1, 131072),
-            (128, mx.float16, 8, 1024, 131072),
-            (128, mx.float32, 4, 8192, 131072),
-            (256, mx.bfloat16, 8, 1, 16384),
-            (256, mx.float16, 8, 1, 16384),
+            (80, mx.float32, 8, 1, 16384),
+            (96, mx.bfloat16, 8, 1024, 131072),
+            (96, mx.float16, 8, 128, 131072),
+            (96, mx.float32, 8, 1024, 1024),
+            (128, mx.float16, 8, 1, 131072),
+            (128, mx.float32, 4, 1024, 131072),
+            (256, mx.bfloat16, 8, 1, 1024),
+            (256, mx.float16, 8, 1, 1024),
             (256, mx.float32, 4, 1, 131072),
         ),
     ),
