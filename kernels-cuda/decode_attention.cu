@@ -488,7 +488,16 @@ Plan plan(const DecodeProblem& p, Schedule schedule) {
     // Head dims 80, 96 and 256 too (benchmark_results/h100-attention-coverage-split-mma-*.json,
     // an H100: 1.0-10x mx.fast at D 80 and 96 to S = 131072, where split-gqa had lost from
     // S = 1024; 2.8-13x at D 256 to S = 8192). Where mma_applies() fails, split-gqa.
-    schedule = p.query_len == 1 && p.context <= 32 ? Schedule::split : Schedule::split_mma;
+    // 16-vector tiles where a KV head has 32 query vectors from S = 32768 (GQA 4, L = 8, a
+    // speculative verify step: 0.86x / 0.74x split-mma's time at S = 32768 / 131072, chained, an
+    // H100; 16 vectors tied or lost: h100-qwen3-4b-attention-L4-L8-split-mma-16-chained-*.json).
+    // GQA 8 at L >= 4 (as many vectors on half the KV heads) and head dims below 128 are not
+    // measured, so not taken.
+    const bool wide = p.head_dim == 128 && p.group <= 4 &&
+                      p.group * p.query_len >= 4 * kMmaVectors && p.context >= 32768;
+    schedule = p.query_len == 1 && p.context <= 32 ? Schedule::split
+               : wide                              ? Schedule::split_mma16
+                                                   : Schedule::split_mma;
   }
   if (schedule == Schedule::split_mma16) {  // where a KV head has more than 8 vectors
     const bool wide = p.group * p.query_len > kMmaVectors && mma16_head_dim(p.head_dim);
