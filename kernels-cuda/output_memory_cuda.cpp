@@ -4,6 +4,11 @@
 // a buffer only after every graph that reads or writes it has run (a committed graph holds its
 // arrays until it completes), so a freed block is idle and the next call on any stream may take
 // it, as MLX's own buffer cache does. MLX's memory counters do not include these blocks.
+// A block past the cache goes back to the pool on a stream of ours, never the encoder's: MLX
+// frees arrays on its completion thread, and a free queued on the encoder's stream while the
+// main thread captures a library call there (cuBLASLt, in its CaptureContext) lands in that
+// capture as a free node, which MLX's cudaGraphAddChildGraphNode refuses ("operation not
+// supported"). MLX frees on streams of its own too.
 #include <atomic>
 #include <map>
 #include <mutex>
@@ -27,6 +32,7 @@ constexpr int64_t kMaxCachedBytes = int64_t{256} << 20;
 struct Pool {
   std::mutex mutex;
   std::map<std::pair<int, size_t>, std::vector<void*>> free_blocks;  // by (device, size)
+  std::map<int, cudaStream_t> free_streams;                          // by device
   std::atomic<bool> device{true};
   std::atomic<int64_t> live_bytes{0}, cached_bytes{0}, allocations{0};
 };
@@ -47,7 +53,18 @@ size_t block_size(size_t bytes) {
   return size;
 }
 
-void release(mx::allocator::Buffer buffer, cudaStream_t stream) {
+// The device's stream for frees, made on the thread that allocates (the device current there).
+cudaStream_t free_stream(Pool& p, int device) {
+  std::lock_guard lock(p.mutex);
+  auto [at, made] = p.free_streams.try_emplace(device, nullptr);
+  if (made && cudaStreamCreateWithFlags(&at->second, cudaStreamNonBlocking) != cudaSuccess) {
+    cudaGetLastError();
+    at->second = nullptr;  // none: release() then keeps every block
+  }
+  return at->second;
+}
+
+void release(mx::allocator::Buffer buffer, cudaStream_t frees) {
   auto* block = static_cast<mx::cu::CudaBuffer*>(buffer.ptr());
   auto& p = pool();
   p.live_bytes -= static_cast<int64_t>(block->size);
@@ -58,8 +75,8 @@ void release(mx::allocator::Buffer buffer, cudaStream_t stream) {
     const bool host = cudaPointerGetAttributes(&where, block->data) == cudaSuccess &&
                       where.type == cudaMemoryTypeHost;
     host ? cudaFreeHost(block->data) : cudaFree(block->data);
-  } else if (p.cached_bytes + static_cast<int64_t>(block->size) > kMaxCachedBytes) {
-    cudaFreeAsync(block->data, stream);
+  } else if (frees && p.cached_bytes + static_cast<int64_t>(block->size) > kMaxCachedBytes) {
+    cudaFreeAsync(block->data, frees);
   } else {
     std::lock_guard lock(p.mutex);
     p.free_blocks[{block->device, block->size}].push_back(block->data);
@@ -79,6 +96,7 @@ void allocate_output(mx::array& out, size_t bytes, mx::cu::CommandEncoder& encod
   }
   const int device = encoder.device().cuda_device();
   const size_t size = block_size(bytes);
+  const cudaStream_t frees = free_stream(p, device);
   void* data = nullptr;
   {
     std::lock_guard lock(p.mutex);
@@ -101,7 +119,7 @@ void allocate_output(mx::array& out, size_t bytes, mx::cu::CommandEncoder& encod
   p.live_bytes += static_cast<int64_t>(size);
   auto* block = new mx::cu::CudaBuffer{data, size, device};
   out.set_data(mx::allocator::Data(
-      mx::allocator::Buffer(block), [stream](mx::allocator::Buffer b) { release(b, stream); }));
+      mx::allocator::Buffer(block), [frees](mx::allocator::Buffer b) { release(b, frees); }));
 }
 
 std::optional<OutputMemory> output_memory(std::optional<bool> device) {

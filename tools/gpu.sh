@@ -19,10 +19,8 @@
 #               L2); mma16 (not in all): split-mma against split-mma-16, GQA 4 and 8, L 2-8,
 #               S 8192-131072
 #   coverage    bench-coverage: ours against mx.fast over head dims 64-256, bf16/f16/f32, groups
-#               1-8, L = 1/4/8, S = 128..131072, chained calls (issue 40's sweep; the guard's CUDA
-#               shapes);
-#               PART split-mma: the tensor-core kernel at D 80, 96, 256 in bf16/f16 (auto does
-#               not take it there until this record says so)
+#               1-8, L = 1/4/8, S = 32..131072, chained calls, a process per head dim (issue 40's
+#               sweep; the guard's CUDA shapes)
 #   ragged      bench-operators: a decode step of B rows, each of its own length (--ragged), and
 #               the same B rows all full, B = 8 and 32, S = 512 / 2048 / 8192, L = 1 causal
 #   model       whole-model decode, fresh processes (progression: Qwen3-4B bf16 and 4-bit at
@@ -154,16 +152,16 @@ operators() {
 }
 
 coverage() {
-  local contexts=(--context 128 --context 1024 --context 8192 --context 32768 --context 131072)
-  if [ "$1" = all ]; then
-    python3 -m llm_eval.coverage --device gpu "${contexts[@]}" --force \
-      --json-output "$R/$G-attention-coverage-$V.json" 2>&1 | quiet | tail -60
-  fi
-  if [ "$1" = all ] || [ "$1" = split-mma ]; then
-    python3 -m llm_eval.coverage --device gpu --schedule split-mma --head-dim 80 --head-dim 96 \
-      --head-dim 256 --dtype bfloat16 --dtype float16 "${contexts[@]}" --force \
-      --json-output "$R/$G-attention-coverage-split-mma-$V.json" 2>&1 | quiet | tail -40
-  fi
+  # Chained calls (bench-coverage's GPU default: a step's latency), one process per head dim, so
+  # that an abort loses one record (two of four whole D 80 sweeps died in MLX's child-graph node,
+  # results-h200.md). These records replace the ones llm-eval's test_coverage reads.
+  local d
+  for d in 64 80 96 128 256; do
+    python3 -X faulthandler -m llm_eval.coverage --device gpu --head-dim "$d" --context 32 \
+      --context 128 --context 1024 --context 4096 --context 16384 --context 32768 \
+      --context 131072 --force --json-output "$R/$G-attention-coverage-chained-D$d-$V.json" 2>&1 |
+      quiet | tail -12
+  done
 }
 
 ragged() {
@@ -337,11 +335,11 @@ for target in "$@"; do
   [ "$name" = "$target" ] || part="${target#*:}"
   echo "== $target $(date -u +%T)"
   case "$name" in
-    operators | coverage | serve | linear) "$name" "$part" ;;
-    tests | ragged | model | models | step | quantized) "$name" ;;
+    operators | serve | linear) "$name" "$part" ;;
+    tests | coverage | ragged | model | models | step | quantized) "$name" ;;
     cpu-host) cpu_host "$part" ;;
     *) echo "tools/gpu.sh: unknown target $target (tests, operators[:kernels|grid|short|long]," \
-      "coverage[:split-mma], ragged, model, models, step, quantized, linear[:bench]," \
+      "coverage, ragged, model, models, step, quantized, linear[:bench]," \
       "serve[:rates|anatomy|trace]," \
       "cpu-host[:kernels|model])" >&2 ;;
   esac
