@@ -19,8 +19,8 @@
 #               L2); mma16 (not in all): split-mma against split-mma-16, GQA 4 and 8, L 2-8,
 #               S 8192-131072
 #   coverage    bench-coverage: ours against mx.fast over head dims 64-256, bf16/f16/f32, groups
-#               1-8, L = 1/4/8, S = 32..131072, chained calls, a process per head dim (issue 40's
-#               sweep; the guard's CUDA shapes)
+#               1-8, L = 1/4/8, S = 32..131072 (8192: issue 40's D 96 target), chained calls, a
+#               process per head dim (issue 40's sweep; the guard's CUDA shapes)
 #   ragged      bench-operators: a decode step of B rows, each of its own length (--ragged), and
 #               the same B rows all full, B = 8 and 32, S = 512 / 2048 / 8192, L = 1 causal
 #   model       whole-model decode, fresh processes (progression: Qwen3-4B bf16 and 4-bit at
@@ -158,9 +158,9 @@ coverage() {
   local d
   for d in 64 80 96 128 256; do
     python3 -X faulthandler -m llm_eval.coverage --device gpu --head-dim "$d" --context 32 \
-      --context 128 --context 1024 --context 4096 --context 16384 --context 32768 \
-      --context 131072 --force --json-output "$R/$G-attention-coverage-chained-D$d-$V.json" 2>&1 |
-      quiet | tail -12
+      --context 128 --context 1024 --context 4096 --context 8192 --context 16384 \
+      --context 32768 --context 131072 --force \
+      --json-output "$R/$G-attention-coverage-chained-D$d-$V.json" 2>&1 | quiet | tail -12
   done
 }
 
