@@ -53,9 +53,9 @@ size_t block_size(size_t bytes) {
   return size;
 }
 
-// The device's stream for frees, made on the thread that allocates (the device current there).
+// The device's stream for frees, made on the thread that allocates (the device current there);
+// p.mutex held.
 cudaStream_t free_stream(Pool& p, int device) {
-  std::lock_guard lock(p.mutex);
   auto [at, made] = p.free_streams.try_emplace(device, nullptr);
   if (made && cudaStreamCreateWithFlags(&at->second, cudaStreamNonBlocking) != cudaSuccess) {
     cudaGetLastError();
@@ -96,10 +96,11 @@ void allocate_output(mx::array& out, size_t bytes, mx::cu::CommandEncoder& encod
   }
   const int device = encoder.device().cuda_device();
   const size_t size = block_size(bytes);
-  const cudaStream_t frees = free_stream(p, device);
+  cudaStream_t frees = nullptr;
   void* data = nullptr;
   {
     std::lock_guard lock(p.mutex);
+    frees = free_stream(p, device);
     auto& blocks = p.free_blocks[{device, size}];
     if (!blocks.empty()) {
       data = blocks.back();

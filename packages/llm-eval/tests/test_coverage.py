@@ -16,7 +16,6 @@ RESULTS = Path(__file__).resolve().parents[3] / "benchmark_results"
 # one's point replacing an earlier one's. ADDS: every pair it swept, added on top in that way
 # (the chained sweeps, which reach S = 16384 only).
 ADDS = "adds"
-HEAD_DIMS = (64, 80, 96, 128, 256)
 SPLIT_MMA = {(d, t) for d in (80, 96, 256) for t in ("bfloat16", "float16")}
 RECORDS = {
     "cpu": [("cpu-2core-attention-coverage-mlx-0.32.4.json", None)],
@@ -27,7 +26,7 @@ RECORDS = {
             "h100-attention-coverage-split-mma-D256-16384-mlx-0.32.4.json",
             {(256, "bfloat16"), (256, "float16")},
         ),
-        *((f"h100-attention-coverage-chained-D{d}-mlx-0.32.4.json", ADDS) for d in HEAD_DIMS),
+        *((f"h100-attention-coverage-chained-D{d}-mlx-0.32.4.json", ADDS) for d in coverage.HEAD_DIMS),
     ],
 }
 
