@@ -26,7 +26,10 @@ RECORDS = {
             "h100-attention-coverage-split-mma-D256-16384-mlx-0.32.4.json",
             {(256, "bfloat16"), (256, "float16")},
         ),
-        *((f"h100-attention-coverage-chained-D{d}-mlx-0.32.4.json", ADDS) for d in coverage.HEAD_DIMS),
+        *(
+            (f"h100-attention-coverage-chained-D{d}-mlx-0.32.4.json", ADDS)
+            for d in coverage.HEAD_DIMS
+        ),
     ],
 }
 
