@@ -50,7 +50,7 @@ def test_head_dim_dtype_and_mask_kind(where):
     unmeasured = [
         t
         for t in (mx.float32, mx.float16, mx.bfloat16)
-        if t not in lim.dtypes and lim.region(d, t) is None
+        if t not in lim.dtypes and lim.region(d, t, 1) is None
     ]
     for t in unmeasured:
         assert not use_fused(1, 1, d, None, where, dtype=t)
@@ -61,20 +61,40 @@ def test_head_dim_dtype_and_mask_kind(where):
 
 @pytest.mark.parametrize("where", BACKENDS)
 def test_further_shapes(where):
-    """Limits.shapes: each (head dim, dtype) inside its own region, mask None or "causal" and one
-    row only; a head dim no record covers never."""
+    """Limits.shapes: each (head dim, dtype, swept L) inside its own row's contexts, mask None or
+    "causal" and one row only; a length between two swept ones where both rows hold S; none
+    past the longest swept length; a head dim no record covers never."""
     lim = LIMITS[where]
-    for d, t, max_query, min_context, max_context in lim.shapes:
-        assert lim.region(d, t) == (max_query, min_context, max_context)
-        assert use_fused(max_query, max_context, d, "causal", where, dtype=t)
-        assert use_fused(1, min_context, d, None, where, dtype=t)
-        if min_context > 1:
-            assert not use_fused(1, min_context - 1, d, None, where, dtype=t)
-        assert not use_fused(max_query + 1, max_context, d, "causal", where, dtype=t)
-        assert not use_fused(1, max_context + 1, d, None, where, dtype=t)
-        assert not use_fused(1, max_context, d, mx.zeros((1, 1, 1, max_context)), where, dtype=t)
-        assert not use_fused(1, max_context, d, "causal", where, dtype=t, batch=2)
-    assert all(lim.region(48, t) is None for t in (mx.float32, mx.float16, mx.bfloat16))
+    for d, t, q, lo, hi in lim.shapes:
+        assert lim.region(d, t, q) == (lo, hi)
+        assert use_fused(q, hi, d, "causal", where, dtype=t)
+        assert use_fused(q, max(lo, q), d, "causal", where, dtype=t)
+        if lo > q:
+            assert not use_fused(q, lo - 1, d, "causal", where, dtype=t)
+        assert not use_fused(q, hi + 1, d, "causal", where, dtype=t)
+        assert not use_fused(q, hi, d, mx.zeros((1, 1, q, hi)), where, dtype=t)
+        assert not use_fused(q, hi, d, "causal", where, dtype=t, batch=2)
+    for d, t in {(d, t) for d, t, *_ in lim.shapes}:
+        rows = {q: (lo, hi) for d2, t2, q, lo, hi in lim.shapes if (d2, t2) == (d, t)}
+        for length in range(1, max(rows) + 1):
+            below = rows[max(q for q in rows if q <= length)]
+            above = rows[min(q for q in rows if q >= length)]
+            for s in (1, 32, 128, 1024, 16384, 32768, 131072):
+                inside = all(lo <= s <= hi for lo, hi in (below, above)) and s >= length
+                assert use_fused(length, s, d, "causal", where, dtype=t) == inside, (d, t, s)
+        assert lim.region(d, t, max(rows) + 1) is None
+    assert all(lim.region(48, t, 1) is None for t in (mx.float32, mx.float16, mx.bfloat16))
+
+
+def test_cuda_lengths_between_swept_ones():
+    """D 80 float32 on CUDA: L = 8 lost past S = 16384, so L = 5..7 stop there too; L = 2, 3 take
+    L = 1's and 4's (both to 131072). D 64 bf16: L = 1 from S = 128 (S = 32 lost), so L = 2, 3
+    from 128 as well, L = 4 from 1."""
+    lim = LIMITS["cuda"]
+    assert [lim.region(80, mx.float32, q) for q in (2, 5, 7, 8)] == [
+        (1, 131072), (1, 16384), (1, 16384), (1, 16384)]  # fmt: skip
+    assert [lim.region(64, mx.bfloat16, q) for q in (1, 2, 3, 4)] == [
+        (128, 131072), (128, 131072), (128, 131072), (1, 131072)]  # fmt: skip
 
 
 @pytest.mark.parametrize("where", BACKENDS)

@@ -10,27 +10,10 @@ from attn_kernels import guard
 from llm_eval import coverage, plot
 
 RESULTS = Path(__file__).resolve().parents[3] / "benchmark_results"
-# Per backend: the coverage records the guard's further shapes come from, and the (D, dtype)
-# pairs each speaks for (None: all it swept). A record that names a pair replaces what the
-# sweeps of all pairs (None) measured there; the records that name the same pair add up, a later
-# one's point replacing an earlier one's. ADDS: every pair it swept, added on top in that way
-# (the chained sweeps, which reach S = 16384 only).
-ADDS = "adds"
-SPLIT_MMA = {(d, t) for d in (80, 96, 256) for t in ("bfloat16", "float16")}
+# Per backend: the coverage records the guard's further shapes come from (one sweep, in parts).
 RECORDS = {
-    "cpu": [("cpu-2core-attention-coverage-mlx-0.32.4.json", None)],
-    "cuda": [
-        ("h200-attention-coverage-mlx-0.32.4.json", None),
-        ("h100-attention-coverage-split-mma-mlx-0.32.4.json", SPLIT_MMA),
-        (
-            "h100-attention-coverage-split-mma-D256-16384-mlx-0.32.4.json",
-            {(256, "bfloat16"), (256, "float16")},
-        ),
-        *(
-            (f"h100-attention-coverage-chained-D{d}-mlx-0.32.4.json", ADDS)
-            for d in coverage.HEAD_DIMS
-        ),
-    ],
+    "cpu": ["cpu-2core-attention-coverage-mlx-0.32.4.json"],
+    "cuda": [f"h100-attention-coverage-chained-D{d}-mlx-0.32.4.json" for d in coverage.HEAD_DIMS],
 }
 
 
@@ -73,28 +56,30 @@ def point(d, length, context, won, group=1, dtype="bfloat16"):
 
 
 def test_region_rule():
-    """The rectangle of L' <= L and S_lo <= S' <= S_hi whose every point, every group, was won or
-    tied, covering the most points: a lost point at (L=8, S=16384) in one group leaves L <= 4 at
-    every S or L <= 8 below 16384, whichever covers more; a lost smallest point moves the
-    region's start up; a tie (a lost pass, medians within TIE) is not a loss; a start at the
-    smallest swept S reaches down to S = 1."""
+    """Per swept L, the longest run of contexts where no group lost: a lost point at (L=8,
+    S=16384) in one group ends L = 8's run at 1024 and leaves L = 1 and 4 whole; a lost smallest
+    point moves a start up; a tie (a lost pass, medians within TIE) is not a loss; a start at the
+    smallest swept S reaches down to S = 1; of two runs as long, the one reaching further."""
     grid = [(q, s) for q in (1, 4, 8) for s in (128, 1024, 16384)]
     points = {}
     for g in (1, 4):
         for q, s in grid:
             lost = g == 4 and (q, s) == (8, 16384)
             points[f"a{g}{q}{s}"] = point(64, q, s, not lost, group=g)
-            points[f"b{g}{q}{s}"] = point(96, q, s, s != 128, group=g)
+            points[f"b{g}{q}{s}"] = point(96, q, s, s != 128 or q > 1, group=g)
             tied = point(80, q, s, False, group=g)
             tied["ratio"] = 1 - coverage.TIE / 2 if s == 128 else 1.5
             points[f"c{g}{q}{s}"] = tied
+            points[f"d{g}{q}{s}"] = point(128, q, s, s != 1024, group=g)
     regions = coverage.derive_regions(points)
-    assert regions[(64, "bfloat16")] in ((4, 1, 16384), (8, 1, 1024))
-    assert regions[(96, "bfloat16")] == (8, 1024, 16384)
-    assert regions[(80, "bfloat16")] == (8, 1, 16384)
+    assert [regions[(64, "bfloat16", q)] for q in (1, 4, 8)] == [(1, 16384), (1, 16384), (1, 1024)]
+    assert [regions[(96, "bfloat16", q)] for q in (1, 4, 8)] == [
+        (1024, 16384), (1, 16384), (1, 16384)]  # fmt: skip
+    assert regions[(80, "bfloat16", 8)] == (1, 16384)
+    assert regions[(128, "bfloat16", 1)] == (16384, 16384)
     for p in points.values():
         p["ratio"], p["passes_won"] = 0.5, 0
-    assert coverage.derive_regions(points)[(64, "bfloat16")] == (0, 0, 0)
+    assert coverage.derive_regions(points)[(64, "bfloat16", 1)] == (0, 0)
 
 
 def test_bad_arguments(capsys):
@@ -113,30 +98,17 @@ def test_bad_arguments(capsys):
 
 @pytest.mark.parametrize("backend", sorted(RECORDS))
 def test_guard_regions_are_the_records(backend):
-    """Every further shape of the backend's guard is the region its coverage record derives, and
-    every region the records derive (except the reference shape's own) is in the guard."""
-    points, named = {}, set()  # (D, dtype) -> its points; the pairs a record has named
-    for name, speaks_for in RECORDS[backend]:
-        record = json.loads((RESULTS / name).read_text())
-        for key, point in record["results"].items():
-            shape = (point["head_dim"], point["dtype"])
-            if speaks_for == ADDS:
-                points.setdefault(shape, {})[key] = point
-            elif speaks_for is not None and shape in speaks_for:
-                if shape not in named:  # the first record naming it replaces the sweeps of all
-                    named.add(shape)
-                    points[shape] = {}
-                points[shape][key] = point
-            elif speaks_for is None and shape not in named:
-                points.setdefault(shape, {})[key] = point
-    derived = {}
-    for shape_points in points.values():
-        derived.update(coverage.derive_regions(shape_points))
+    """Every further shape of the backend's guard is a region its coverage records derive, and
+    every region they derive (except the reference shape's own) is in the guard."""
+    points = {}
+    for name in RECORDS[backend]:
+        points.update(json.loads((RESULTS / name).read_text())["results"])
+    derived = coverage.derive_regions(points)
     limits = guard.LIMITS[backend]
     reference = {(d, t) for d in limits.head_dims for t in limits.dtypes}
     expected = {
         (d, getattr(mx, t), q, lo, hi)
-        for (d, t), (q, lo, hi) in derived.items()
-        if (d, getattr(mx, t)) not in reference and q > 0
+        for (d, t, q), (lo, hi) in derived.items()
+        if (d, getattr(mx, t)) not in reference and hi > 0
     }
     assert set(limits.shapes) == expected

@@ -134,18 +134,34 @@ class Limits:
     # generation runs), up to max_batch_context positions.
     max_batch: int = 1
     max_batch_context: int = 0
-    # Further (head dim, dtype, max_query, min_context, max_context) regions, mask None or
-    # "causal", B = 1: the coverage sweep's (bench-coverage), where head_dims x dtypes above is the
-    # reference shape whose masks and batches were measured too. min_context > 1 where shorter
-    # contexts were lost or not measured past a loss.
+    # Further (head dim, dtype, query length, min_context, max_context) regions, mask None or
+    # "causal", B = 1: the coverage sweep's (bench-coverage), one row per swept query length,
+    # where head_dims x dtypes above is the reference shape whose masks and batches were measured
+    # too. min_context > 1 where shorter contexts were lost.
     shapes: tuple[tuple[int, mx.Dtype, int, int, int], ...] = ()
 
-    def region(self, head_dim: int, dtype: mx.Dtype) -> tuple[int, int, int] | None:
-        """(max_query, min_context, max_context) of a further shape, None where it has none."""
-        for d, t, max_query, min_context, max_context in self.shapes:
-            if (d, t) == (head_dim, dtype):
-                return max_query, min_context, max_context
-        return None
+    def region(self, head_dim: int, dtype: mx.Dtype, query_len: int) -> tuple[int, int] | None:
+        """(min_context, max_context) of a further shape at query length L: a swept length's own
+        row; between two swept lengths, the contexts both rows hold (none past the longest or
+        below the shortest swept); None where it has none."""
+        rows = {q: (lo, hi) for d, t, q, lo, hi in self.shapes if (d, t) == (head_dim, dtype)}
+        below = [q for q in rows if q <= query_len]
+        above = [q for q in rows if q >= query_len]
+        if not below or not above:
+            return None
+        (lo1, hi1), (lo2, hi2) = rows[max(below)], rows[min(above)]
+        lo, hi = max(lo1, lo2), min(hi1, hi2)
+        return (lo, hi) if lo <= hi else None
+
+
+SWEPT_QUERY_LENGTHS = (1, 4, 8)  # bench-coverage's
+
+
+def _swept(head_dim: int, dtype: mx.Dtype, *regions: tuple[int, int]):
+    """Limits.shapes' rows of one (head dim, dtype): the (min S, max S) the coverage sweep
+    derived at each of its query lengths."""
+    lengths = zip(SWEPT_QUERY_LENGTHS, regions, strict=True)
+    return tuple((head_dim, dtype, q, lo, hi) for q, (lo, hi) in lengths)
 
 
 LIMITS: dict[str, Limits] = {
@@ -159,10 +175,11 @@ LIMITS: dict[str, Limits] = {
         32,
         4096,
         shapes=tuple(
-            (d, t, 8, 1, 16384)
+            row
             for d in (64, 80, 96, 128, 256)
             for t in (mx.bfloat16, mx.float16, mx.float32)
             if (d, t) != (128, mx.bfloat16)
+            for row in _swept(d, t, (1, 16384), (1, 16384), (1, 16384))
         ),
     ),
     "cuda": Limits(
@@ -174,21 +191,21 @@ LIMITS: dict[str, Limits] = {
         4096,
         32,
         8192,
-        shapes=(
-            (64, mx.bfloat16, 8, 128, 131072),
-            (64, mx.float16, 8, 128, 131072),
-            (64, mx.float32, 4, 1024, 131072),
-            (80, mx.bfloat16, 8, 1, 131072),
-            (80, mx.float16, 8, 1, 131072),
-            (80, mx.float32, 8, 1, 16384),
-            (96, mx.bfloat16, 8, 1024, 131072),
-            (96, mx.float16, 8, 128, 131072),
-            (96, mx.float32, 8, 1024, 1024),
-            (128, mx.float16, 8, 1, 131072),
-            (128, mx.float32, 4, 1024, 131072),
-            (256, mx.bfloat16, 8, 1, 1024),
-            (256, mx.float16, 8, 1, 1024),
-            (256, mx.float32, 4, 1, 131072),
+        shapes=(  # (L = 1, L = 4, L = 8)'s (min S, max S): h100-attention-coverage-chained-*
+            *_swept(64, mx.bfloat16, (128, 131072), (1, 131072), (1, 131072)),
+            *_swept(64, mx.float16, (128, 131072), (1, 131072), (1, 131072)),
+            *_swept(64, mx.float32, (1024, 131072), (1, 131072), (1, 131072)),
+            *_swept(80, mx.bfloat16, (1, 131072), (1, 131072), (1, 131072)),
+            *_swept(80, mx.float16, (1, 131072), (1, 131072), (1, 131072)),
+            *_swept(80, mx.float32, (1, 131072), (1, 131072), (1, 16384)),
+            *_swept(96, mx.bfloat16, (128, 131072), (1, 131072), (1, 131072)),
+            *_swept(96, mx.float16, (128, 131072), (1, 131072), (1, 131072)),
+            *_swept(96, mx.float32, (1024, 1024), (1, 131072), (1, 16384)),
+            *_swept(128, mx.float16, (128, 131072), (1, 131072), (1, 131072)),
+            *_swept(128, mx.float32, (1024, 131072), (1, 131072), (1, 131072)),
+            *_swept(256, mx.bfloat16, (1, 131072), (1, 131072), (1, 131072)),
+            *_swept(256, mx.float16, (1, 131072), (1, 131072), (1, 131072)),
+            *_swept(256, mx.float32, (1, 131072), (1, 131072), (1, 4096)),
         ),
     ),
     "metal": Limits(2, 256, (128,), (mx.bfloat16,), 0, 0),
@@ -268,11 +285,11 @@ def use_fused(
         return False
     plain = mask is None or (isinstance(mask, str) and mask == "causal")
     if head_dim not in limits.head_dims or (dtype is not None and dtype not in limits.dtypes):
-        region = limits.region(head_dim, mx.bfloat16 if dtype is None else dtype)
+        region = limits.region(head_dim, mx.bfloat16 if dtype is None else dtype, query_len)
         if region is None or batch > 1 or not plain:
             return False
-        max_query, min_context, max_context = region
-        return query_len <= max_query and min_context <= context <= max_context
+        min_context, max_context = region
+        return min_context <= context <= max_context
     if batch > 1 and (batch > limits.max_batch or context > limits.max_batch_context):
         return False
     if plain:

@@ -6,9 +6,9 @@ Hq = --heads, Hkv = Hq / G), query length L (--query-length; causal) and context
 bench-operators' protocol times `decode_attention_custom` and `mx.fast.scaled_dot_product_attention`
 interleaved (both orders equally often, passes forward then backward, every sample kept). One
 record holds every point: both medians, the ratio, the passes ours won, GB/s and the fraction of
-the read floor. Then, per (D, dtype), the region the guard takes from it (`derive_regions`): the
-rectangle L' <= L, S_lo <= S' <= S_hi of swept points, every group, that covers the most points
-where none was lost. A point is lost unless ours won every pass or the two medians are within
+the read floor. Then, per (D, dtype) and swept L, the region the guard takes from it
+(`derive_regions`): the longest run of swept contexts S_lo..S_hi where no group's point was lost
+(the guard admits a length between two swept ones where both lengths' regions hold its S). A point is lost unless ours won every pass or the two medians are within
 TIE (5%): at the per-call floor (~7 µs on the H200) and at the memory floor both kernels wait on
 the same thing, and two passes cannot order them. A region that starts at the smallest swept S
 reaches down to S = 1. attn_kernels.guard.LIMITS names the record its regions came from;
@@ -180,36 +180,36 @@ def admitted(point: dict) -> bool:
     return point["passes_won"] == point["passes"] or point["ratio"] >= 1 - TIE
 
 
-def derive_regions(points: dict) -> dict[tuple[int, str], tuple[int, int, int]]:
-    """Per (D, dtype): (max L, min S, max S), the rectangle of swept points L' <= max L,
-    min S <= S' <= max S, every group admitted, that covers the most points; min S = 1 where it
-    starts at the smallest swept S; (0, 0, 0) where none. Points are summarize_point()'s, keyed
-    by point_key's fields."""
-    by_shape: dict[tuple[int, str], dict[tuple[int, int], bool]] = {}
+def derive_regions(points: dict) -> dict[tuple[int, str, int], tuple[int, int]]:
+    """Per (D, dtype, L) swept: (min S, max S), the longest run of swept contexts where every
+    group's point was admitted (of two as long, the one reaching further); min S = 1 where it
+    starts at the smallest swept S; (0, 0) where none. Points are summarize_point()'s, keyed by
+    point_key's fields."""
+    rows: dict[tuple[int, str, int], dict[int, bool]] = {}
     for p in points.values():
-        cell = by_shape.setdefault((p["head_dim"], p["dtype"]), {})
-        key = (p["query_length"], p["context"])
-        cell[key] = cell.get(key, True) and admitted(p)
+        row = rows.setdefault((p["head_dim"], p["dtype"], p["query_length"]), {})
+        row[p["context"]] = row.get(p["context"], True) and admitted(p)
     regions = {}
-    for shape, cells in by_shape.items():
-        lengths = sorted({q for q, _ in cells})
-        contexts = sorted({s for _, s in cells})
-        best, best_count = (0, 0, 0), 0
-        for lq, lo, hi in itertools.product(lengths, contexts, contexts):
-            inside = [(q, s) for q, s in cells if q <= lq and lo <= s <= hi]
-            if inside and all(cells[c] for c in inside) and len(inside) > best_count:
-                best, best_count = (lq, 1 if lo == contexts[0] else lo, hi), len(inside)
-        regions[shape] = best
+    for key, row in rows.items():
+        contexts = sorted(row)
+        runs = [  # (first, last) index of each run of admitted contexts
+            (i, j)
+            for i in range(len(contexts))
+            for j in range(i, len(contexts))
+            if all(row[s] for s in contexts[i : j + 1])
+        ]
+        if not runs:
+            regions[key] = (0, 0)
+            continue
+        first, last = max(runs, key=lambda r: (r[1] - r[0], r[1]))
+        regions[key] = (1 if first == 0 else contexts[first], contexts[last])
     return regions
 
 
 def in_region(point: dict, region: dict) -> bool:
     """Whether a swept point lies in a record's region entry (min_context absent: 1)."""
-    return (
-        (region["head_dim"], region["dtype"]) == (point["head_dim"], point["dtype"])
-        and point["query_length"] <= region["max_query"]
-        and region.get("min_context", 1) <= point["context"] <= region["max_context"]
-    )
+    same = all(region[k] == point[k] for k in ("head_dim", "dtype", "query_length"))
+    return same and region.get("min_context", 1) <= point["context"] <= region["max_context"]
 
 
 def run(args) -> dict:
@@ -247,8 +247,9 @@ def run(args) -> dict:
         "execution_order": order,
         "results": points,
         "regions": [
-            {"head_dim": d, "dtype": t, "max_query": q, "min_context": lo, "max_context": hi}
-            for (d, t), (q, lo, hi) in sorted(regions.items())
+            {"head_dim": d, "dtype": t, "query_length": q, "min_context": lo, "max_context": hi}
+            for (d, t, q), (lo, hi) in sorted(regions.items())
+            if hi
         ],
     }
 
@@ -295,7 +296,7 @@ def format_tables(record: dict) -> str:
     )
     for r in record["regions"]:
         lines.append(
-            f"region D={r['head_dim']} {r['dtype']}: L <= {r['max_query']}, "
+            f"region D={r['head_dim']} {r['dtype']}: L = {r['query_length']}, "
             f"{r.get('min_context', 1)} <= S <= {r['max_context']}"
         )
     return "\n".join(lines)

@@ -97,7 +97,7 @@ def plot_coverage(record: dict, out: Path) -> None:
     from matplotlib.colors import LogNorm
     from matplotlib.patches import Rectangle
 
-    from llm_eval.coverage import derive_regions, in_region, lowest_over_groups
+    from llm_eval.coverage import derive_regions, lowest_over_groups
 
     points = list(record["results"].values())
     regions = derive_regions(record["results"])  # the rule as it is now
@@ -123,23 +123,12 @@ def plot_coverage(record: dict, out: Path) -> None:
                 ax.text(j, i, f"{grid[i][j]:.1f}" + ("*" if lost else ""), ha="center",
                         va="center", fontsize=6)  # fmt: skip
         image = ax.imshow(grid, cmap="RdYlGn", norm=norm, aspect="auto", origin="lower")
-        max_query, lo, hi = regions.get((d, dtype), (0, 0, 0))
-        if max_query:
-            region = dict(head_dim=d, dtype=dtype, max_query=max_query, min_context=lo,
-                          max_context=hi)  # fmt: skip
-            inside = [(i, j) for i, q in enumerate(lengths) for j, s in enumerate(contexts)
-                      if in_region(dict(head_dim=d, dtype=dtype, query_length=q, context=s),
-                                   region)]  # fmt: skip
-            if inside:
-                i1, j0, j1 = (
-                    max(i for i, _ in inside),
-                    min(j for _, j in inside),
-                    max(j for _, j in inside),
-                )
-                ax.add_patch(  # inset a little so that the box shows against the panel's edges
-                    Rectangle((j0 - 0.45, -0.45), j1 - j0 + 0.9, i1 + 0.9, fill=False, lw=2,
-                              edgecolor="navy")
-                )  # fmt: skip
+        for i, q in enumerate(lengths):  # each swept L's region: a box over its contexts
+            lo, hi = regions.get((d, dtype, q), (0, 0))
+            inside = [j for j, s in enumerate(contexts) if hi and lo <= s <= hi]
+            if inside:  # inset a little so that the box shows against the panel's edges
+                ax.add_patch(Rectangle((inside[0] - 0.45, i - 0.45), inside[-1] - inside[0] + 0.9,
+                                       0.9, fill=False, lw=2, edgecolor="navy"))  # fmt: skip
         ax.set_xticks(range(len(contexts)), [f"{s // 1024}K" if s >= 1024 else str(s)
                                               for s in contexts], fontsize=6)  # fmt: skip
         ax.set_yticks(range(len(lengths)), [f"L={q}" for q in lengths], fontsize=6)
