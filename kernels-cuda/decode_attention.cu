@@ -488,13 +488,15 @@ Plan plan(const DecodeProblem& p, Schedule schedule) {
     // Head dims 80, 96 and 256 too (benchmark_results/h100-attention-coverage-split-mma-*.json,
     // an H100: 1.0-10x mx.fast at D 80 and 96 to S = 131072, where split-gqa had lost from
     // S = 1024; 2.8-13x at D 256 to S = 8192). Where mma_applies() fails, split-gqa.
-    // 16-vector tiles where a KV head has 32 query vectors from S = 32768 (GQA 4, L = 8, a
-    // speculative verify step: 0.86x / 0.74x split-mma's time at S = 32768 / 131072, chained, an
-    // H100; 16 vectors tied or lost: h100-qwen3-4b-attention-L4-L8-split-mma-16-chained-*.json).
-    // GQA 8 at L >= 4 (as many vectors on half the KV heads) and head dims below 128 are not
-    // measured, so not taken.
-    const bool wide = p.head_dim == 128 && p.group <= 4 &&
-                      p.group * p.query_len >= 4 * kMmaVectors && p.context >= 32768;
+    // 16-vector tiles at D 128 where they won, chained, an H100
+    // (h100-attention-G{4,8}-L2-L8-split-mma-16-chained-*.json, GQA 4 and 8, L 2-8): 48+ vectors
+    // a KV head from S = 32768 (0.69x split-mma's time at GQA 8, L = 8, S = 131072); 32 on 8 KV
+    // heads (GQA 4, L = 8: 0.73x at 131072) but on 4 heads (GQA 8, L = 4) only at 131072; 24 at
+    // 131072 (GQA 4, L = 6: 0.90x); 16 tied or lost. Other head dims are not measured.
+    const int vectors = p.group * p.query_len;
+    const bool wide = p.head_dim == 128 && p.context >= 32768 &&
+                      (vectors >= 6 * kMmaVectors || (vectors >= 4 * kMmaVectors && p.group <= 4) ||
+                       (vectors >= 3 * kMmaVectors && p.context >= 131072));
     schedule = p.query_len == 1 && p.context <= 32 ? Schedule::split
                : wide                              ? Schedule::split_mma16
                                                    : Schedule::split_mma;

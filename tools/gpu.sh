@@ -17,7 +17,7 @@
 #               inputs), short (L = 1 to S = 4096, independent and chained calls), long (chained
 #               calls from S = 4096: the honest bandwidth figure, independent calls share K/V in
 #               L2); mma16 (not in all): split-mma against split-mma-16, GQA 4 and 8, L 2-8,
-#               S 8192-131072
+#               S 16384-131072
 #   coverage    bench-coverage: ours against mx.fast over head dims 64-256, bf16/f16/f32, groups
 #               1-8, L = 1/4/8, S = 32..131072 (8192: issue 40's D 96 target), chained calls, a
 #               process per head dim (issue 40's sweep; the guard's CUDA shapes)
@@ -135,10 +135,10 @@ operators() {
   if [ "$part" = mma16 ]; then  # not in all: where split-mma-16 pays, for auto's rule
     local g
     for g in 4 8; do
-      ops --gqa-ratio $g --query-length 2 --query-length 3 --query-length 4 --query-length 6 \
-        --query-length 8 --attention-mask causal --context 8192 --context 16384 --context 32768 \
-        --context 65536 --context 131072 --schedule split-mma --schedule split-mma-16 \
-        --implementations mlx --chain --context-repeats 2 --iterations 4 \
+      ops --gqa-ratio $g --query-length 2 --query-length 4 --query-length 6 --query-length 8 \
+        --attention-mask causal --context 16384 --context 32768 --context 131072 \
+        --schedule split-mma --schedule split-mma-16 --implementations mlx --chain \
+        --context-repeats 2 --iterations 6 \
         --json-output "$R/$G-attention-G$g-L2-L8-split-mma-16-chained-$V.json"
     done
   fi

@@ -161,6 +161,16 @@ def plot(path: Path, out_dir: Path | None = None) -> Path:
     return out
 
 
+def plot_coverage_together(paths: list[Path], out: Path) -> Path:
+    """One chart of several coverage records (a sweep run a head dim per process)."""
+    records = [json.loads(Path(path).read_text()) for path in paths]
+    if any(r.get("kind") != "coverage-sweep" for r in records):
+        raise ValueError("--together takes bench-coverage records only")
+    merged = dict(records[0], results={k: v for r in records for k, v in r["results"].items()})
+    plot_coverage(merged, out)
+    return out
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="plot", description=__doc__)
     p.add_argument(
@@ -170,10 +180,22 @@ def main(argv=None) -> None:
         help="JSON records from bench, bench-operators, progression, ab-decode or bench-coverage",
     )
     p.add_argument("--out-dir", type=Path, help="default: beside each record")
+    p.add_argument(
+        "--together",
+        type=Path,
+        metavar="PNG",
+        help="one chart of every (coverage) record given, written to PNG",
+    )
     args = p.parse_args(argv)
     missing = [str(path) for path in args.records if not path.is_file()]
     if missing:
         p.error(f"no such file: {', '.join(missing)}")
+    if args.together:
+        try:
+            print(f"wrote {plot_coverage_together(args.records, args.together)}")
+        except ValueError as e:
+            p.error(str(e))
+        return
     written = 0
     for path in args.records:
         try:
