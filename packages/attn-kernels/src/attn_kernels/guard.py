@@ -64,26 +64,20 @@ cpu (2-vCPU AMD EPYC, Zen 3, AVX2): cpu-2core-attention-coverage-mlx-0.32.4.json
     D in {64, 80, 96, 128, 256} x bf16 / f16 / f32 x L in {1, 4, 8} x S in {32 .. 16384}, 900
     points: ours won every pass at every point, 1.8x (S=32, f32, L=1) to 41x; each (D, dtype) is
     admitted to L <= 8, S <= 16384, the largest measured (llm-eval's test_coverage derives these
-    regions from the record and checks them against this table).
-cuda (H200): h200-attention-coverage-mlx-0.32.4.json (the same sweep, S = 128 .. 131072): ours won
-    every pass at 546 of 900 points. The regions count a point within 5% as a tie (bench-coverage's
-    TIE: the per-call floor at S = 128, the memory floor at G = 1): D 64 bf16/f16 and D 128 f16
-    from S = 1024 (losing or tied at 128: 0.84-0.98x), float32 (the SIMT kernel) where it won;
-    D 80, 96 and 256 in bf16/f16 from the next record instead (the SIMT schedule had lost there).
-cuda (an H100, sm_90 as the H200): h100-attention-coverage-split-mma-mlx-0.32.4.json (the
-    tensor-core kernel at D 80/96/256 in bf16/f16, which auto takes there since this record;
-    with h100-attention-coverage-split-mma-D256-16384-mlx-0.32.4.json, S = 16384) replaces the
-    H200's points there. h100-attention-coverage-chained-D{64,80,96,128,256}-mlx-0.32.4.json
-    (581a8d0, chained calls, S = 32 .. 16384: a decode step's latency, where the independent
-    calls above overlap on the GPU) add their points to every pair, replacing those at S = 128
-    and 1024: 830 of their 900 points won or tied. What they changed: D 64 bf16/f16 from S = 128
-    (S = 32 at L = 1 lost: 0.74-0.94x, the per-call floor), D 96 bf16 from 1024 and f16 from 128
-    (0.65-0.89x at S = 32/128, L = 1), D 96 f32 at S = 1024 only, D 128 f16 and f32 from 1 and
-    1024, D 80 f32 to 16384, and D 256 bf16/f16 to S = 1024: at 581a8d0 a D 256 tile of more
-    than 4 vectors (G 8 at L = 1, G >= 2 at L >= 4, G 1 at L = 8) ran unsplit and lost from
-    S = 4096 (0.29-0.91x), while G <= 4 at L = 1 (Gemma's) won to 16384 (1.37-3.53x); one
-    rectangle holds every group, so Gemma's long contexts take mx.fast until the merge in parts
-    (cuda-kernel.md) is timed. Past S = 16384 the regions rest on the independent records.
+    regions from the record and checks them against this table). Its mx.fast had mask "causal" at
+    L = 1, which on CPUs times as mlx-lm's None does (raw/h100-attention-L1-mask-none-vs-causal.txt).
+cuda (an H100, sm_90 as the H200): h100-attention-coverage-chained-D{64,80,96,128,256}-
+    mlx-0.32.4.json (aad38ff, bench-coverage --chain: a decode step's latency, S = 32 .. 131072,
+    after the D 256 merge in parts): 1367 of the 1440 points won or tied. Rows per swept L
+    (1, 4, 8; a length between two swept ones needs both rows to hold S): bf16/f16 everywhere
+    from S = 1 at L = 4 and 8 and from 128 at L = 1 (S = 32 lost: 0.83-0.95x, the per-call
+    floor; D 80 and 256 from 1); f32 (the SIMT kernel) where it won: from 1024 at L = 1 for
+    D 64/128 and only 1024 for D 96, to 16384 at L = 8 for D 80/96 and 4096 for D 256. Those
+    records timed mx.fast with mask "causal" at L = 1, which MLX 0.32.4 runs slower than mlx-lm's
+    None from S = 8192 (raw/h100-attention-L1-mask-none-vs-causal.txt): with None ours lost at
+    S = 131072 for D 80 bf16 (0.84x) and D 96 f16 (0.94x), so their L = 1 rows (and D 80 f16's)
+    end at 8192; elsewhere it won or tied there (0.96x-6.9x). The earlier independent-call
+    records (h200-attention-coverage, h100-attention-coverage-split-mma*) no longer count.
 metal: D=128 bf16 only.
 
 Linear layers of a decode step (decode_linear, decode_linear_quantized; LINEAR_LIMITS), against
@@ -195,11 +189,11 @@ LIMITS: dict[str, Limits] = {
             *_swept(64, mx.bfloat16, (128, 131072), (1, 131072), (1, 131072)),
             *_swept(64, mx.float16, (128, 131072), (1, 131072), (1, 131072)),
             *_swept(64, mx.float32, (1024, 131072), (1, 131072), (1, 131072)),
-            *_swept(80, mx.bfloat16, (1, 131072), (1, 131072), (1, 131072)),
-            *_swept(80, mx.float16, (1, 131072), (1, 131072), (1, 131072)),
+            *_swept(80, mx.bfloat16, (1, 8192), (1, 131072), (1, 131072)),
+            *_swept(80, mx.float16, (1, 8192), (1, 131072), (1, 131072)),
             *_swept(80, mx.float32, (1, 131072), (1, 131072), (1, 16384)),
             *_swept(96, mx.bfloat16, (128, 131072), (1, 131072), (1, 131072)),
-            *_swept(96, mx.float16, (128, 131072), (1, 131072), (1, 131072)),
+            *_swept(96, mx.float16, (128, 8192), (1, 131072), (1, 131072)),
             *_swept(96, mx.float32, (1024, 1024), (1, 131072), (1, 16384)),
             *_swept(128, mx.float16, (128, 131072), (1, 131072), (1, 131072)),
             *_swept(128, mx.float32, (1024, 131072), (1, 131072), (1, 131072)),

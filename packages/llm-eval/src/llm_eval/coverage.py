@@ -10,7 +10,10 @@ the read floor. Then, per (D, dtype) and swept L, the region the guard takes fro
 (`derive_regions`): the longest run of swept contexts S_lo..S_hi where no group's point was lost
 (the guard admits a length between two swept ones where both lengths' regions hold its S). A point is lost unless ours won every pass or the two medians are within
 TIE (5%): at the per-call floor (~7 µs on the H200) and at the memory floor both kernels wait on
-the same thing, and two passes cannot order them. A region that starts at the smallest swept S
+the same thing, and two passes cannot order them. mx.fast gets the mask mlx-lm's decode passes: None at
+L = 1, "causal" above (the same attention at L = 1, but on CUDA MLX 0.32.4 takes a slower path with
+"causal" from S = 8192: 151 µs against 58 at D 96, S = 8192; records before this ran "causal"
+at every L, benchmark_results/raw/h100-attention-L1-mask-none-vs-causal.txt). A region that starts at the smallest swept S
 reaches down to S = 1. attn_kernels.guard.LIMITS names the record its regions came from;
 llm-eval's tests check that they agree.
 
@@ -142,20 +145,27 @@ def point_key(d: int, dtype: str, group: int, length: int, context: int) -> str:
 
 
 def sweep_one(args, d: int, dtype: str, group: int, bandwidth: float | None) -> dict:
-    """bench-operators over (L, S) for one (D, dtype, group): its record's results."""
+    """bench-operators over (L, S) for one (D, dtype, group): its records' results. mx.fast gets
+    the mask mlx-lm passes: None at L = 1, "causal" above (module doc)."""
     argv = ["--device", args.device, "--implementations", "custom,mlx", "--dtype", dtype]
     if args.schedule != "auto":  # the implementation becomes custom:SCHEDULE
         argv += ["--schedule", args.schedule]
     argv += ["--head-dim", str(d), "--heads", str(args.heads), "--gqa-ratio", str(group)]
-    argv += ["--attention-mask", "causal", "--seed", str(args.seed)]
+    argv += ["--seed", str(args.seed)]
     argv += ["--context-repeats", str(args.passes), "--iterations", str(args.iterations)]
     argv += ["--calls-per-eval", str(args.calls_per_eval)] + (["--chain"] if args.chain else [])
     argv += [f"--context={s}" for s in args.context]
-    argv += [f"--query-length={q}" for q in args.query_length]
     if bandwidth:
         argv += ["--bandwidth-gbs", str(bandwidth)]
-    op_args = operators.parse_args(argv)
-    return operators.run(op_args)["results"]
+    results = {}
+    for mask, lengths in (
+        ("none", [q for q in args.query_length if q == 1]),
+        ("causal", [q for q in args.query_length if q > 1]),
+    ):
+        if lengths:
+            masked = argv + ["--attention-mask", mask] + [f"--query-length={q}" for q in lengths]
+            results.update(operators.run(operators.parse_args(masked))["results"])
+    return results
 
 
 def summarize_point(entry: dict) -> dict:
@@ -237,6 +247,7 @@ def run(args) -> dict:
     regions = derive_regions(points)
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     config["read_rates_gbs"] = rates
+    config["mx_fast_masks"] = {"1": "none", "2-8": "causal"}  # records without it: causal at all L
     if args.device == "cpu":
         config["cpu_kernel_path"], config["cpu_threads"] = _ext.cpu_path(), _ext.cpu_threads()
     return {
