@@ -2,6 +2,7 @@
 kernel variant's decode steps go through the fused step (the attention-only variant's through the
 fused op), and the records validate."""
 
+import contextlib
 import json
 
 import pytest
@@ -127,6 +128,36 @@ def test_attention_only_variant(tmp_path, monkeypatch, capsys):
         in out
     )
     assert "mlx-lm+kernel: calls per request (attention, linear layers): fused 0" in out
+
+
+def test_one_graph_a_step_variants(tmp_path, monkeypatch):
+    """--one-graph-a-step: mlx-lm+one-graph and mlx-lm+kernel+one-graph rotated with the plain
+    two, the kernel one fused as mlx-lm+kernel; the stream's graph limits raised inside the
+    request and restored after (on a CPU MLX builds no graphs: the limits are None, a no-op)."""
+    monkeypatch.setitem(mlx_lm_decode.MODELS, "tiny-qwen3", TINY_QWEN3)
+    seen = []
+    real = mlx_lm_decode.one_graph_a_step
+
+    @contextlib.contextmanager
+    def noting(stream):
+        with real(stream):
+            seen.append(stream)
+            yield
+
+    monkeypatch.setattr(mlx_lm_decode, "one_graph_a_step", noting)
+    argv = ["--model", "tiny-qwen3", "--quantize", "none", "--device", "cpu", "--rounds", "2"]
+    argv += ["--output", str(tmp_path), "--workload", "12+5", "--one-graph-a-step"]
+    mlx_lm_decode.main(argv)
+    (path,) = tmp_path.glob("cpu-*core-tiny-qwen3-bf16-mlx-lm-decode-12+5-*.json")
+    record = json.loads(path.read_text())
+    validate(record)
+    variants = ["mlx-lm", "mlx-lm+kernel", "mlx-lm+one-graph", "mlx-lm+kernel+one-graph"]
+    assert record["config"]["variants"] == variants
+    samples = record["results"]["samples"]
+    assert "attention_calls" not in samples["mlx-lm+one-graph"][0]
+    assert samples["mlx-lm+kernel+one-graph"][0]["attention_calls"]["fused_step"] == 12
+    assert len(seen) == 2 * (1 + 2)  # the two variants' warm-up and rounds
+    assert "vs_mlx_lm" in record["results"]["medians"]["mlx-lm+kernel+one-graph"]
 
 
 def test_speculative_decoding(tmp_path, monkeypatch, capsys):

@@ -15,7 +15,11 @@ steps of mlx-lm's llama (mistral), qwen2, qwen3, qwen3_moe, gemma3_text and phi3
 one attention_step each (q/k norm where the model has it, RoPE, cache write, attention; other
 architectures: the attention call alone). --attention-only adds a third,
 mlx-lm+kernel-attention-only: enable(fused_step=False), the attention call alone through the fused
-op (what enable() did before the fused step became its default).
+op (what enable() did before the fused step became its default). --one-graph-a-step adds
+mlx-lm+one-graph and mlx-lm+kernel+one-graph: the same two with MLX's CUDA graph limits on
+mlx-lm's generation stream raised for the request (attn_kernels.graph_limits,
+guard.BATCH_GRAPH_LIMITS: a decode step as one graph, as serving's batch_stream() runs) and
+restored after; on a CPU, where MLX builds no graphs, they run as the plain two.
 
 --draft-layers N decodes speculatively, as `mlx_lm.generate --draft-model` does: the draft is the
 model's first N layers (the same weights; random weights make a draft of fewer layers disagree
@@ -48,6 +52,7 @@ from llm_eval.record import SCHEMA_VERSION, collect_metadata, positive_float, wr
 
 BASELINE, KERNEL, ATTENTION_ONLY = "mlx-lm", "mlx-lm+kernel", "mlx-lm+kernel-attention-only"
 VARIANTS = [BASELINE, KERNEL]
+ONE_GRAPH = "+one-graph"  # suffix: the variant with a decode step as one CUDA graph
 # mlx-lm config.json values of the published checkpoints (random weights here).
 MODELS = {
     **{name: config.to_dict() for name, config in qwen3_model.CONFIGS.items()},
@@ -168,6 +173,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         "the cache write of the architectures it knows into one attention_step)",
     )
     p.add_argument(
+        "--one-graph-a-step",
+        action="store_true",
+        help=f"two more variants, {BASELINE}{ONE_GRAPH} and {KERNEL}{ONE_GRAPH}: MLX's CUDA graph "
+        "limits on mlx-lm's generation stream raised so that a decode step is one graph",
+    )
+    p.add_argument(
         "--draft-layers",
         type=int,
         metavar="N",
@@ -182,6 +193,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     args = p.parse_args(argv)
     args.variants = [*VARIANTS, ATTENTION_ONLY] if args.attention_only else list(VARIANTS)
+    if args.one_graph_a_step:
+        args.variants += [v + ONE_GRAPH for v in VARIANTS]
     args.model = list(dict.fromkeys(args.model or ["qwen3-4b"]))
     args.workload = list(dict.fromkeys(args.workload or [(32, 97)]))
     if args.rounds < 1:
@@ -256,16 +269,17 @@ def request(
     import attn_kernels.mlx_lm as attention
     from mlx_lm.generate import generation_stream, stream_generate
 
-    kernel = variant != BASELINE
+    kernel = variant.startswith(KERNEL)
     mx.reset_peak_memory()
     context = (
         attention.enabled(fused_step=variant != ATTENTION_ONLY)
         if kernel
         else contextlib.nullcontext()
     )
+    graphs = one_graph_a_step(generation_stream) if variant.endswith(ONE_GRAPH) else None
     speculative = {"draft_model": draft, "num_draft_tokens": drafts} if draft is not None else {}
     proposed = []
-    with context:
+    with context, graphs or contextlib.nullcontext():
         responses = stream_generate(model, tokenizer, prompt, max_tokens=generated, **speculative)
         sample = bench.timed(noting_drafts(responses, proposed), prompt.size, generated,
                              (generation_stream,))  # fmt: skip
@@ -274,6 +288,22 @@ def request(
         if kernel:
             sample["attention_calls"] = attention.calls()
     return sample
+
+
+@contextlib.contextmanager
+def one_graph_a_step(stream):
+    """MLX's CUDA graph limits on `stream` (an mx.Stream or mlx-lm's mx.ThreadLocalStream: this
+    thread's) raised to guard.BATCH_GRAPH_LIMITS, then restored."""
+    from attn_kernels import graph_limits, guard
+
+    with mx.stream(stream):  # the mx.Stream it stands for in this thread
+        stream = mx.default_stream(mx.default_device())
+    before = graph_limits(stream, *guard.BATCH_GRAPH_LIMITS)
+    try:
+        yield
+    finally:
+        if before is not None:
+            graph_limits(stream, *before)
 
 
 def run_workload(args, name, model, tokenizer, w, progress: Progress, draft=None) -> dict:
