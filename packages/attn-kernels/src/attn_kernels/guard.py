@@ -109,6 +109,7 @@ cuda (an H100, sm_90 as the H200): h100-qwen3-4b-linear-gpu-mlx-0.32.4.json and
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -134,11 +135,20 @@ class Limits:
     # too. min_context > 1 where shorter contexts were lost.
     shapes: tuple[tuple[int, mx.Dtype, int, int, int], ...] = ()
 
+    @functools.cached_property
+    def _rows(self) -> dict[tuple[int, mx.Dtype], dict[int, tuple[int, int]]]:
+        """shapes by (head dim, dtype): {query length: (min_context, max_context)}; built once
+        (region() runs in every layer of every decode step)."""
+        rows: dict[tuple[int, mx.Dtype], dict[int, tuple[int, int]]] = {}
+        for d, t, q, lo, hi in self.shapes:
+            rows.setdefault((d, t), {})[q] = (lo, hi)
+        return rows
+
     def region(self, head_dim: int, dtype: mx.Dtype, query_len: int) -> tuple[int, int] | None:
         """(min_context, max_context) of a further shape at query length L: a swept length's own
         row; between two swept lengths, the contexts both rows hold (none past the longest or
         below the shortest swept); None where it has none."""
-        rows = {q: (lo, hi) for d, t, q, lo, hi in self.shapes if (d, t) == (head_dim, dtype)}
+        rows = self._rows.get((head_dim, dtype), {})
         below = [q for q in rows if q <= query_len]
         above = [q for q in rows if q >= query_len]
         if not below or not above:
