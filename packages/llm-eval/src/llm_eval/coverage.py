@@ -8,14 +8,15 @@ interleaved (both orders equally often, passes forward then backward, every samp
 record holds every point: both medians, the ratio, the passes ours won, GB/s and the fraction of
 the read floor. Then, per (D, dtype) and swept L, the region the guard takes from it
 (`derive_regions`): the longest run of swept contexts S_lo..S_hi where no group's point was lost
-(the guard admits a length between two swept ones where both lengths' regions hold its S). A point is lost unless ours won every pass or the two medians are within
-TIE (5%): at the per-call floor (~7 µs on the H200) and at the memory floor both kernels wait on
-the same thing, and two passes cannot order them. mx.fast gets the mask mlx-lm's decode passes: None at
-L = 1, "causal" above (the same attention at L = 1, but on CUDA MLX 0.32.4 takes a slower path with
-"causal" from S = 8192: 151 µs against 58 at D 96, S = 8192; records before this ran "causal"
-at every L, benchmark_results/raw/h100-attention-L1-mask-none-vs-causal.txt). A region that starts at the smallest swept S
-reaches down to S = 1. attn_kernels.guard.LIMITS names the record its regions came from;
-llm-eval's tests check that they agree.
+(the guard admits a length between two swept ones where both lengths' regions hold its S). A
+point is lost unless ours won every pass or the two medians are within TIE (5%): at the per-call
+floor (~7 µs on the H200) and at the memory floor both kernels wait on the same thing, and two
+passes cannot order them. mx.fast gets the mask mlx-lm's decode passes: None at L = 1, "causal"
+above (the same attention at L = 1, but on CUDA MLX 0.32.4 takes a slower path with "causal"
+from S = 8192: 151 µs against 58 at D 96, S = 8192; records before this ran "causal" at every L,
+benchmark_results/raw/h100-attention-L1-mask-none-vs-causal.txt). A region that starts at the
+smallest swept S reaches down to S = 1. attn_kernels.guard.LIMITS names the record its regions
+came from; llm-eval's tests check that they agree.
 
 On a GPU the calls of a sample are chained by default (--chain: each call's query is the previous
 call's output), as a decode step's layers wait on each other. Independent calls (--no-chain) run
