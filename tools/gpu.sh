@@ -162,6 +162,7 @@ coverage() {
       --context 128 --context 1024 --context 4096 --context 8192 --context 16384 \
       --context 32768 --context 131072 --force \
       --json-output "$R/$G-attention-coverage-chained-D$d-$V.json" 2>&1 | quiet | tail -12
+    tar -C "$OUT" -cf "$OUT/records.tar" records  # ~90 s a head dim: a call cut short keeps these
   done
 }
 

@@ -121,6 +121,7 @@ def test_guard_regions_are_the_records(backend):
         points.update(record["results"])
         causal_at_l1 |= "mx_fast_masks" not in record["config"]
     derived = coverage.derive_regions(points)
+    assert guard.SWEPT_QUERY_LENGTHS == coverage.QUERY_LENGTHS  # the rows' lengths are the sweep's
     for (d, t), cap in L1_MASK_NONE_CAPS.get(backend, {}).items() if causal_at_l1 else ():
         lo, hi = derived[(d, t, 1)]
         derived[(d, t, 1)] = (lo, min(hi, cap))
