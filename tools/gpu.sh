@@ -20,7 +20,8 @@
 #               S 16384-131072
 #   coverage    bench-coverage: ours against mx.fast over head dims 64-256, bf16/f16/f32, groups
 #               1-8, L = 1/4/8, S = 32..131072 (8192: issue 40's D 96 target), chained calls, a
-#               process per head dim (issue 40's sweep; the guard's CUDA shapes)
+#               process per head dim (issue 40's sweep; the guard's CUDA shapes); PART names the
+#               head dims, comma-separated (coverage:128,256), all five otherwise
 #   ragged      bench-operators: a decode step of B rows, each of its own length (--ragged), and
 #               the same B rows all full, B = 8 and 32, S = 512 / 2048 / 8192, L = 1 causal
 #   model       whole-model decode, fresh processes (progression: Qwen3-4B bf16 and 4-bit at
@@ -153,11 +154,12 @@ operators() {
 }
 
 coverage() {
+  local dims="${1/all/64,80,96,128,256}"
   # Chained calls (bench-coverage's GPU default: a step's latency), one process per head dim, so
   # that an abort loses one record (two of four whole D 80 sweeps died in MLX's child-graph node,
   # results-h200.md). These records replace the ones llm-eval's test_coverage reads.
   local d
-  for d in 64 80 96 128 256; do
+  for d in ${dims//,/ }; do
     python3 -X faulthandler -m llm_eval.coverage --device gpu --head-dim "$d" --context 32 \
       --context 128 --context 1024 --context 4096 --context 8192 --context 16384 \
       --context 32768 --context 131072 --force \
@@ -338,11 +340,11 @@ for target in "$@"; do
   [ "$name" = "$target" ] || part="${target#*:}"
   echo "== $target $(date -u +%T)"
   case "$name" in
-    operators | serve | linear) "$name" "$part" ;;
-    tests | coverage | ragged | model | models | step | quantized) "$name" ;;
+    operators | serve | linear | coverage) "$name" "$part" ;;
+    tests | ragged | model | models | step | quantized) "$name" ;;
     cpu-host) cpu_host "$part" ;;
     *) echo "tools/gpu.sh: unknown target $target (tests, operators[:kernels|grid|short|long]," \
-      "coverage, ragged, model, models, step, quantized, linear[:bench]," \
+      "coverage[:D,D...], ragged, model, models, step, quantized, linear[:bench]," \
       "serve[:rates|anatomy|trace]," \
       "cpu-host[:kernels|model])" >&2 ;;
   esac
