@@ -18,6 +18,7 @@
 // BENCH_SPLITS=0,8,16 (split-mma only) times each case at those split counts, rounded to whole
 // block steps as plan() rounds them (0: plan()'s own), for the sweeps behind split_count();
 // BENCH_CHECK_HEADS=4 checks only every eighth query head against float64 (faster sweeps).
+// BENCH_HKV=32 BENCH_D=96: other geometries (32 query heads; Phi-3's no-GQA D 96 here).
 #include <cuda.h>
 
 #include <algorithm>
@@ -33,13 +34,17 @@
 #include "../decode_attention.cu"
 #include "bench_common.h"
 
+using attn_kernels::AttentionGeometry;
 using attn_kernels::DecodeProblem;
 using attn_kernels::ElementType;
+using attn_kernels::make_geometry;
 namespace ak = attn_kernels::cuda;
 
 namespace {
 
-constexpr int kHq = 32, kHkv = 8, kD = 128, kCalls = 50, kReplays = 15;
+constexpr int kHq = 32, kCalls = 50, kReplays = 15;
+// BENCH_HKV and BENCH_D (main): Qwen3-4B's 8 KV heads of D = 128 unless set.
+int kv_heads = 8, head_dim = 128;
 
 using bench::bf16_to_float;
 using bench::copy_bandwidth;
@@ -68,7 +73,7 @@ struct Mode {
 std::vector<double> reference(const Case& c, const std::vector<uint16_t>& hq,
                               const std::vector<uint16_t>& hk, const std::vector<uint16_t>& hv,
                               float scale, int head_step) {
-  const int group = kHq / kHkv;
+  const int group = kHq / kv_heads;
   std::vector<double> expected, w(c.S);
   for (int h = 0; h < kHq; h += head_step) {
     const int kvh = h / group;
@@ -77,18 +82,20 @@ std::vector<double> reference(const Case& c, const std::vector<uint16_t>& hq,
       double mx = -INFINITY;
       for (int j = 0; j < visible; ++j) {
         double s = 0;
-        for (int d = 0; d < kD; ++d) {
-          s += double(bf16_to_float(hq[(size_t(h) * c.L + i) * kD + d])) *
-               bf16_to_float(hk[(size_t(kvh) * c.S + j) * kD + d]);
+        for (int d = 0; d < head_dim; ++d) {
+          s += double(bf16_to_float(hq[(size_t(h) * c.L + i) * head_dim + d])) *
+               bf16_to_float(hk[(size_t(kvh) * c.S + j) * head_dim + d]);
         }
         w[j] = s * scale;
         mx = std::max(mx, w[j]);
       }
       double den = 0;
       for (int j = 0; j < visible; ++j) den += (w[j] = std::exp(w[j] - mx));
-      for (int d = 0; d < kD; ++d) {
+      for (int d = 0; d < head_dim; ++d) {
         double o = 0;
-        for (int j = 0; j < visible; ++j) o += w[j] * bf16_to_float(hv[(size_t(kvh) * c.S + j) * kD + d]);
+        for (int j = 0; j < visible; ++j) {
+          o += w[j] * bf16_to_float(hv[(size_t(kvh) * c.S + j) * head_dim + d]);
+        }
         expected.push_back(o / den);
       }
     }
@@ -98,7 +105,7 @@ std::vector<double> reference(const Case& c, const std::vector<uint16_t>& hq,
 
 void run(const Case& c, double bandwidth, std::mt19937& rng, const Mode& mode) {
   const bool independent = mode.independent;
-  const size_t q_elems = size_t{kHq} * c.L * kD, kv_elems = size_t{kHkv} * c.S * kD;
+  const size_t q_elems = size_t{kHq} * c.L * head_dim, kv_elems = size_t{kv_heads} * c.S * head_dim;
   const double kv_bytes = 2.0 * kv_elems * 2;
   // Enough K/V sets that one graph's calls read more than L2 (50 MB) holds.
   const int sets =
@@ -121,11 +128,12 @@ void run(const Case& c, double bandwidth, std::mt19937& rng, const Mode& mode) {
 
   DecodeProblem p{};
   static_cast<AttentionGeometry&>(p) = make_geometry(
-      1, kHq, kHkv, c.L, c.S, kD, 1.0f / std::sqrt(float(kD)), c.causal, nullptr);
+      1, kHq, kv_heads, c.L, c.S, head_dim, 1.0f / std::sqrt(float(head_dim)), c.causal, nullptr);
   p.queries = q;
   p.out = out;
   p.dtype = ElementType::bfloat16;
-  const int64_t ks[4] = {int64_t{kHkv} * c.S * kD, int64_t{c.S} * kD, kD, 1};
+  const int64_t ks[4] = {int64_t{kv_heads} * c.S * head_dim, int64_t{c.S} * head_dim, head_dim,
+                         1};
   std::copy(ks, ks + 4, p.k_strides);
   std::copy(ks, ks + 4, p.v_strides);
   const int head_step = kHq / std::clamp(mode.checked_heads, 1, kHq);
@@ -225,8 +233,8 @@ void run(const Case& c, double bandwidth, std::mt19937& rng, const Mode& mode) {
     double err = 0, norm = 0;
     size_t at = 0;
     for (int h = 0; h < kHq; h += head_step) {
-      for (size_t e = 0; e < size_t(c.L) * kD; ++e, ++at) {
-        const double got = bf16_to_float(hout[size_t(h) * c.L * kD + e]), o = expected[at];
+      for (size_t e = 0; e < size_t(c.L) * head_dim; ++e, ++at) {
+        const double got = bf16_to_float(hout[size_t(h) * c.L * head_dim + e]), o = expected[at];
         err += (got - o) * (got - o);
         norm += o * o;
       }
@@ -234,7 +242,8 @@ void run(const Case& c, double bandwidth, std::mt19937& rng, const Mode& mode) {
     const double rel = std::isfinite(err) ? std::sqrt(err / norm) : INFINITY;
     const double median = us[us.size() / 2];
     const double gbs = kv_bytes / (median * 1e-6) / 1e9;
-    std::printf("%-13s L=%d %-6s S=%-7d splits=%-4d %8.2f us [%7.2f..%7.2f] %7.0f GB/s %5.1f%% floor  err %.1e  plan %.0f ns%s\n",
+    std::printf("%-13s L=%d %-6s S=%-7d splits=%-4d %8.2f us [%7.2f..%7.2f] %7.0f GB/s %5.1f%% "
+                "floor  err %.1e  plan %.0f ns%s\n",
                 c.schedule, c.L, c.causal ? "causal" : "none", c.S, plan.splits, median,
                 us.front(), us.back(), gbs, 100.0 * gbs * 1e9 / bandwidth, rel, plan_ns,
                 rel < 1e-2 ? "" : "  WRONG");
@@ -252,8 +261,15 @@ void run(const Case& c, double bandwidth, std::mt19937& rng, const Mode& mode) {
 
 int main(int argc, char** argv) {
   std::mt19937 rng(7);
+  if (const char* hkv = std::getenv("BENCH_HKV")) kv_heads = std::atoi(hkv);
+  if (const char* d = std::getenv("BENCH_D")) head_dim = std::atoi(d);
+  if (kv_heads < 1 || kHq % kv_heads != 0 || head_dim < 16 || head_dim > 256 || head_dim % 16) {
+    std::fprintf(stderr, "BENCH_HKV must divide %d, BENCH_D be a multiple of 16 to 256\n", kHq);
+    return 1;
+  }
   const double bandwidth = copy_bandwidth();
-  std::printf("copy bandwidth %.0f GB/s (read + write)\n", bandwidth / 1e9);
+  std::printf("copy bandwidth %.0f GB/s (read + write); Hq %d, Hkv %d, D %d\n",
+              bandwidth / 1e9, kHq, kv_heads, head_dim);
   std::vector<const char*> schedules = {"split-mma", "split-gqa", "chapter-32"};
   if (argc > 1) schedules.assign(argv + 1, argv + argc);
   const char* max_env = std::getenv("BENCH_MAX_S");

@@ -15,13 +15,6 @@ RECORDS = {
     "cpu": ["cpu-2core-attention-coverage-mlx-0.32.4.json"],
     "cuda": [f"h100-attention-coverage-chained-D{d}-mlx-0.32.4.json" for d in coverage.HEAD_DIMS],
 }
-# These CUDA records gave mx.fast mask="causal" at L = 1 too, which MLX 0.32.4 runs slower than
-# mlx-lm's mask=None from S = 8192. With None at S = 131072 (raw/h100-attention-L1-mask-none-vs-
-# causal.txt) ours lost at D 80 bf16 (0.84-0.85x, G 1 and 8) and D 96 f16 (0.94x, G 8) and won or
-# tied elsewhere (D 64, D 96 bf16, D 128 f16, D 256; f32 takes no cuDNN and ran as fast either
-# way); every point at S <= 8192 won. So those L = 1 rows end at 8192 (D 80 f16 with bf16: its
-# G 1 and 8 were not run) while such records speak (a sweep with None, bench-coverage now, ends it).
-L1_MASK_NONE_CAPS = {"cuda": {(80, "bfloat16"): 8192, (80, "float16"): 8192, (96, "float16"): 8192}}
 
 
 def test_small_sweep(tmp_path):
@@ -115,16 +108,15 @@ def test_guard_regions_are_the_records(backend):
     """Every further shape of the backend's guard is a region its coverage records derive, and
     every region they derive (except the reference shape's own) is in the guard."""
     points = {}
-    causal_at_l1 = False  # a record from before bench-coverage gave mx.fast None at L = 1
     for name in RECORDS[backend]:
         record = json.loads((RESULTS / name).read_text())
         points.update(record["results"])
-        causal_at_l1 |= "mx_fast_masks" not in record["config"]
+        # mx.fast with mask "causal" at L = 1 (the sweeps before 969841e) runs slower on CUDA than
+        # mlx-lm's None from S = 8192 (raw/h100-attention-L1-mask-none-vs-causal.txt); on CPUs
+        # the two time the same
+        assert backend == "cpu" or "mx_fast_masks" in record["config"], name
     derived = coverage.derive_regions(points)
     assert guard.SWEPT_QUERY_LENGTHS == coverage.QUERY_LENGTHS  # the rows' lengths are the sweep's
-    for (d, t), cap in L1_MASK_NONE_CAPS.get(backend, {}).items() if causal_at_l1 else ():
-        lo, hi = derived[(d, t, 1)]
-        derived[(d, t, 1)] = (lo, min(hi, cap))
     limits = guard.LIMITS[backend]
     reference = {(d, t) for d in limits.head_dims for t in limits.dtypes}
     expected = {

@@ -136,6 +136,9 @@ def test_named_commit_wins_over_the_checkouts_git(monkeypatch):
     monkeypatch.setenv("LLM_EVAL_GIT_DIRTY", "")
     meta = collect_metadata("cpu")
     assert meta["git_sha"] == "0123abc" and meta["git_dirty"] is False
+    for value, dirty in (("0", False), ("1", True)):  # tools/gpu.sh's documented values
+        monkeypatch.setenv("LLM_EVAL_GIT_DIRTY", value)
+        assert collect_metadata("cpu")["git_dirty"] is dirty
     monkeypatch.delenv("LLM_EVAL_GIT_SHA")
     assert collect_metadata("cpu")["git_sha"] != "0123abc"
 

@@ -67,17 +67,17 @@ cpu (2-vCPU AMD EPYC, Zen 3, AVX2): cpu-2core-attention-coverage-mlx-0.32.4.json
     regions from the record and checks them against this table). Its mx.fast had mask "causal" at
     L = 1, which on CPUs times as mlx-lm's None does (raw/h100-attention-L1-mask-none-vs-causal.txt).
 cuda (an H100, sm_90 as the H200): h100-attention-coverage-chained-D{64,80,96,128,256}-
-    mlx-0.32.4.json (aad38ff, bench-coverage --chain: a decode step's latency, S = 32 .. 131072,
-    after the D 256 merge in parts): 1367 of the 1440 points won or tied. Rows per swept L
-    (1, 4, 8; a length between two swept ones needs both rows to hold S): bf16/f16 everywhere
-    from S = 1 at L = 4 and 8 and from 128 at L = 1 (S = 32 lost: 0.83-0.95x, the per-call
-    floor; D 80 and 256 from 1); f32 (the SIMT kernel) where it won: from 1024 at L = 1 for
-    D 64/128 and only 1024 for D 96, to 16384 at L = 8 for D 80/96 and 4096 for D 256. Those
-    records timed mx.fast with mask "causal" at L = 1, which MLX 0.32.4 runs slower than mlx-lm's
-    None from S = 8192 (raw/h100-attention-L1-mask-none-vs-causal.txt): with None ours lost at
-    S = 131072 for D 80 bf16 (0.84x) and D 96 f16 (0.94x), so their L = 1 rows (and D 80 f16's)
-    end at 8192; elsewhere it won or tied there (0.96x-6.9x). The earlier independent-call
-    records (h200-attention-coverage, h100-attention-coverage-split-mma*) no longer count.
+    mlx-0.32.4.json (969841e, bench-coverage --chain: a decode step's latency, S = 32 .. 131072,
+    mx.fast with mlx-lm's masks: None at L = 1, "causal" above): 1348 of the 1440 points won or
+    tied. Rows per swept L (1, 4, 8; a length between two swept ones needs both rows to hold S):
+    bf16/f16 everywhere from S = 1 at L = 4 and 8 and from 128 at L = 1 (S = 32 lost: 0.79-0.93x,
+    the per-call floor; D 80 and 256 from 1), except D 80's L = 1, which ends at 16384 (0.86-0.94x
+    from 32768: ours 543 µs at S = 131072, no GQA, against 470); f32 (the SIMT kernel) where it
+    won: from 1024 at L = 1 for D 64/128 and only 1024 for D 96, to 8192 at L = 8 for D 80/96 and
+    4096 for D 256. The guard admits 1320 of the 1440 points (92%), the reference shape's S = 32
+    at L = 1 among them (0.88-0.92x here; its limits come from the H200's records above). Sweeps
+    before 969841e gave mx.fast "causal" at L = 1, which MLX 0.32.4 runs slower than None from
+    S = 8192 (raw/h100-attention-L1-mask-none-vs-causal.txt), and no longer count.
 metal: D=128 bf16 only.
 
 Linear layers of a decode step (decode_linear, decode_linear_quantized; LINEAR_LIMITS), against
@@ -199,12 +199,12 @@ LIMITS: dict[str, Limits] = {
             *_swept(64, mx.bfloat16, (128, 131072), (1, 131072), (1, 131072)),
             *_swept(64, mx.float16, (128, 131072), (1, 131072), (1, 131072)),
             *_swept(64, mx.float32, (1024, 131072), (1, 131072), (1, 131072)),
-            *_swept(80, mx.bfloat16, (1, 8192), (1, 131072), (1, 131072)),
-            *_swept(80, mx.float16, (1, 8192), (1, 131072), (1, 131072)),
-            *_swept(80, mx.float32, (1, 131072), (1, 131072), (1, 16384)),
+            *_swept(80, mx.bfloat16, (1, 16384), (1, 131072), (1, 131072)),
+            *_swept(80, mx.float16, (1, 16384), (1, 131072), (1, 131072)),
+            *_swept(80, mx.float32, (1, 131072), (1, 131072), (1, 8192)),
             *_swept(96, mx.bfloat16, (128, 131072), (1, 131072), (1, 131072)),
-            *_swept(96, mx.float16, (128, 8192), (1, 131072), (1, 131072)),
-            *_swept(96, mx.float32, (1024, 1024), (1, 131072), (1, 16384)),
+            *_swept(96, mx.float16, (128, 131072), (1, 131072), (1, 131072)),
+            *_swept(96, mx.float32, (1024, 1024), (1, 131072), (1, 8192)),
             *_swept(128, mx.float16, (128, 131072), (1, 131072), (1, 131072)),
             *_swept(128, mx.float32, (1024, 131072), (1, 131072), (1, 131072)),
             *_swept(256, mx.bfloat16, (1, 131072), (1, 131072), (1, 131072)),

@@ -120,7 +120,8 @@ def collect_metadata(device: str) -> dict:
     return {
         "captured_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "git_sha": sha,
-        "git_dirty": bool(dirty) if dirty is not None else None,
+        # git's porcelain output, or the caller's "1" / "0" ("0" is clean: bool("0") is True)
+        "git_dirty": dirty.strip() not in ("", "0") if dirty is not None else None,
         "host": socket.gethostname(),
         "platform": platform.platform(),
         "device": device_info(device),
