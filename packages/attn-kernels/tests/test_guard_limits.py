@@ -164,6 +164,18 @@ def test_quantized_group_sizes():
     assert set(guard.QUANTIZED_GROUP_SIZES) == set(guard.QUANTIZED_LIMITS)
 
 
+def test_quantized_head_dims():
+    """The quantized kernel at the head dims its records time: 64, 128 and 256 on the CPU, 128 on
+    CUDA; bf16 only (the dtype the records quantize from)."""
+    for d in (64, 128, 256):
+        assert guard.use_fused_quantized(1, 4096, None, "cpu", head_dim=d, dtype=mx.bfloat16)
+        assert guard.use_step_quantized(8, 4096, d, "causal", "cpu", dtype=mx.bfloat16)
+    assert not guard.use_fused_quantized(1, 4096, None, "cpu", head_dim=96)
+    assert not guard.use_fused_quantized(1, 4096, None, "cpu", head_dim=64, dtype=mx.float16)
+    assert not guard.use_fused_quantized(1, 4096, None, "cuda", head_dim=64)
+    assert set(guard.QUANTIZED_FURTHER_HEAD_DIMS) == set(guard.QUANTIZED_LIMITS)
+
+
 def test_quantized_step_region():
     """attention_step_quantized inside the quantized region, one causal token, head dims that
     are multiples of 64, on the CPU and CUDA only."""

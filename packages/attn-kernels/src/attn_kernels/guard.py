@@ -47,7 +47,11 @@ cpu: cpu-2core-qwen3-4b-attention-quantized-{8,4}-bit-mlx-0.32.4.json: L=1, S = 
     cpu-2core-qwen3-4b-attention-quantized-{8,4}-bit-avx2-mlx-0.32.4.json, every pass won,
     15-27x mx.fast; L = 2, 4, 8 causal at S = 1024, 8192, 32768:
     cpu-2core-qwen3-4b-attention-quantized-{8,4}-bit-L2-L8-causal-avx2-mlx-0.32.4.json, every pass
-    won against mx.fast on bf16 K/V (8 bits 15-28x, 4 bits 15-29x), so L <= 8.
+    won against mx.fast on bf16 K/V (8 bits 15-28x, 4 bits 15-29x), so L <= 8. Head dims 64 and
+    256 (QUANTIZED_FURTHER_HEAD_DIMS), on a 2-vCPU Xeon with AVX-512 (not timed on AVX2):
+    cpu-2core-avx512-attention-quantized-D{64,256}-{4,8}-bit-mlx-0.32.4.json, bf16, group 64,
+    L = 1 and 8 causal at S = 1024, 8192, 32768: every pass won against mx.fast on bf16 K/V, D 64
+    10.2-28.8x, D 256 19.9-40.9x (80 and 96 take no group 64, mlx-lm's default; not timed).
 cuda: benchmark_results/raw/h200-quantized-merge-split.txt (c139b75, the default kernel mmat4
     with the context split for two blocks per SM): L=1, group 64, 8 / 4 bits, S = 4096, 32768, 131072:
     16.0 / 16.1, 32.0 / 26.3, 83.1 / 56.8 µs against 32-48 (4096, 32768) and 136 for mx.fast on
@@ -218,6 +222,13 @@ LIMITS: dict[str, Limits] = {
 
 # Over a quantized cache: (max query length, max context); (0, 0) means never. Mask None or
 # "causal" only.
+# Head dims the quantized kernels were timed at beyond the reference shape's (LIMITS' head_dims,
+# D 128; bf16, LIMITS' dtypes): 64 and 256 on the CPU (the records above).
+QUANTIZED_FURTHER_HEAD_DIMS: dict[str, tuple[int, ...]] = {
+    "cpu": (64, 256),
+    "cuda": (),
+    "metal": (),
+}
 QUANTIZED_LIMITS: dict[str, tuple[int, int]] = {
     "cpu": (8, 32768),
     "cuda": (1, 131072),
@@ -338,15 +349,16 @@ def use_fused_quantized(
     group_size: int | None = None,
 ) -> bool:
     """True where decode_attention_quantized was measured to beat the fallback on `backend`
-    (head dim and dtype as measured, LIMITS' lists; group size as QUANTIZED_GROUP_SIZES; None
-    skips that check)."""
+    (head dim in LIMITS' list or QUANTIZED_FURTHER_HEAD_DIMS, dtype in LIMITS' list, group size
+    in QUANTIZED_GROUP_SIZES; None skips that check)."""
     where = _default_backend() if backend is None else backend
     if where not in QUANTIZED_LIMITS:
         raise ValueError(f"unknown backend {where!r}: use one of {', '.join(QUANTIZED_LIMITS)}")
     if group_size is not None and group_size not in QUANTIZED_GROUP_SIZES[where]:
         return False
     measured = LIMITS[where]
-    if head_dim is not None and head_dim not in measured.head_dims:
+    further = QUANTIZED_FURTHER_HEAD_DIMS[where]
+    if head_dim is not None and head_dim not in measured.head_dims and head_dim not in further:
         return False
     if dtype is not None and dtype not in measured.dtypes:
         return False
