@@ -46,10 +46,11 @@
 #               bench-linear --device gpu on Qwen3-4B's projections (4 and 8 bits, 1-32 rows,
 #               groups 64 and 128: the serving model's) against mx.quantized_matmul, and the
 #               row-tile A/B at 16 and 32 rows; PART bench: the two bench-linear records alone
-#   models      issue 40's shapes through mlx-lm's own generate with and without enable(), each
-#               also with a decode step as one CUDA graph (--one-graph-a-step):
+#   models      issue 40's shapes through mlx-lm's own generate with and without enable():
 #               Llama-3.2-1B, Phi-3-mini, Gemma-3-4B, 4-bit, 8192+65; and Qwen3-4B decoding
-#               speculatively (its own weights as the draft)
+#               speculatively (its own weights as the draft); PART one-graph: each also with a
+#               decode step as one CUDA graph (--one-graph-a-step: twice the time, the A/B behind
+#               enable() leaving MLX's graph limits alone, docs/mlx-lm.md)
 #   cpu-host    the 16-core host's CPU through the kit's MLX (its CPU backend), two calls; PART
 #               kernels: the linear kernel alone (make bench-linear-kernel, every core and 2
 #               threads), the attention kernel alone (make bench-cpu-kernel), bench-operators
@@ -286,8 +287,8 @@ linear() {
 
 models() {
   python3 -m llm_eval.mlx_lm_decode --model llama-3.2-1b --model phi-3-mini --model gemma-3-4b \
-    --quantize 4bit --workload 8192+65 --rounds "${ROUNDS:-3}" --one-graph-a-step --output "$R" \
-    2>&1 | quiet
+    --quantize 4bit --workload 8192+65 --rounds "${ROUNDS:-3}" --output "$R" \
+    $([ "$1" = one-graph ] && echo --one-graph-a-step) 2>&1 | quiet
   python3 -m llm_eval.mlx_lm_decode --model qwen3-4b --quantize 4bit --workload 32+97 \
     --draft-layers 36 --num-draft-tokens 3 --rounds "${ROUNDS:-3}" --output "$R" 2>&1 | quiet
 }
@@ -340,11 +341,11 @@ for target in "$@"; do
   [ "$name" = "$target" ] || part="${target#*:}"
   echo "== $target $(date -u +%T)"
   case "$name" in
-    operators | serve | linear | coverage) "$name" "$part" ;;
-    tests | ragged | model | models | step | quantized) "$name" ;;
+    operators | serve | linear | coverage | models) "$name" "$part" ;;
+    tests | ragged | model | step | quantized) "$name" ;;
     cpu-host) cpu_host "$part" ;;
     *) echo "tools/gpu.sh: unknown target $target (tests, operators[:kernels|grid|short|long]," \
-      "coverage[:D,D...], ragged, model, models, step, quantized, linear[:bench]," \
+      "coverage[:D,D...], ragged, model, models[:one-graph], step, quantized, linear[:bench]," \
       "serve[:rates|anatomy|trace]," \
       "cpu-host[:kernels|model])" >&2 ;;
   esac

@@ -145,6 +145,11 @@ def point_key(d: int, dtype: str, group: int, length: int, context: int) -> str:
     return f"D={d},{dtype},G={group},L={length},S={context}"
 
 
+def mx_fast_mask(length: int) -> str:
+    """The mask mlx-lm's decode gives mx.fast at L = length (module doc)."""
+    return "none" if length == 1 else "causal"
+
+
 def sweep_one(args, d: int, dtype: str, group: int, bandwidth: float | None) -> dict:
     """bench-operators over (L, S) for one (D, dtype, group): its records' results. mx.fast gets
     the mask mlx-lm passes: None at L = 1, "causal" above (module doc)."""
@@ -159,13 +164,10 @@ def sweep_one(args, d: int, dtype: str, group: int, bandwidth: float | None) -> 
     if bandwidth:
         argv += ["--bandwidth-gbs", str(bandwidth)]
     results = {}
-    for mask, lengths in (
-        ("none", [q for q in args.query_length if q == 1]),
-        ("causal", [q for q in args.query_length if q > 1]),
-    ):
-        if lengths:
-            masked = argv + ["--attention-mask", mask] + [f"--query-length={q}" for q in lengths]
-            results.update(operators.run(operators.parse_args(masked))["results"])
+    for mask in dict.fromkeys(mx_fast_mask(q) for q in args.query_length):
+        lengths = [f"--query-length={q}" for q in args.query_length if mx_fast_mask(q) == mask]
+        masked = [*argv, "--attention-mask", mask, *lengths]
+        results.update(operators.run(operators.parse_args(masked))["results"])
     return results
 
 
@@ -248,7 +250,8 @@ def run(args) -> dict:
     regions = derive_regions(points)
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     config["read_rates_gbs"] = rates
-    config["mx_fast_masks"] = {"1": "none", "2-8": "causal"}  # records without it: causal at all L
+    # records without it: "causal" at every L
+    config["mx_fast_masks"] = {"1": mx_fast_mask(1), "2-8": mx_fast_mask(2)}
     if args.device == "cpu":
         config["cpu_kernel_path"], config["cpu_threads"] = _ext.cpu_path(), _ext.cpu_threads()
     return {
