@@ -193,3 +193,38 @@ def test_every_qwen3_config_and_8_bits():
     args = mlx_lm_decode.parse_args(["--model", "qwen3-tiny", "--quantize", "8bit"])
     model = mlx_lm_decode.build(args.model[0], args.quantize, 0)
     assert model.layers[0].mlp.down_proj.bits == 8
+
+
+def test_kernel_trace_arguments(capsys):
+    for argv, named in ((["--kernel-trace", "0"], "must be >= 1 steps"),
+                        (["--kernel-trace", "2", "--device", "cpu"], "needs MLX's CUDA backend")):  # fmt: skip
+        with pytest.raises(SystemExit):
+            mlx_lm_decode.parse_args(argv)
+        assert named in capsys.readouterr().err
+
+
+def test_kernel_trace_window(tmp_path, monkeypatch):
+    """--kernel-trace's child (run here without ncu, on the CPU) opens the profiled range for STEPS
+    tokens from the request's middle, and the decode steps launched inside it are STEPS: one
+    fused step a layer each."""
+    import attn_kernels.mlx_lm as attention
+    import mlx.core as mx
+    from llm_eval import kernel_trace
+
+    monkeypatch.setitem(mlx_lm_decode.MODELS, "tiny", TINY)
+    argv = ["--model", "tiny", "--quantize", "none", "--device", "cpu", "--workload", "12+11"]
+    args = mlx_lm_decode.parse_args(argv)
+    args.kernel_trace, args.trace_child = 3, ("mlx-lm+kernel", str(tmp_path / "timings.json"))
+    inside = []
+
+    @contextlib.contextmanager
+    def profiled():
+        before = attention.calls()["fused_step"]
+        yield
+        inside.append(attention.calls()["fused_step"] - before)
+
+    monkeypatch.setattr(kernel_trace, "profiled", profiled)
+    with mx.stream(mx.cpu):
+        mlx_lm_decode.trace_child(args)
+    assert inside == [3 * TINY["num_hidden_layers"]]
+    assert json.loads((tmp_path / "timings.json").read_text())["median_step_ms"] > 0

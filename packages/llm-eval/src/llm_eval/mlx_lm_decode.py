@@ -27,6 +27,12 @@ with the model on nearly every token, and one of all its layers agree on every o
 --num-draft-tokens tokens a step that the model verifies in one call of that many + 1 positions
 (causal); the record counts the tokens the draft proposed.
 
+--kernel-trace STEPS replaces the timing (a GPU with Nsight Compute): per model, workload and
+variant a child process under ncu decodes one request and profiles STEPS decode steps from its
+middle kernel by kernel (llm_eval.kernel_trace): each kernel's device time, their sum per step
+beside the step's wall time in the same child, untraced (whether a step is made of kernels or of
+waiting on the host), and the kernels by name.
+
 One record per model and workload, under benchmark_results/ (the nearest such folder upwards) or
 --output DIR, named like bench's records.
 """
@@ -37,6 +43,10 @@ import argparse
 import contextlib
 import copy
 import importlib
+import json
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -46,7 +56,7 @@ import qwen3_model
 from attn_kernels import _ext
 from mlx.utils import tree_flatten
 
-from llm_eval import bench
+from llm_eval import bench, kernel_trace
 from llm_eval.progress import Progress
 from llm_eval.record import SCHEMA_VERSION, collect_metadata, positive_float, write_record
 
@@ -191,6 +201,16 @@ def parse_args(argv=None) -> argparse.Namespace:
         metavar="K",
         help="tokens the draft proposes a step (default 3; mlx_lm.generate's default is 2)",
     )
+    p.add_argument(
+        "--kernel-trace",
+        type=int,
+        metavar="STEPS",
+        help="instead of timing requests: each variant's STEPS decode steps under Nsight Compute, "
+        "kernel by kernel (see above; MLX's CUDA backend and ncu)",
+    )
+    p.add_argument("--ncu", metavar="PATH", help="ncu for --kernel-trace (default: on PATH or "
+                   "under /opt/nvidia)")  # fmt: skip
+    p.add_argument("--trace-child", nargs=2, metavar=("VARIANT", "FILE"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.variants = [*VARIANTS, ATTENTION_ONLY] if args.attention_only else list(VARIANTS)
     if args.one_graph_a_step:
@@ -207,6 +227,19 @@ def parse_args(argv=None) -> argparse.Namespace:
                     f"{MODELS[name]['num_hidden_layers']} layers")  # fmt: skip
     if args.num_draft_tokens < 1:
         p.error("--num-draft-tokens must be >= 1")
+    if args.kernel_trace is not None:
+        if args.kernel_trace < 1:
+            p.error(f"--kernel-trace: must be >= 1 steps, got {args.kernel_trace}")
+        if args.device != "gpu" or not mx.cuda.is_available():
+            p.error("--kernel-trace: needs MLX's CUDA backend (Nsight Compute times its kernels)")
+        if any(generated < 2 * args.kernel_trace + 2 for _, generated in args.workload):
+            p.error(f"--kernel-trace {args.kernel_trace}: each workload needs at least "
+                    f"{2 * args.kernel_trace + 2} generated tokens (the steps from its middle)")  # fmt: skip
+        if args.draft_layers is not None:
+            p.error("--kernel-trace: not with --draft-layers")
+        args.ncu = args.ncu or kernel_trace.ncu_path()
+        if not args.trace_child and not args.ncu:
+            p.error("--kernel-trace: no ncu on PATH or under /opt/nvidia; pass --ncu PATH")
     if args.output and args.output.exists() and not args.output.is_dir():
         p.error(f"--output {args.output}: not a folder")
     return args
@@ -372,6 +405,97 @@ def run_workload(args, name, model, tokenizer, w, progress: Progress, draft=None
     }
 
 
+def trace_child(args) -> None:
+    """Under ncu (--trace-child VARIANT FILE): a warm-up request, one untimed by ncu for the step's
+    wall time, then one with --kernel-trace steps from its middle in ncu's range."""
+    import attn_kernels.mlx_lm as attention
+    from mlx_lm.generate import stream_generate
+
+    variant, out = args.trace_child
+    (name,), ((prompt_len, generated),) = args.model, args.workload
+    model = build(name, args.quantize, args.seed)
+    tokenizer = word_tokenizer(model.args.vocab_size)
+    prompt = bench.prompt_ids(model.args.vocab_size, prompt_len, mx.random.key(args.seed))
+    request(model, tokenizer, prompt, 2, variant)
+    sample = request(model, tokenizer, prompt, generated, variant)
+    context = attention.enabled() if variant == KERNEL else contextlib.nullcontext()
+    # ncu's range from the middle token for --kernel-trace tokens: the decode steps launched
+    # meanwhile (generate_step launches a step before it yields the previous one's token).
+    first = (generated - args.kernel_trace) // 2
+    with context, contextlib.ExitStack() as window:
+        responses = stream_generate(model, tokenizer, prompt, max_tokens=generated)
+        for i, _ in enumerate(responses):
+            if i == first:
+                window.enter_context(kernel_trace.profiled())
+            elif i == first + args.kernel_trace:
+                window.close()
+    step_ms = sorted(1e3 * t for t in sample["step_s"])
+    Path(out).write_text(json.dumps({"median_step_ms": step_ms[len(step_ms) // 2]}))
+
+
+def trace_workload(args, name, w, progress: Progress) -> dict:
+    """One ncu child per variant (module doc); the record of their kernels."""
+    prompt_len, generated = w
+    results = {}
+    progress.restart(len(VARIANTS))
+    for variant in VARIANTS:
+        with tempfile.TemporaryDirectory() as folder:
+            log, timings = Path(folder, "ncu.csv"), Path(folder, "timings.json")
+            program = [
+                sys.executable, "-m", "llm_eval.mlx_lm_decode", "--model", name,
+                "--quantize", args.quantize, "--workload", f"{prompt_len}+{generated}",
+                "--seed", str(args.seed), "--kernel-trace", str(args.kernel_trace),
+                "--trace-child", variant, str(timings),
+            ]  # fmt: skip
+            done = subprocess.run(kernel_trace.ncu_command(args.ncu, log, program))
+            if done.returncode != 0 or not timings.exists():
+                raise RuntimeError(f"the traced {variant} process failed ({done.returncode})")
+            kernels = kernel_trace.read_log(log)
+            if not kernels:
+                raise RuntimeError(f"ncu profiled no kernel of {variant} (see {log})")
+            results[variant] = {
+                **json.loads(timings.read_text()),
+                **kernel_trace.summarise(kernels, args.kernel_trace),
+            }
+        progress.step(f"{name} {prompt_len}+{generated} {variant} traced")
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "mlx-lm-decode-kernel-trace",
+        "metadata": collect_metadata(args.device),
+        "model_config": MODELS[name],
+        "config": {
+            "model": name,
+            "quantize": args.quantize,
+            "input_len": prompt_len,
+            "output_len": generated,
+            "traced_steps": args.kernel_trace,
+            "seed": args.seed,
+            "variants": VARIANTS,
+            "ncu": args.ncu,
+        },
+        "execution_order": [{"variant": v} for v in VARIANTS],
+        "results": results,
+    }
+
+
+def format_trace(record: dict) -> str:
+    c = record["config"]
+    lines = [
+        f"{c['model']} {c['quantize']} {c['input_len']}+{c['output_len']}: "
+        f"{c['traced_steps']} decode steps under ncu",
+        "| variant | wall ms/step (untraced) | kernel ms/step | kernels/step | largest kernels "
+        "(ms/step) |",
+        "|---|---|---|---|---|",
+    ]
+    for v, r in record["results"].items():
+        top = ", ".join(f"{k['name'][:40]} {k['ms_per_step']:.3f}" for k in r["by_name"][:4])
+        lines.append(
+            f"| {v} | {r['median_step_ms']:.3f} | {r['kernel_ms_per_step']:.3f} | "
+            f"{r['kernels_per_step']:.1f} | {top} |"
+        )
+    return "\n".join(lines)
+
+
 def first_divergence(theirs: dict, ours: dict) -> int | None:
     """The first position where two requests' greedy tokens differ (None: identical)."""
     pairs = enumerate(zip(theirs["tokens"], ours["tokens"], strict=True))
@@ -422,9 +546,10 @@ def format_table(record: dict) -> str:
 
 def record_path(args, record: dict) -> Path:
     c = record["config"]
+    kind = "-kernel-trace" if record["kind"].endswith("kernel-trace") else ""
     stem = (
         f"{bench.machine_tag(args.device)}-{c['model']}-{c['quantize'].replace('none', 'bf16')}-"
-        f"mlx-lm-decode{'-speculative' if c.get('draft_layers') else ''}-"
+        f"mlx-lm-decode{'-speculative' if c.get('draft_layers') else ''}{kind}-"
         f"{c['input_len']}+{c['output_len']}-mlx-{mx.__version__}"
     )
     return bench.unique_path(args.output or bench.find_results_dir(), stem)
@@ -433,7 +558,19 @@ def record_path(args, record: dict) -> Path:
 def main(argv=None) -> None:
     args = parse_args(argv)
     mx.set_default_device(mx.gpu if args.device == "gpu" else mx.cpu)
+    if args.trace_child:
+        trace_child(args)
+        return
     progress = Progress()
+    if args.kernel_trace:
+        for name in args.model:
+            for w in args.workload:
+                record = trace_workload(args, name, w, progress)
+                progress.close()
+                print(format_trace(record), flush=True)
+                if not args.no_record:
+                    print(f"record {write_record(record, record_path(args, record))}", flush=True)
+        return
     if args.bandwidth_gbs is None:
         if args.device == "cpu":
             progress.say("measuring the memory read bandwidth ...")
