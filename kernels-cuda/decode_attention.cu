@@ -465,10 +465,15 @@ Plan plan_mma(const DecodeProblem& p, int vpb) {
   // filling all 396 slots was 2-11% slower at L=1/2 S >= 8192 and L=4/8 S = 2048-8192
   // (L=4 S=16384 is 2% faster that way), probably because the merge's extra chunks cost more
   // than the added warps bring (not profiled; benchmark_results/raw/h200-bench_attend-split-sweep.txt).
-  constexpr int kMmaSplitBlocksPerSM = 2;
+  // Rows of D <= 80 carry too few bytes a warp step to keep HBM busy that way: all three slots in
+  // one wave were 10-14% faster at L = 1, S = 32768-131072 on an H100 (G 1: 8 -> 12 splits,
+  // 139.6 -> 125.7 and 524 -> 453 us; G 8 S = 131072: 64 -> 94 splits, 86.6 -> 82.4; 16 splits,
+  // 1.3 waves: 144 and 549), where D 96 gained 1% and D 128 lost 1%
+  // (benchmark_results/raw/h100-bench_attend-narrow-d-splits.txt).
+  const int split_blocks_per_sm = p.head_dim <= 80 ? 3 : 2;
   int splits = 1;
   if (p.context > kMmaUnsplitSteps * kStep) {
-    splits = split_count(p, std::min(attend.resident, kMmaSplitBlocksPerSM), plan.attend_smem,
+    splits = split_count(p, std::min(attend.resident, split_blocks_per_sm), plan.attend_smem,
                          p.kv_rows * tiles, kStep, kMmaVectors);
     splits = std::min(splits, ATTN_MMA_MAX_SPLITS);
   }
