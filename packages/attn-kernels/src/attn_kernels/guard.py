@@ -71,17 +71,18 @@ cpu (2-vCPU AMD EPYC, Zen 3, AVX2): cpu-2core-attention-coverage-mlx-0.32.4.json
     regions from the record and checks them against this table). Its mx.fast had mask "causal" at
     L = 1, which on CPUs times as mlx-lm's None does (raw/h100-attention-L1-mask-none-vs-causal.txt).
 cuda (an H100, sm_90 as the H200): h100-attention-coverage-chained-D{64,80,96,128,256}-
-    mlx-0.32.4.json (969841e, bench-coverage --chain: a decode step's latency, S = 32 .. 131072,
-    mx.fast with mlx-lm's masks: None at L = 1, "causal" above): 1348 of the 1440 points won or
-    tied. Rows per swept L (1, 4, 8; a length between two swept ones needs both rows to hold S):
-    bf16/f16 everywhere from S = 1 at L = 4 and 8 and from 128 at L = 1 (S = 32 lost: 0.79-0.93x,
-    the per-call floor; D 80 and 256 from 1), except D 80's L = 1, which ends at 16384 (0.86-0.94x
-    from 32768: ours 543 µs at S = 131072, no GQA, against 470); f32 (the SIMT kernel) where it
-    won: from 1024 at L = 1 for D 64/128 and only 1024 for D 96, to 8192 at L = 8 for D 80/96 and
-    4096 for D 256. The guard admits 1320 of the 1440 points (92%), the reference shape's S = 32
-    at L = 1 among them (0.88-0.92x here; its limits come from the H200's records above). Sweeps
-    before 969841e gave mx.fast "causal" at L = 1, which MLX 0.32.4 runs slower than None from
-    S = 8192 (raw/h100-attention-L1-mask-none-vs-causal.txt), and no longer count.
+    mlx-0.32.4.json (969841e; D 80 at 15f4d94, whose split rule gives D 80 three blocks an SM;
+    bench-coverage --chain: a decode step's latency, S = 32 .. 131072, mx.fast with mlx-lm's
+    masks: None at L = 1, "causal" above): 1354 of the 1440 points won or tied. Rows per swept L
+    (1, 4, 8; a length between two swept ones needs both rows to hold S): bf16/f16 everywhere
+    from S = 1 at L = 4 and 8 and from 128 at L = 1 (S = 32 lost: 0.79-0.93x, the per-call floor;
+    D 80 and 256 from 1), except D 80's L = 1, which ends at 32768 (0.88-0.89x at 131072, G 8:
+    ours 95 µs against 83); f32 (the SIMT kernel) where it won: from 1024 at L = 1 for D 64/128
+    and only 1024 for D 96, to 8192 at L = 8 for D 80/96 and 4096 for D 256. The guard admits 1328
+    of the 1440 points (92%), the reference shape's S = 32 at L = 1 among them (0.88-0.92x here;
+    its limits come from the H200's records above). Sweeps before 969841e gave mx.fast "causal"
+    at L = 1, which MLX 0.32.4 runs slower than None from S = 8192
+    (raw/h100-attention-L1-mask-none-vs-causal.txt), and no longer count.
 metal: D=128 bf16 only.
 
 Linear layers of a decode step (decode_linear, decode_linear_quantized; LINEAR_LIMITS), against
@@ -203,8 +204,8 @@ LIMITS: dict[str, Limits] = {
             *_swept(64, mx.bfloat16, (128, 131072), (1, 131072), (1, 131072)),
             *_swept(64, mx.float16, (128, 131072), (1, 131072), (1, 131072)),
             *_swept(64, mx.float32, (1024, 131072), (1, 131072), (1, 131072)),
-            *_swept(80, mx.bfloat16, (1, 16384), (1, 131072), (1, 131072)),
-            *_swept(80, mx.float16, (1, 16384), (1, 131072), (1, 131072)),
+            *_swept(80, mx.bfloat16, (1, 32768), (1, 131072), (1, 131072)),
+            *_swept(80, mx.float16, (1, 32768), (1, 131072), (1, 131072)),
             *_swept(80, mx.float32, (1, 131072), (1, 131072), (1, 8192)),
             *_swept(96, mx.bfloat16, (128, 131072), (1, 131072), (1, 131072)),
             *_swept(96, mx.float16, (128, 131072), (1, 131072), (1, 131072)),
