@@ -4,9 +4,11 @@ fused op), and the records validate."""
 
 import contextlib
 import json
+from pathlib import Path
 
 import pytest
 from llm_eval import mlx_lm_decode
+from llm_eval.progress import Progress
 from llm_eval.record import validate
 
 TINY = dict(
@@ -227,4 +229,39 @@ def test_kernel_trace_window(tmp_path, monkeypatch):
     with mx.stream(mx.cpu):
         mlx_lm_decode.trace_child(args)
     assert inside == [3 * TINY["num_hidden_layers"]]
-    assert json.loads((tmp_path / "timings.json").read_text())["median_step_ms"] > 0
+    assert json.loads((tmp_path / "timings.json").read_text()) == {"tokens": 11}
+
+
+def test_kernel_trace_record(tmp_path, monkeypatch, capsys):
+    """The parent of --kernel-trace: each variant's wall step timed here, without ncu; one ncu
+    child per variant (stood in for by a log of four kernels over STEPS = 2); the record."""
+    import subprocess
+
+    from test_kernel_trace import HEADER, row
+
+    monkeypatch.setitem(mlx_lm_decode.MODELS, "tiny", TINY)
+    children, run = [], subprocess.run
+
+    def ncu(command, **kwargs):
+        if command[0] != "ncu":  # git, for the record's metadata
+            return run(command, **kwargs)
+        children.append(command[command.index("--trace-child") + 1])
+        log = command[command.index("--log-file") + 1]
+        kernels = [row(i, f"void k{i % 2}(int)", 1000 * (i + 1)) for i in range(4)]
+        Path(log).write_text("\n".join([HEADER, *kernels]) + "\n")
+        Path(command[-1]).write_text(json.dumps({"tokens": 9}))
+        return subprocess.CompletedProcess(command, 0)
+
+    monkeypatch.setattr(mlx_lm_decode.subprocess, "run", ncu)
+    argv = ["--model", "tiny", "--quantize", "none", "--device", "cpu", "--workload", "12+9"]
+    args = mlx_lm_decode.parse_args([*argv, "--output", str(tmp_path)])
+    args.kernel_trace, args.ncu = 2, "ncu"
+    record = mlx_lm_decode.trace_workload(args, "tiny", (12, 9), Progress())
+    validate(record)
+    assert children == mlx_lm_decode.VARIANTS
+    for v in mlx_lm_decode.VARIANTS:
+        r = record["results"][v]
+        assert r["wall_ms_per_step"] > 0 and r["kernels_per_step"] == 2
+        assert r["kernel_ms_per_step"] == pytest.approx(10e-3 / 2)
+    assert "| mlx-lm+kernel |" in mlx_lm_decode.format_trace(record)
+    assert "kernel-trace-12+9" in mlx_lm_decode.record_path(args, record).name

@@ -30,8 +30,9 @@ with the model on nearly every token, and one of all its layers agree on every o
 --kernel-trace STEPS replaces the timing (a GPU with Nsight Compute): per model, workload and
 variant a child process under ncu decodes one request and profiles STEPS decode steps from its
 middle kernel by kernel (llm_eval.kernel_trace): each kernel's device time, their sum per step
-beside the step's wall time in the same child, untraced (whether a step is made of kernels or of
-waiting on the host), and the kernels by name.
+beside the variant's median step timed in this process without ncu (a process under ncu decodes
+~15-20x slower even outside the profiled range), and the kernels by name. ncu times kernels one
+at a time: their sum leaves out the gaps between kernels and any overlap of two.
 
 One record per model and workload, under benchmark_results/ (the nearest such folder upwards) or
 --output DIR, named like bench's records.
@@ -406,8 +407,8 @@ def run_workload(args, name, model, tokenizer, w, progress: Progress, draft=None
 
 
 def trace_child(args) -> None:
-    """Under ncu (--trace-child VARIANT FILE): a warm-up request, one untimed by ncu for the step's
-    wall time, then one with --kernel-trace steps from its middle in ncu's range."""
+    """Under ncu (--trace-child VARIANT FILE): a warm-up request, then one with --kernel-trace
+    steps from its middle in ncu's range; FILE says how many tokens it decoded."""
     import attn_kernels.mlx_lm as attention
     from mlx_lm.generate import stream_generate
 
@@ -417,25 +418,44 @@ def trace_child(args) -> None:
     tokenizer = word_tokenizer(model.args.vocab_size)
     prompt = bench.prompt_ids(model.args.vocab_size, prompt_len, mx.random.key(args.seed))
     request(model, tokenizer, prompt, 2, variant)
-    sample = request(model, tokenizer, prompt, generated, variant)
     context = attention.enabled() if variant == KERNEL else contextlib.nullcontext()
     # ncu's range from the middle token for --kernel-trace tokens: the decode steps launched
     # meanwhile (generate_step launches a step before it yields the previous one's token).
     first = (generated - args.kernel_trace) // 2
     with context, contextlib.ExitStack() as window:
         responses = stream_generate(model, tokenizer, prompt, max_tokens=generated)
-        for i, _ in enumerate(responses):
-            if i == first:
+        tokens = 0
+        for tokens, _ in enumerate(responses, 1):
+            if tokens - 1 == first:
                 window.enter_context(kernel_trace.profiled())
-            elif i == first + args.kernel_trace:
+            elif tokens - 1 == first + args.kernel_trace:
                 window.close()
-    step_ms = sorted(1e3 * t for t in sample["step_s"])
-    Path(out).write_text(json.dumps({"median_step_ms": step_ms[len(step_ms) // 2]}))
+    Path(out).write_text(json.dumps({"tokens": tokens}))
+
+
+def wall_step_ms(args, name, w) -> dict:
+    """Each variant's median decode step in this process, outside ncu (a process under ncu runs
+    its steps ~15-20x slower even outside the profiled range): one warm-up and one request."""
+    prompt_len, generated = w
+    model = build(name, args.quantize, args.seed)
+    tokenizer = word_tokenizer(model.args.vocab_size)
+    prompt = bench.prompt_ids(model.args.vocab_size, prompt_len, mx.random.key(args.seed))
+    wall = {}
+    for variant in VARIANTS:
+        request(model, tokenizer, prompt, 2, variant)
+        step_ms = sorted(
+            1e3 * t for t in request(model, tokenizer, prompt, generated, variant)["step_s"]
+        )
+        wall[variant] = step_ms[len(step_ms) // 2]
+    del model
+    mx.clear_cache()
+    return wall
 
 
 def trace_workload(args, name, w, progress: Progress) -> dict:
     """One ncu child per variant (module doc); the record of their kernels."""
     prompt_len, generated = w
+    wall = wall_step_ms(args, name, w)
     results = {}
     progress.restart(len(VARIANTS))
     for variant in VARIANTS:
@@ -453,8 +473,10 @@ def trace_workload(args, name, w, progress: Progress) -> dict:
             kernels = kernel_trace.read_log(log)
             if not kernels:
                 raise RuntimeError(f"ncu profiled no kernel of {variant} (see {log})")
+            if json.loads(timings.read_text())["tokens"] != generated:
+                raise RuntimeError(f"the traced {variant} request stopped early")
             results[variant] = {
-                **json.loads(timings.read_text()),
+                "wall_ms_per_step": wall[variant],
                 **kernel_trace.summarise(kernels, args.kernel_trace),
             }
         progress.step(f"{name} {prompt_len}+{generated} {variant} traced")
@@ -483,14 +505,14 @@ def format_trace(record: dict) -> str:
     lines = [
         f"{c['model']} {c['quantize']} {c['input_len']}+{c['output_len']}: "
         f"{c['traced_steps']} decode steps under ncu",
-        "| variant | wall ms/step (untraced) | kernel ms/step | kernels/step | largest kernels "
+        "| variant | wall ms/step (no ncu) | kernel ms/step | kernels/step | largest kernels "
         "(ms/step) |",
         "|---|---|---|---|---|",
     ]
     for v, r in record["results"].items():
         top = ", ".join(f"{k['name'][:40]} {k['ms_per_step']:.3f}" for k in r["by_name"][:4])
         lines.append(
-            f"| {v} | {r['median_step_ms']:.3f} | {r['kernel_ms_per_step']:.3f} | "
+            f"| {v} | {r['wall_ms_per_step']:.3f} | {r['kernel_ms_per_step']:.3f} | "
             f"{r['kernels_per_step']:.1f} | {top} |"
         )
     return "\n".join(lines)
