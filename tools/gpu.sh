@@ -50,7 +50,8 @@
 #               Llama-3.2-1B, Phi-3-mini, Gemma-3-4B, 4-bit, 8192+65; and Qwen3-4B decoding
 #               speculatively (its own weights as the draft); PART one-graph: each also with a
 #               decode step as one CUDA graph (--one-graph-a-step: twice the time, the A/B behind
-#               enable() leaving MLX's graph limits alone, docs/mlx-lm.md)
+#               enable() leaving MLX's graph limits alone, docs/mlx-lm.md); PART trace (alone):
+#               Phi-3-mini's decode steps under Nsight Compute (mlx-lm-decode --kernel-trace)
 #   cpu-host    the 16-core host's CPU through the kit's MLX (its CPU backend), two calls; PART
 #               kernels: the linear kernel alone (make bench-linear-kernel, every core and 2
 #               threads), the attention kernel alone (make bench-cpu-kernel), bench-operators
@@ -286,6 +287,11 @@ linear() {
 }
 
 models() {
+  if [ "$1" = trace ]; then  # not in all: where Phi-3's decode step goes, kernel by kernel
+    python3 -m llm_eval.mlx_lm_decode --model phi-3-mini --quantize 4bit --workload 8192+24 \
+      --kernel-trace 4 --output "$R" 2>&1 | quiet
+    return
+  fi
   python3 -m llm_eval.mlx_lm_decode --model llama-3.2-1b --model phi-3-mini --model gemma-3-4b \
     --quantize 4bit --workload 8192+65 --rounds "${ROUNDS:-3}" --output "$R" \
     $([ "$1" = one-graph ] && echo --one-graph-a-step) 2>&1 | quiet
@@ -345,7 +351,7 @@ for target in "$@"; do
     tests | ragged | model | step | quantized) "$name" ;;
     cpu-host) cpu_host "$part" ;;
     *) echo "tools/gpu.sh: unknown target $target (tests, operators[:kernels|grid|short|long]," \
-      "coverage[:D,D...], ragged, model, models[:one-graph], step, quantized, linear[:bench]," \
+      "coverage[:D,D...], ragged, model, models[:one-graph|trace], step, quantized, linear[:bench]," \
       "serve[:rates|anatomy|trace]," \
       "cpu-host[:kernels|model])" >&2 ;;
   esac
