@@ -1,5 +1,7 @@
 """The reading of Nsight Compute's CSV log (the device machine runs ncu; CI has none)."""
 
+from pathlib import Path
+
 import pytest
 from llm_eval import kernel_trace
 
@@ -67,3 +69,26 @@ def test_a_log_without_rows_reads_as_no_kernels(tmp_path):
     log = tmp_path / "ncu.csv"
     log.write_text("==PROF== Connected to process 7\n==ERROR== no kernels were profiled\n")
     assert kernel_trace.read_log(log) == []
+
+
+def test_a_traced_process_that_fails_or_profiles_nothing_is_named(tmp_path, monkeypatch):
+    import subprocess
+
+    def child(returncode, writes_result):
+        def run(command, **kwargs):
+            Path(command[command.index("--log-file") + 1]).write_text("==PROF== no kernels\n")
+            if writes_result:
+                Path(command[-1]).write_text("{}")
+            return subprocess.CompletedProcess(command, returncode)
+
+        return run
+
+    program = lambda result: ["python3", "child.py", str(result)]  # noqa: E731
+    monkeypatch.setattr(kernel_trace.subprocess, "run", child(3, False))
+    with pytest.raises(RuntimeError, match=r"the traced child at 8 rows failed \(3\)"):
+        kernel_trace.run_traced("ncu", program, "child at 8 rows")
+    monkeypatch.setattr(kernel_trace.subprocess, "run", child(0, True))
+    with pytest.raises(
+        RuntimeError, match=r"(?s)no kernel of the child at 8 rows.*==PROF== no kernels"
+    ):
+        kernel_trace.run_traced("ncu", program, "child at 8 rows")

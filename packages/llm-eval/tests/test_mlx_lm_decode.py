@@ -237,6 +237,7 @@ def test_kernel_trace_record(tmp_path, monkeypatch, capsys):
     child per variant (stood in for by a log of four kernels over STEPS = 2); the record."""
     import subprocess
 
+    from llm_eval import kernel_trace
     from test_kernel_trace import HEADER, row
 
     monkeypatch.setitem(mlx_lm_decode.MODELS, "tiny", TINY)
@@ -252,7 +253,7 @@ def test_kernel_trace_record(tmp_path, monkeypatch, capsys):
         Path(command[-1]).write_text(json.dumps({"tokens": 9}))
         return subprocess.CompletedProcess(command, 0)
 
-    monkeypatch.setattr(mlx_lm_decode.subprocess, "run", ncu)
+    monkeypatch.setattr(kernel_trace.subprocess, "run", ncu)
     argv = ["--model", "tiny", "--quantize", "none", "--device", "cpu", "--workload", "12+9"]
     args = mlx_lm_decode.parse_args([*argv, "--output", str(tmp_path)])
     args.kernel_trace, args.ncu = 2, "ncu"

@@ -13,9 +13,12 @@ import contextlib
 import csv
 import ctypes
 import io
+import json
 import re
 import shutil
 import statistics
+import subprocess
+import tempfile
 from collections import defaultdict
 from pathlib import Path
 
@@ -41,6 +44,22 @@ def ncu_command(ncu: str, log: Path, program: list[str]) -> list[str]:
         "--metrics", METRIC, "--csv", "--print-units", "base", "--print-kernel-base", "demangled",
         "--log-file", str(log), *program,
     ]  # fmt: skip
+
+
+def run_traced(ncu: str, program, what: str) -> tuple[list[dict], dict]:
+    """`program(result)`, a command line whose process writes JSON to the Path `result`, run under
+    ncu_command: the kernels it profiled (read_log) and the JSON. Raises, naming `what`, when the
+    process fails or ncu profiled no kernel."""
+    with tempfile.TemporaryDirectory() as folder:
+        log, result = Path(folder, "ncu.csv"), Path(folder, "result.json")
+        done = subprocess.run(ncu_command(ncu, log, program(result)))
+        if done.returncode != 0 or not result.exists():
+            raise RuntimeError(f"the traced {what} failed ({done.returncode})")
+        kernels = read_log(log)
+        if not kernels:
+            tail = log.read_text()[-600:] if log.exists() else "no log"
+            raise RuntimeError(f"ncu profiled no kernel of the {what}; its log ends:\n{tail}")
+        return kernels, json.loads(result.read_text())
 
 
 @contextlib.contextmanager

@@ -45,9 +45,7 @@ import contextlib
 import copy
 import importlib
 import json
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -459,26 +457,22 @@ def trace_workload(args, name, w, progress: Progress) -> dict:
     results = {}
     progress.restart(len(VARIANTS))
     for variant in VARIANTS:
-        with tempfile.TemporaryDirectory() as folder:
-            log, timings = Path(folder, "ncu.csv"), Path(folder, "timings.json")
-            program = [
+
+        def program(result, variant=variant):
+            return [
                 sys.executable, "-m", "llm_eval.mlx_lm_decode", "--model", name,
                 "--quantize", args.quantize, "--workload", f"{prompt_len}+{generated}",
                 "--seed", str(args.seed), "--kernel-trace", str(args.kernel_trace),
-                "--trace-child", variant, str(timings),
+                "--trace-child", variant, str(result),
             ]  # fmt: skip
-            done = subprocess.run(kernel_trace.ncu_command(args.ncu, log, program))
-            if done.returncode != 0 or not timings.exists():
-                raise RuntimeError(f"the traced {variant} process failed ({done.returncode})")
-            kernels = kernel_trace.read_log(log)
-            if not kernels:
-                raise RuntimeError(f"ncu profiled no kernel of {variant} (see {log})")
-            if json.loads(timings.read_text())["tokens"] != generated:
-                raise RuntimeError(f"the traced {variant} request stopped early")
-            results[variant] = {
-                "wall_ms_per_step": wall[variant],
-                **kernel_trace.summarise(kernels, args.kernel_trace),
-            }
+
+        kernels, child = kernel_trace.run_traced(args.ncu, program, f"{variant} process")
+        if child["tokens"] != generated:
+            raise RuntimeError(f"the traced {variant} request stopped early")
+        results[variant] = {
+            "wall_ms_per_step": wall[variant],
+            **kernel_trace.summarise(kernels, args.kernel_trace),
+        }
         progress.step(f"{name} {prompt_len}+{generated} {variant} traced")
     return {
         "schema_version": SCHEMA_VERSION,

@@ -682,35 +682,28 @@ def trace_child(args) -> None:
 
 def trace_run(args, progress: Progress) -> dict:
     """One ncu child per batch size (module doc); the record of their kernels."""
-    import json
-    import subprocess
-
     metadata = collect_metadata("gpu")
     prompts = request_mix(args, qwen3_model.CONFIGS[args.model].vocab_size)
     context = anatomy_context(args, prompts)
     results = {}
     progress.restart(len(args.slots))
     for slots in args.slots:
-        with tempfile.TemporaryDirectory() as folder:
-            log, timings = Path(folder, "ncu.csv"), Path(folder, "timings.json")
-            program = [
+
+        def program(result, slots=slots):
+            return [
                 sys.executable, "-m", "llm_eval.serve", "--model", args.model,
                 "--quantize", args.quantize, "--seed", str(args.seed), "--slots", str(slots),
                 "--context", str(context), "--trace-steps", str(args.trace_steps),
-                "--trace-child", str(timings),
+                "--trace-child", str(result),
             ]  # fmt: skip
-            done = subprocess.run(kernel_trace.ncu_command(args.ncu, log, program))
-            if done.returncode != 0 or not timings.exists():
-                raise RuntimeError(f"the traced process at {slots} rows failed ({done.returncode})")
-            kernels = kernel_trace.read_log(log)
-            if not kernels:
-                raise RuntimeError(f"ncu profiled no kernel at {slots} rows (see {log})")
-            results[f"slots={slots}"] = {
-                "slots": slots,
-                "context": context,
-                "timed_under_ncu": json.loads(timings.read_text()),
-                **kernel_trace.summarise(kernels, args.trace_steps),
-            }
+
+        kernels, timed = kernel_trace.run_traced(args.ncu, program, f"process at {slots} rows")
+        results[f"slots={slots}"] = {
+            "slots": slots,
+            "context": context,
+            "timed_under_ncu": timed,
+            **kernel_trace.summarise(kernels, args.trace_steps),
+        }
         progress.step(f"B={slots} traced")
     progress.close()
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
