@@ -48,10 +48,11 @@ cpu: cpu-2core-qwen3-4b-attention-quantized-{8,4}-bit-mlx-0.32.4.json: L=1, S = 
     15-27x mx.fast; L = 2, 4, 8 causal at S = 1024, 8192, 32768:
     cpu-2core-qwen3-4b-attention-quantized-{8,4}-bit-L2-L8-causal-avx2-mlx-0.32.4.json, every pass
     won against mx.fast on bf16 K/V (8 bits 15-28x, 4 bits 15-29x), so L <= 8. Head dims 64 and
-    256 (QUANTIZED_FURTHER_HEAD_DIMS), on a 2-vCPU Xeon with AVX-512 (not timed on AVX2):
-    cpu-2core-avx512-attention-quantized-D{64,256}-{4,8}-bit-mlx-0.32.4.json, bf16, group 64,
-    L = 1 and 8 causal at S = 1024, 8192, 32768: every pass won against mx.fast on bf16 K/V, D 64
-    10.2-28.8x, D 256 19.9-40.9x (80 and 96 take no group 64, mlx-lm's default; not timed).
+    256 (QUANTIZED_FURTHER_HEAD_DIMS), on a 2-vCPU Xeon with AVX-512, through its AVX-512 and
+    its AVX2 path: cpu-2core-{avx512,avx2}-attention-quantized-D{64,256}-{4,8}-bit-mlx-0.32.4.json,
+    bf16, group 64, L = 1 and 8 causal at S = 1024, 8192, 32768: every pass won against mx.fast on
+    bf16 K/V, D 64 10.2-28.8x (AVX2 path 9.05-22.9x), D 256 19.9-40.9x (17.0-32.9x); 80 and 96
+    take no group 64, mlx-lm's default, and were not timed.
 cuda: benchmark_results/raw/h200-quantized-merge-split.txt (c139b75, the default kernel mmat4
     with the context split for two blocks per SM): L=1, group 64, 8 / 4 bits, S = 4096, 32768, 131072:
     16.0 / 16.1, 32.0 / 26.3, 83.1 / 56.8 µs against 32-48 (4096, 32768) and 136 for mx.fast on
