@@ -465,16 +465,10 @@ Plan plan_mma(const DecodeProblem& p, int vpb) {
   // filling all 396 slots was 2-11% slower at L=1/2 S >= 8192 and L=4/8 S = 2048-8192
   // (L=4 S=16384 is 2% faster that way), probably because the merge's extra chunks cost more
   // than the added warps bring (not profiled; benchmark_results/raw/h200-bench_attend-split-sweep.txt).
-  // D 80 splits for all three slots in one wave: at two blocks an SM its warp steps likely carry
-  // too few bytes to keep HBM busy (D 96 took the same time with 20% more; kernel-only, an H100, L
-  // = 1 G 1: 8 -> 12 splits, S = 32768 139.6 -> 125.7 us, 131072 524 -> 453;
-  // raw/h100-bench_attend-narrow-d-splits.txt). Through MLX (chained,
-  // h100-attention-coverage-chained-D80) the L = 1 losses from S = 32768 at G 1 and 2 became ties
-  // or wins and L = 8 at S = 32768-131072 took 11-25% less; G 4 and 8 at L = 1 S = 8192-32768 got
-  // slower (G 8 S = 16384 30 -> 42 us) and still win. D 64 the same way lost at L = 1 G 8 S =
-  // 131072 (66 -> 76 us, 0.90x) though L = 8 gained up to 26%, so it keeps two (as its record,
-  // 969841e's, was taken); D 96 gained 1% kernel-only and D 128 lost 1%. Not yet tried: three slots
-  // only from 16 blocks (every G at L = 8, G 1-2 at L = 1) and from S = 16384.
+  // D 80 splits for all three slots in one wave: at two an SM its calls wait on the steps in
+  // flight (D 96 took as long with 20% more bytes); three took S = 131072 from 524 to 453 us
+  // (raw/h100-bench_attend-narrow-d-splits.txt) and turned its L = 1 losses at G 1-2 into ties
+  // or wins through MLX. D 64 lost at L = 1, G 8 that way and keeps two (results-h200.md).
   const int split_blocks_per_sm = p.head_dim == 80 ? 3 : 2;
   int splits = 1;
   if (p.context > kMmaUnsplitSteps * kStep) {

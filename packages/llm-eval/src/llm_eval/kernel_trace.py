@@ -3,8 +3,10 @@
 The device machine has ncu but no Nsight Systems. ncu times every kernel it profiles
 (gpu__time_duration) one at a time, so the sum over a range is the device's busy time without
 the gaps between kernels; set beside the range's wall time, it says whether a step is made of
-kernels or of waiting. The traced program marks its range with `profiled()` (the driver's
-cuProfilerStart/Stop) and runs under `ncu_command(...)` with --profile-from-start off.
+kernels or of waiting (take the wall time outside ncu: a process under ncu runs far slower even
+outside its range). The traced program marks its range with `profiled()` (the driver's
+cuProfilerStart/Stop); `run_traced` runs it under `ncu_command(...)` with --profile-from-start
+off and reads its kernels.
 """
 
 from __future__ import annotations
