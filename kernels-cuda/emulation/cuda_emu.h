@@ -50,6 +50,12 @@ struct float4 {
 inline float4 make_float4(float x, float y, float z, float w) {
   return {x, y, z, w};
 }
+inline float2 make_float2(float x, float y) {
+  return {x, y};
+}
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) {
+  return {x, y, z, w};
+}
 
 namespace emu {
 

@@ -1,6 +1,7 @@
-"""DecodeLinear's CUDA kernel (kernels-cuda/linear_quantized.cuh: 4- and 8-bit codes against a
-few rows of x on the tensor cores), run on the CPU under kernels-cuda/emulation/cuda_emu.h,
-against float64 x @ W.T over the dequantised weights.
+"""DecodeLinear's CUDA kernels, run on the CPU under kernels-cuda/emulation/cuda_emu.h, against
+float64 x @ W.T over the dequantised weights: linear_quantized.cuh (4- and 8-bit codes against a
+few rows of x on the tensor cores) and linear_gemv.cuh (one row: raw codes on the tensor cores,
+the group maps applied per chunk of 64).
 
 What this proves: the lanes' code and input pairing (the dot product's k order, which A and B
 must share), the magic-number dequantisation (its bit operations run as written; the half2
@@ -20,6 +21,13 @@ from tiers import few
 
 
 @pytest.fixture(scope="session")
+def gemv_emulator(tmp_path_factory):
+    return build_runner(
+        tmp_path_factory, KERNELS_CUDA / "emulation" / "run_linear_gemv.cpp", f"-I{CSRC}"
+    )
+
+
+@pytest.fixture(scope="session")
 def emulator(tmp_path_factory):
     return build_runner(
         tmp_path_factory, KERNELS_CUDA / "emulation" / "run_linear_quantized.cpp", f"-I{CSRC}"
@@ -30,9 +38,9 @@ def bits16(a: mx.array) -> bytes:
     return np.array(a.view(mx.uint16)).tobytes()
 
 
-def run(emulator, tmp_path, m, n, k, bits, group, dtype, nt, mt, warps, pad=0, with_bias=True):
-    """The kernel's output for random x (m rows, `pad` extra elements between rows) and W,
-    against float64; returns the output."""
+def write_inputs(tmp_path, m, n, k, bits, group, dtype, pad=0):
+    """Random x (m rows, `pad` extra elements between rows), W quantized and a bias, written as
+    the runners read them; returns (x, codes, scales, biases, bias)."""
     keys = mx.random.split(mx.random.key(m * 1000 + n + k + bits + group + pad), 3)
     w = (mx.random.normal((n, k), key=keys[0]) / k**0.5).astype(dtype)
     codes, scales, biases = mx.quantize(w, group_size=group, bits=bits)
@@ -43,12 +51,15 @@ def run(emulator, tmp_path, m, n, k, bits, group, dtype, nt, mt, warps, pad=0, w
     (tmp_path / "scales.bin").write_bytes(bits16(scales))
     (tmp_path / "biases.bin").write_bytes(bits16(biases))
     (tmp_path / "bias.bin").write_bytes(bits16(bias))
-    code = 0 if dtype == mx.bfloat16 else 1
-    config = f"{m} {n} {k} {bits} {group} {code} {k + pad} {int(with_bias)} {nt} {mt} {warps}"
-    (tmp_path / "config.txt").write_text(config + "\n")
+    return x, codes, scales, biases, bias
+
+
+def check_output(runner, tmp_path, inputs, m, n, k, bits, group, dtype, with_bias):
+    """Runs the runner on tmp_path and compares out.bin with float64; returns the output."""
     import subprocess
 
-    subprocess.run([str(emulator), str(tmp_path)], check=True, capture_output=True, text=True)
+    x, codes, scales, biases, bias = inputs
+    subprocess.run([str(runner), str(tmp_path)], check=True, capture_output=True, text=True)
     raw = np.frombuffer((tmp_path / "out.bin").read_bytes(), np.uint16).reshape(m, n)
     got = np.array(mx.array(raw).view(dtype).astype(mx.float32), np.float64)
 
@@ -64,6 +75,15 @@ def run(emulator, tmp_path, m, n, k, bits, group, dtype, nt, mt, warps, pad=0, w
     worst = np.unravel_index(np.argmax(err - tol), err.shape)
     assert (err <= tol).all(), f"error {err[worst]:.3g} > tolerance {tol[worst]:.3g} at {worst}"
     return got
+
+
+def run(emulator, tmp_path, m, n, k, bits, group, dtype, nt, mt, warps, pad=0, with_bias=True):
+    """linear_quantized.cuh's output for random x and W against float64; returns the output."""
+    inputs = write_inputs(tmp_path, m, n, k, bits, group, dtype, pad)
+    code = 0 if dtype == mx.bfloat16 else 1
+    config = f"{m} {n} {k} {bits} {group} {code} {k + pad} {int(with_bias)} {nt} {mt} {warps}"
+    (tmp_path / "config.txt").write_text(config + "\n")
+    return check_output(emulator, tmp_path, inputs, m, n, k, bits, group, dtype, with_bias)
 
 
 # (M, N, K, bits, group, dtype, NT, MT, warps): N not a multiple of 16 or 32, K not of 128
@@ -95,3 +115,26 @@ def test_strided_and_misaligned_rows_of_x(emulator, tmp_path, pad, bits):
 
 def test_without_bias(emulator, tmp_path):
     run(emulator, tmp_path, 4, 24, 128, 4, 64, mx.bfloat16, 1, 1, 1, with_bias=False)
+
+
+# (N, K, bits, group, dtype, warps): N not a multiple of 16 (rows past N read, not stored), more
+# warps than chunks and fewer (every warp's pipeline wrapping), both group sizes, bf16 at 8 bits
+# (codes through float), f16 at both widths.
+GEMV_CASES = [
+    (40, 320, 4, 64, mx.bfloat16, 2),
+    (19, 640, 4, 128, mx.float16, 1),
+    (33, 384, 8, 64, mx.bfloat16, 3),
+    (24, 1024, 8, 128, mx.float16, 2),
+    (16, 128, 4, 64, mx.float16, 4),
+    (48, 2048, 8, 64, mx.bfloat16, 1),
+]
+
+
+@pytest.mark.parametrize("case", few(GEMV_CASES, GEMV_CASES[0], GEMV_CASES[2], GEMV_CASES[3]))
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_one_row_kernel_under_emulation(gemv_emulator, tmp_path, case, with_bias):
+    n, k, bits, group, dtype, warps = case
+    inputs = write_inputs(tmp_path, 1, n, k, bits, group, dtype)
+    code = 0 if dtype == mx.bfloat16 else 1
+    (tmp_path / "config.txt").write_text(f"{n} {k} {bits} {group} {code} {int(with_bias)} {warps}\n")
+    check_output(gemv_emulator, tmp_path, inputs, 1, n, k, bits, group, dtype, with_bias)
