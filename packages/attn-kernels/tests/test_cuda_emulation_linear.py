@@ -136,5 +136,7 @@ def test_one_row_kernel_under_emulation(gemv_emulator, tmp_path, case, with_bias
     n, k, bits, group, dtype, warps = case
     inputs = write_inputs(tmp_path, 1, n, k, bits, group, dtype)
     code = 0 if dtype == mx.bfloat16 else 1
-    (tmp_path / "config.txt").write_text(f"{n} {k} {bits} {group} {code} {int(with_bias)} {warps}\n")
+    (tmp_path / "config.txt").write_text(
+        f"{n} {k} {bits} {group} {code} {int(with_bias)} {warps}\n"
+    )
     check_output(gemv_emulator, tmp_path, inputs, 1, n, k, bits, group, dtype, with_bias)
