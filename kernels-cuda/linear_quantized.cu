@@ -1,5 +1,5 @@
-// plan_linear_quantized(): which of DecodeLinear's quantized kernels a call runs (one row:
-// linear_gemv.cuh; more: linear_quantized.cuh), its tile sizes and the driver handle.
+// plan_linear_quantized(): the tile sizes of DecodeLinear's quantized kernel
+// (linear_quantized.cuh) for a call's rows and shape, and the kernel's driver handle.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -8,7 +8,6 @@
 #include <stdexcept>
 #include <string>
 
-#include "linear_gemv.cuh"
 #include "linear_quantized.cuh"
 #include "linear_quantized_cuda.h"
 
@@ -57,47 +56,6 @@ int row_tiles_from_env() {
   return tiles;
 }
 
-// The one-row kernel for T and BITS, allowed the shared memory a call of K inputs needs (x's
-// fragments and the row terms grow with K: 48 KB holds K = 10752 at 8 warps).
-template <typename T, int BITS>
-CUfunction gemv_for(unsigned smem) {
-  static const void* symbol = reinterpret_cast<const void*>(&linear_gemv<T, BITS>);
-  static const CUfunction f = resolve(symbol);
-  static unsigned allowed = 48 * 1024;
-  if (smem > allowed) {
-    if (cudaFuncSetAttribute(symbol, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)) !=
-        cudaSuccess) {
-      throw std::runtime_error("[decode_linear] cannot allow " + std::to_string(smem) +
-                               " bytes of shared memory");
-    }
-    allowed = smem;
-  }
-  return f;
-}
-
-// One row of x, 64-input chunks in one group: the one-row kernel (linear_gemv.cuh).
-bool one_row_kernel(const LinearProblem& p) {
-  return p.rows == 1 && p.inputs % kChunkInputs == 0 &&
-         (p.group_size == 64 || p.group_size == 128);
-}
-
-LinearPlan plan_gemv(const LinearProblem& p) {
-  // Warps a block split K: 8 keep a few-tile call (N < 8192: under four blocks an SM) reading,
-  // 4 suit the many-tile ones (bench_linear.cu on an H100, docs/serving-cuda.md "One row").
-  const int warps = p.outputs < 8192 ? 8 : 4;
-  LinearPlan plan{};
-  plan.smem = unsigned(gemv_shared_floats(p.inputs / kChunkInputs, warps) * sizeof(float));
-  auto pick = [&]<typename T>() {
-    return p.bits == 4 ? gemv_for<T, 4>(plan.smem) : gemv_for<T, 8>(plan.smem);
-  };
-  plan.kernel = p.dtype == ElementType::bfloat16 ? pick.template operator()<__nv_bfloat16>()
-                                                 : pick.template operator()<__half>();
-  plan.grid[0] = unsigned((p.outputs + 15) / 16);
-  plan.grid[1] = 1;
-  plan.threads = unsigned(32 * warps);
-  return plan;
-}
-
 }  // namespace
 
 LinearPlan plan_linear_quantized(const LinearProblem& p) {
@@ -115,7 +73,6 @@ LinearPlan plan_linear_quantized(const LinearProblem& p) {
   if (reinterpret_cast<uintptr_t>(p.weight) % 16 != 0) {
     throw std::invalid_argument("[decode_linear] the codes must start on a 16-byte boundary");
   }
-  if (one_row_kernel(p)) return plan_gemv(p);
   // x's rows per pass in tiles of 8 (a pass reads W once); more rows than 32 take more passes.
   const int nt = p.rows <= 8 ? 1 : p.rows <= 16 ? 2 : 4;
   // Two row tiles a warp from 17 rows on: each x fragment then serves 32 W rows, which halves

@@ -1,9 +1,10 @@
 // Stand-alone timing of DecodeLinear's CUDA kernels for one row of x (a single request's decode
-// step), without MLX: the library's plan (plan_linear_quantized: linear_gemv.cuh), the many-row
-// kernel (linear_quantized.cuh) at one row and the one-row kernel at other warp and stage
-// counts, next to a plain read of the same bytes, over the linear layers of Phi-3-mini and
-// Qwen3-4B. Each graph of calls rotates over weight copies that together pass L2
-// (50 MB), so the timed bytes come from HBM. Build and run on the GPU machine:
+// step), without MLX: the library's plan (plan_linear_quantized: the many-row kernel of
+// linear_quantized.cuh) and the one-row candidates here (linear_gemv_simt.cuh at 2, 4 and 8
+// rows a block; linear_gemv.cuh at several warp and stage counts), next to a plain read of the
+// same bytes, over the linear layers of Phi-3-mini and Qwen3-4B. Each graph of calls rotates over
+// weight copies that together pass L2 (50 MB), so the timed bytes come from HBM. Build and run
+// on the GPU machine:
 //
 //   nvcc -std=c++20 -arch=sm_90 --use_fast_math -O3 -I packages/attn-kernels/csrc -I kernels-cuda \
 //        kernels-cuda/dev/bench_linear.cu -o /tmp/bench_linear -lcuda && /tmp/bench_linear
@@ -26,7 +27,8 @@
 #include <string>
 #include <vector>
 
-#include "../linear_gemv.cuh"
+#include "linear_gemv.cuh"
+#include "linear_gemv_simt.cuh"
 #include "../linear_quantized.cu"
 #include "bench_common.h"
 
@@ -94,6 +96,17 @@ void launch_gemv(const LinearProblem& p, cudaStream_t stream) {
   kernel<<<(p.outputs + 15) / 16, 32 * WARPS, smem, stream>>>(p);
 }
 
+// The SIMT candidate: a block per R rows, a 32-input piece a thread (up to 256 threads, more
+// pieces a thread past K = 8192).
+template <typename T, int BITS, int R>
+void launch_simt(const LinearProblem& p, cudaStream_t stream) {
+  const int pieces = p.inputs / ak::linear::kPieceInputs;
+  const int steps = (pieces + ak::linear::kSimtMaxThreads - 1) / ak::linear::kSimtMaxThreads;
+  const int threads = ((pieces + steps - 1) / steps + 31) / 32 * 32;
+  ak::linear::linear_gemv_simt<T, BITS, R>
+      <<<(p.outputs + R - 1) / R, threads, threads / 32 * R * sizeof(float), stream>>>(p);
+}
+
 void launch_library(const LinearProblem& p, cudaStream_t stream) {
   const ak::LinearPlan plan = ak::plan_linear_quantized(p);
   LinearProblem arg = p;
@@ -105,20 +118,12 @@ void launch_library(const LinearProblem& p, cudaStream_t stream) {
   }
 }
 
-// linear_quantized.cuh's many-row kernel at one row, as plan_linear_quantized() sets it up for
-// two to eight rows (the one-row route before linear_gemv.cuh).
-template <typename T, int BITS>
-void launch_many_row(const LinearProblem& p, cudaStream_t stream) {
-  const int iterations = (p.inputs + ak::linear::kWarpInputs - 1) / ak::linear::kWarpInputs;
-  const int warps = std::clamp((iterations + 1) / 2, 1, ak::linear::kMaxWarps);
-  ak::linear::linear_quantized<T, BITS, 1, 1>
-      <<<(p.outputs + 15) / 16, 32 * warps, warps * 16 * 8 * sizeof(float), stream>>>(p);
-}
-
 template <typename T, int BITS>
 std::vector<std::pair<std::string, Launch>> variants() {
   return {{"library", launch_library},
-          {"many-row", launch_many_row<T, BITS>},
+          {"SIMT R2", launch_simt<T, BITS, 2>},
+          {"SIMT R4", launch_simt<T, BITS, 4>},
+          {"SIMT R8", launch_simt<T, BITS, 8>},
           {"W4 S4", launch_gemv<T, BITS, 4, 4>},
           {"W8 S4", launch_gemv<T, BITS, 8, 4>},
           {"W4 S8", launch_gemv<T, BITS, 4, 8>},

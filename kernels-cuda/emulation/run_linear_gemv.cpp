@@ -1,11 +1,13 @@
-// Runs kernels-cuda/linear_gemv.cuh (one row of x) on the CPU under cuda_emu.h.
+// Runs the one-row candidates of kernels-cuda/dev/ (linear_gemv.cuh, linear_gemv_simt.cuh) on
+// the CPU under cuda_emu.h.
 //
 //   run_linear_gemv DIR
 //
-// DIR holds config.txt ("N K bits group_size dtype has_bias warps", dtype 0 bf16, 1 f16), x.bin
-// (K 16-bit floats), w.bin (uint32 codes (N, K * bits / 32)), scales.bin and biases.bin ((N,
+// DIR holds config.txt ("N K bits group_size dtype has_bias warps simt_rows", dtype 0 bf16, 1
+// f16; simt_rows 0: the tensor-core kernel, 1-8: the SIMT kernel with that many rows a block),
+// x.bin (K 16-bit floats), w.bin (uint32 codes (N, K * bits / 32)), scales.bin and biases.bin ((N,
 // K / group_size), 16-bit floats) and bias.bin ((N,), where has_bias); it receives out.bin (N
-// 16-bit floats). warps: the block's warps that split K (any count up to kGemvMaxWarps here).
+// 16-bit floats). warps: the block's warps that split K (any count up to the kernel's limit).
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -13,7 +15,8 @@
 
 #include "cuda_emu.h"
 // The kernel source itself, unchanged.
-#include "../linear_gemv.cuh"
+#include "../dev/linear_gemv.cuh"
+#include "../dev/linear_gemv_simt.cuh"
 
 using namespace attn_kernels;
 using namespace attn_kernels::cuda::linear;
@@ -21,9 +24,11 @@ using namespace attn_kernels::cuda::linear;
 int main(int argc, char** argv) {
   const std::string dir = emu::runner_folder(argc, argv);
   std::ifstream config(dir + "/config.txt");
-  int N, K, bits, group_size, dtype, has_bias, warps;
-  config >> N >> K >> bits >> group_size >> dtype >> has_bias >> warps;
-  if (!config || (bits != 4 && bits != 8) || warps < 1 || warps > kGemvMaxWarps) {
+  int N, K, bits, group_size, dtype, has_bias, warps, simt_rows;
+  config >> N >> K >> bits >> group_size >> dtype >> has_bias >> warps >> simt_rows;
+  const int max_warps = simt_rows ? kSimtMaxThreads / 32 : kGemvMaxWarps;
+  if (!config || (bits != 4 && bits != 8) || warps < 1 || warps > max_warps ||
+      (simt_rows != 0 && simt_rows != 1 && simt_rows != 2 && simt_rows != 4 && simt_rows != 8)) {
     std::fprintf(stderr, "bad config.txt\n");
     return 2;
   }
@@ -43,11 +48,28 @@ int main(int argc, char** argv) {
   p.weight = w.data(), p.scales = scales.data(), p.biases = biases.data();
   p.bias = has_bias ? bias.data() : nullptr;
   p.out = out.data();
-  void (*kernel)(LinearProblem) =
-      dtype == 0 ? (bits == 4 ? &linear_gemv<__nv_bfloat16, 4> : &linear_gemv<__nv_bfloat16, 8>)
-                 : (bits == 4 ? &linear_gemv<__half, 4> : &linear_gemv<__half, 8>);
-  const size_t shared = gemv_shared_floats(K / kChunkInputs, warps);
-  emu::launch((N + 15) / 16, 1, 32 * warps, shared, [&] { kernel(p); });
+  using Kernel = void (*)(LinearProblem);
+  auto of_bits = [&]<typename T>() -> Kernel {
+    auto simt = [&]<int BITS>() -> Kernel {
+      switch (simt_rows) {
+        case 1: return &linear_gemv_simt<T, BITS, 1>;
+        case 2: return &linear_gemv_simt<T, BITS, 2>;
+        case 4: return &linear_gemv_simt<T, BITS, 4>;
+        default: return &linear_gemv_simt<T, BITS, 8>;
+      }
+    };
+    if (simt_rows) return bits == 4 ? simt.template operator()<4>() : simt.template operator()<8>();
+    return bits == 4 ? &linear_gemv<T, 4> : &linear_gemv<T, 8>;
+  };
+  const Kernel kernel = dtype == 0 ? of_bits.template operator()<__nv_bfloat16>()
+                                   : of_bits.template operator()<__half>();
+  if (simt_rows) {
+    emu::launch((N + simt_rows - 1) / simt_rows, 1, 32 * warps, size_t(warps) * simt_rows,
+                [&] { kernel(p); });
+  } else {
+    const size_t shared = gemv_shared_floats(K / kChunkInputs, warps);
+    emu::launch((N + 15) / 16, 1, 32 * warps, shared, [&] { kernel(p); });
+  }
   std::ofstream(dir + "/out.bin", std::ios::binary)
       .write(reinterpret_cast<const char*>(out.data()), out.size() * sizeof(uint16_t));
   return 0;

@@ -1,7 +1,8 @@
 """DecodeLinear's CUDA kernels, run on the CPU under kernels-cuda/emulation/cuda_emu.h, against
 float64 x @ W.T over the dequantised weights: linear_quantized.cuh (4- and 8-bit codes against a
-few rows of x on the tensor cores) and linear_gemv.cuh (one row: raw codes on the tensor cores,
-the group maps applied per chunk of 64).
+few rows of x on the tensor cores) and the one-row candidates of kernels-cuda/dev/ (raw codes on
+the tensor cores, the group maps applied per chunk of 64; float32 SIMT with codes read as
+subnormal floats).
 
 What this proves: the lanes' code and input pairing (the dot product's k order, which A and B
 must share), the magic-number dequantisation (its bit operations run as written; the half2
@@ -117,26 +118,33 @@ def test_without_bias(emulator, tmp_path):
     run(emulator, tmp_path, 4, 24, 128, 4, 64, mx.bfloat16, 1, 1, 1, with_bias=False)
 
 
-# (N, K, bits, group, dtype, warps): N not a multiple of 16 (rows past N read, not stored), more
-# warps than chunks and fewer (every warp's pipeline wrapping), both group sizes, bf16 at 8 bits
-# (codes through float), f16 at both widths.
+# (N, K, bits, group, dtype, warps, simt_rows): the tensor-core candidate (simt_rows 0) with N not
+# a multiple of 16 (rows past N read, not stored), more warps than chunks and fewer (every warp's
+# pipeline wrapping), both group sizes, bf16 at 8 bits (codes through float), f16 at both widths;
+# the SIMT candidate at 1-8 rows a block, a piece per thread and several, group 32 included.
 GEMV_CASES = [
-    (40, 320, 4, 64, mx.bfloat16, 2),
-    (19, 640, 4, 128, mx.float16, 1),
-    (33, 384, 8, 64, mx.bfloat16, 3),
-    (24, 1024, 8, 128, mx.float16, 2),
-    (16, 128, 4, 64, mx.float16, 4),
-    (48, 2048, 8, 64, mx.bfloat16, 1),
+    (40, 320, 4, 64, mx.bfloat16, 2, 0),
+    (19, 640, 4, 128, mx.float16, 1, 0),
+    (33, 384, 8, 64, mx.bfloat16, 3, 0),
+    (24, 1024, 8, 128, mx.float16, 2, 0),
+    (16, 128, 4, 64, mx.float16, 4, 0),
+    (48, 2048, 8, 64, mx.bfloat16, 1, 0),
+    (21, 320, 4, 32, mx.bfloat16, 1, 8),
+    (13, 1088, 8, 64, mx.float16, 1, 4),
+    (9, 384, 4, 128, mx.float16, 2, 2),
+    (5, 2048, 8, 32, mx.bfloat16, 2, 1),
 ]
 
 
-@pytest.mark.parametrize("case", few(GEMV_CASES, GEMV_CASES[0], GEMV_CASES[2], GEMV_CASES[3]))
+@pytest.mark.parametrize(
+    "case", few(GEMV_CASES, GEMV_CASES[0], GEMV_CASES[2], GEMV_CASES[3], GEMV_CASES[6])
+)
 @pytest.mark.parametrize("with_bias", [True, False])
-def test_one_row_kernel_under_emulation(gemv_emulator, tmp_path, case, with_bias):
-    n, k, bits, group, dtype, warps = case
+def test_one_row_kernels_under_emulation(gemv_emulator, tmp_path, case, with_bias):
+    """kernels-cuda/dev/'s one-row candidates (linear_gemv.cuh, linear_gemv_simt.cuh)."""
+    n, k, bits, group, dtype, warps, simt_rows = case
     inputs = write_inputs(tmp_path, 1, n, k, bits, group, dtype)
     code = 0 if dtype == mx.bfloat16 else 1
-    (tmp_path / "config.txt").write_text(
-        f"{n} {k} {bits} {group} {code} {int(with_bias)} {warps}\n"
-    )
+    config = f"{n} {k} {bits} {group} {code} {int(with_bias)} {warps} {simt_rows}"
+    (tmp_path / "config.txt").write_text(config + "\n")
     check_output(gemv_emulator, tmp_path, inputs, 1, n, k, bits, group, dtype, with_bias)

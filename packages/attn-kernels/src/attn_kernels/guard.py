@@ -256,14 +256,7 @@ LINEAR_LIMITS: dict[str, tuple[int, tuple[tuple[mx.Dtype, int], ...]]] = {
     "cuda": (32, ((mx.bfloat16, 4), (mx.bfloat16, 8))),
     "metal": (0, ()),
 }
-LINEAR_MIN_ROWS: dict[str, int] = {"cpu": 1, "cuda": 1, "metal": 1}
-# The group sizes a one-row call runs for: on CUDA the one-row kernel's (linear_gemv.cuh reads
-# 64-input chunks of one group); group 32 runs the many-row kernel, which ties MLX at one row.
-LINEAR_ONE_ROW_GROUP_SIZES: dict[str, tuple[int, ...]] = {
-    "cpu": (32, 64, 128),
-    "cuda": (64, 128),
-    "metal": (),
-}
+LINEAR_MIN_ROWS: dict[str, int] = {"cpu": 1, "cuda": 2, "metal": 1}
 
 # CUDA graph limits (kernels, "MB" of inputs) of the stream batched decode steps run on
 # (attn_kernels.graph_limits): a whole step as one graph. Qwen3-4B 4-bit, 32 slots, H100: with
@@ -410,7 +403,7 @@ def linear_rows(backend: str | None = None) -> int:
 
 def linear_min_rows(backend: str | None = None) -> int:
     """The fewest rows of x decode_linear runs for on `backend` (default: the default device's):
-    1 (CUDA's one-row kernel takes groups of 64 and 128: LINEAR_ONE_ROW_GROUP_SIZES)."""
+    1 on the CPU; 2 on CUDA, where MLX's qmv ties with ours at one row."""
     return LINEAR_MIN_ROWS[_default_backend() if backend is None else backend]
 
 
@@ -430,8 +423,6 @@ def use_linear(
         raise ValueError(f"unknown backend {where!r}: use one of {', '.join(LINEAR_LIMITS)}")
     max_rows, formats = LINEAR_LIMITS[where]
     if bits and group_size not in QUANTIZED_GROUP_SIZES[where]:
-        return False
-    if bits and rows == 1 and group_size not in LINEAR_ONE_ROW_GROUP_SIZES[where]:
         return False
     return LINEAR_MIN_ROWS[where] <= rows <= max_rows and (dtype, bits) in formats
 

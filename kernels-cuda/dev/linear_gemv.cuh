@@ -1,31 +1,38 @@
-// DecodeLinear's one-row GPU kernel: out (1, N) = x (1, K) @ W^T (+ bias), W in mx.quantize's
+// A one-row GPU kernel for DecodeLinear, the candidate to replace the many-row kernel
+// (linear_quantized.cuh) at one row: out (1, N) = x (1, K) @ W^T (+ bias), W in mx.quantize's
 // affine layout (4 or 8 bits, groups of 64 or 128), x, scales and biases bf16 or f16. A single
 // request's decode step reads every weight for one multiply-add, so the read rate is all that
-// counts, and at ~13 bytes a clock an SM the instructions spent per weight decide it: MLX's qmv
-// and the many-row kernel (linear_quantized.cuh: scale and bias applied to every weight) ran one
-// row at 25-55% of the copy rate, a float32 SIMT kernel (an AND and an fma a code) at 40-70%
-// (docs/serving-cuda.md, "One row"). Here a code costs under one instruction:
+// counts, and at ~13 bytes a clock an SM the instructions spent per weight decide it: the
+// many-row kernel (scale and bias applied to every weight, one row padded to eight) runs one row
+// at 22-53% of the copy rate on an H100 at 4 bits, float32 SIMT kernels (an AND and an fma a
+// code) at 19-74% (docs/serving-cuda.md, "One row"). Here a code costs under one instruction:
 //
 // - The tensor cores multiply raw codes: a code OR'ed into the mantissa of a power of two M (128
 //   in bf16, 1024 in f16) is M + code exactly, a T pair from one AND (and a shift) for two codes.
 //   mma.sync m16n8k16 sums (M + code) x over a chunk of 64 inputs in float32, and the chunk's
-//   group map is applied after: sum (s c + b) x = s (sum (M + c) x - M sum x) + b sum x, with
-//   sum x per chunk computed once a block. bf16 at 8 bits (codes to 255 do not fit 128's
-//   mantissa) converts codes through float, exactly, and M is 0.
+//   group map is applied after: sum (s c + b) x = s sum (M + c) x + (b - M s) sum x. bf16 at 8
+//   bits (codes to 255 do not fit 128's mantissa) converts codes through float, exactly; M is 0.
 // - Only column 0 of the 16 x 8 output matters; x is every column of B (the same registers).
 // - A warp covers W's rows g and g + 8 (g = lane / 4) of a 16-row tile; lane column c = lane % 4
 //   reads the 16 codes at 16 c of each 64-input chunk (8 or 16 contiguous bytes), which stay in
-//   one group. The block's warps split the chunks; each warp keeps kStages - 1 chunks loading
-//   while one multiplies, and the warps' sums meet in shared memory at the end.
-// - x goes to shared memory once a block, already as the B fragments: per chunk and lane column
-//   the 8 T pairs in the order the code pairs come out (two 16-byte loads a chunk).
+//   one group. The block's warps split the chunks; each keeps kStages - 1 chunks loading while
+//   one multiplies, and the warps' sums meet in shared memory at the end.
+// - Once a block, in shared memory: x as the B fragments (per chunk and lane column the 8 T
+//   pairs in the order the code pairs come out: two 16-byte loads a chunk), and per row and chunk
+//   (scale, (bias - M scale) sum x) from coalesced loads. Loaded per chunk by every lane, the
+//   2-byte scales and biases were half the sectors the kernel moved and, with their address
+//   arithmetic, most of its ~140 instructions a warp a chunk (Nsight Compute).
 //
-// Included by linear_quantized.cu for nvcc and by emulation/run_linear_gemv.cpp.
+// Measured in an earlier form (scales and biases loaded per chunk) at 1.14-1.35x the many-row
+// kernel's speed at 4 bits (8 warps, 4 stages); this form is checked under the CUDA emulation
+// and awaits its device run (bench_linear.cu, the GPU tests, mlx-lm-decode against mlx-lm)
+// before plan_linear_quantized() and the guard take it.
+// Included by dev/bench_linear.cu and emulation/run_linear_gemv.cpp.
 #pragma once
 
 #include <cstdint>
 
-#include "linear_quantized.cuh"
+#include "../linear_quantized.cuh"
 
 namespace attn_kernels::cuda::linear {
 
@@ -40,8 +47,9 @@ __device__ __forceinline__ constexpr float code_offset() {
   return 1024.0f;
 }
 
-// Pair P (0-7) of a lane column's 16 codes (one chunk): its two inputs, counted from the column's
-// first. 4 bits: word P / 4, codes (P % 4, P % 4 + 4); 8 bits: word P / 2, codes (P % 2, P % 2 + 2).
+// Pair P (0-7) of a lane column's 16 codes (one chunk): its two inputs, counted from the
+// column's first. 4 bits: word P / 4, codes (P % 4, P % 4 + 4); 8 bits: word P / 2, codes
+// (P % 2, P % 2 + 2).
 template <int BITS>
 __device__ __forceinline__ constexpr int pair_input(int pair, int half) {
   if constexpr (BITS == 4) return 8 * (pair / 4) + pair % 4 + 4 * half;
