@@ -9,9 +9,10 @@
 //   nvcc -std=c++20 -arch=sm_90 --use_fast_math -O3 -I packages/attn-kernels/csrc -I kernels-cuda \
 //        kernels-cuda/dev/bench_linear.cu -o /tmp/bench_linear -lcuda && /tmp/bench_linear
 //
-// Prints one row per (layer, variant): µs per call (median of replays, and the spread), GB/s of
-// the codes, scales and biases, the fraction of the copy rate measured in the same run, and the
-// worst error against float64 over 64 checked rows (relative to sum |x w|).
+// Prints one row per (layer, variant: plan, simt R rows a block, mma W warps S stages, plain
+// read): µs per call (median of replays, and the spread), GB/s of the codes, scales and biases,
+// the fraction of the copy rate measured in the same run, and the worst error against float64
+// over 64 checked rows (relative to sum |x w|).
 //
 // Environment: BENCH_BITS=4,8 (default 4); BENCH_F16=1 (f16 instead of bf16); BENCH_ROUNDS=2
 // (the variants in rotated order each round); BENCH_LAYER=phi3 (layers whose name holds it).
@@ -71,7 +72,7 @@ struct Data {
   uint16_t from_float(float f) const { return f16 ? float_to_half(f) : bench::float_to_bf16(f); }
 };
 
-// A plain read of `bytes` (a multiple of 16): what any kernel reading them can reach at this size.
+// A plain read of `pieces` 16-byte pieces: what any kernel reading them can reach at this size.
 __global__ void read_all(const uint4* src, size_t pieces, uint32_t* sink) {
   uint32_t x = 0;
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < pieces;
@@ -87,7 +88,8 @@ using Launch = void (*)(const LinearProblem&, cudaStream_t);
 template <typename T, int BITS, int WARPS, int STAGES>
 void launch_gemv(const LinearProblem& p, cudaStream_t stream) {
   const auto kernel = ak::linear::linear_gemv<T, BITS, STAGES>;
-  const size_t smem = size_t(ak::linear::gemv_shared_floats(p.inputs / 64, WARPS)) * 4;
+  const int chunks = p.inputs / ak::linear::kChunkInputs;
+  const size_t smem = size_t(ak::linear::gemv_shared_floats(chunks, WARPS)) * sizeof(float);
   static bool opted = false;
   if (!opted) {
     CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 << 10));
@@ -107,7 +109,7 @@ void launch_simt(const LinearProblem& p, cudaStream_t stream) {
       <<<(p.outputs + R - 1) / R, threads, threads / 32 * R * sizeof(float), stream>>>(p);
 }
 
-void launch_library(const LinearProblem& p, cudaStream_t stream) {
+void launch_plan(const LinearProblem& p, cudaStream_t stream) {
   const ak::LinearPlan plan = ak::plan_linear_quantized(p);
   LinearProblem arg = p;
   void* args[] = {&arg};
@@ -120,15 +122,15 @@ void launch_library(const LinearProblem& p, cudaStream_t stream) {
 
 template <typename T, int BITS>
 std::vector<std::pair<std::string, Launch>> variants() {
-  return {{"library", launch_library},
-          {"SIMT R2", launch_simt<T, BITS, 2>},
-          {"SIMT R4", launch_simt<T, BITS, 4>},
-          {"SIMT R8", launch_simt<T, BITS, 8>},
-          {"W4 S4", launch_gemv<T, BITS, 4, 4>},
-          {"W8 S4", launch_gemv<T, BITS, 8, 4>},
-          {"W4 S8", launch_gemv<T, BITS, 4, 8>},
-          {"W8 S8", launch_gemv<T, BITS, 8, 8>},
-          {"W2 S8", launch_gemv<T, BITS, 2, 8>}};
+  return {{"plan", launch_plan},  // the many-row kernel at one row
+          {"simt R2", launch_simt<T, BITS, 2>},
+          {"simt R4", launch_simt<T, BITS, 4>},
+          {"simt R8", launch_simt<T, BITS, 8>},
+          {"mma W4 S4", launch_gemv<T, BITS, 4, 4>},
+          {"mma W8 S4", launch_gemv<T, BITS, 8, 4>},
+          {"mma W4 S8", launch_gemv<T, BITS, 4, 8>},
+          {"mma W8 S8", launch_gemv<T, BITS, 8, 8>},
+          {"mma W2 S8", launch_gemv<T, BITS, 2, 8>}};
 }
 
 void run(const Layer& layer, int bits, const Data& d, double bandwidth, int rounds,
