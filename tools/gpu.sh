@@ -45,7 +45,10 @@
 #               (the quick tier: 291 s for both tiers on a fresh H100, MLX's first calls slow),
 #               bench-linear --device gpu on Qwen3-4B's projections (4 and 8 bits, 1-32 rows,
 #               groups 64 and 128: the serving model's) against mx.quantized_matmul, and the
-#               row-tile A/B at 16 and 32 rows; PART bench: the two bench-linear records alone
+#               row-tile A/B at 16 and 32 rows; PART bench: the two bench-linear records alone;
+#               PART candidates (alone, ~1 min after the build): kernels-cuda/dev/
+#               bench_linear.cu, the one-row candidates against the plan (bf16 4/8 bits, f16):
+#               bench-linear-*.txt
 #   models      issue 40's shapes through mlx-lm's own generate with and without enable():
 #               Llama-3.2-1B, Phi-3-mini, Gemma-3-4B, 4-bit, 8192+65; and Qwen3-4B decoding
 #               speculatively (its own weights as the draft); PART one-graph: each also with a
@@ -265,6 +268,14 @@ serve() {
 }
 
 linear() {
+  if [ "$1" = candidates ]; then
+    nvcc -std=c++20 -arch=sm_90 --use_fast_math -O3 -I packages/attn-kernels/csrc -I kernels-cuda \
+      kernels-cuda/dev/bench_linear.cu -o /tmp/bench_linear -lcuda || return 1
+    BENCH_BITS=4,8 /tmp/bench_linear 2>&1 | tee "$OUT/bench-linear-bf16.txt"
+    BENCH_F16=1 BENCH_BITS=4,8 BENCH_ROUNDS=1 /tmp/bench_linear 2>&1 |
+      tee "$OUT/bench-linear-f16.txt"
+    return
+  fi
   if [ "$1" = all ]; then
     python3 -m pytest -q -p no:cacheprovider packages/attn-kernels/tests/test_linear.py \
       packages/attn-kernels/tests/test_mlx_lm_linear.py packages/attn-kernels/tests/test_guard_limits.py \
@@ -351,7 +362,8 @@ for target in "$@"; do
     tests | ragged | model | step | quantized) "$name" ;;
     cpu-host) cpu_host "$part" ;;
     *) echo "tools/gpu.sh: unknown target $target (tests, operators[:kernels|grid|short|long]," \
-      "coverage[:D,D...], ragged, model, models[:one-graph|trace], step, quantized, linear[:bench]," \
+      "coverage[:D,D...], ragged, model, models[:one-graph|trace], step, quantized," \
+      "linear[:bench|candidates]," \
       "serve[:rates|anatomy|trace]," \
       "cpu-host[:kernels|model])" >&2 ;;
   esac
