@@ -79,12 +79,7 @@ void fill_normal(std::vector<uint16_t>& values, std::mt19937& rng) {
     for (auto& x : table) x = float_to_bf16(normal(rng));
   }
   uint64_t state = (uint64_t{rng()} << 32) | rng() | 1;
-  for (auto& x : values) {
-    state ^= state << 13;
-    state ^= state >> 7;
-    state ^= state << 17;
-    x = table[state >> 44];
-  }
+  for (auto& x : values) x = table[bench::xorshift(state) >> 44];
 }
 
 // Output rows of the checked heads (every kHq / checked_heads-th) in float64.

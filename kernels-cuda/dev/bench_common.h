@@ -60,6 +60,14 @@ inline double copy_bandwidth() {
   return 2.0 * bytes / (ms[ms.size() / 2] * 1e-3);
 }
 
+// The next value of a xorshift64 stream (state nonzero): cheap bits for inputs by the gigabyte.
+inline uint64_t xorshift(uint64_t& state) {
+  state ^= state << 13;
+  state ^= state >> 7;
+  state ^= state << 17;
+  return state;
+}
+
 // "512,4096" -> {512, 4096}; empty when unset.
 inline std::vector<int> env_list(const char* name) {
   std::vector<int> values;

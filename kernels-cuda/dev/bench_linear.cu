@@ -142,10 +142,7 @@ void run(const Layer& layer, int bits, const Data& d, double bandwidth, int roun
   std::vector<uint32_t> hw(words);
   std::vector<uint16_t> hs(groups), hb(groups), hx(K);
   uint64_t state = (uint64_t{rng()} << 32) | rng() | 1;
-  for (auto& w : hw) {
-    state ^= state << 13, state ^= state >> 7, state ^= state << 17;
-    w = uint32_t(state);
-  }
+  for (auto& w : hw) w = uint32_t(bench::xorshift(state));
   std::uniform_real_distribution<float> scale(0.005f, 0.02f);
   std::normal_distribution<float> normal;
   const float top = float((1 << bits) - 1);

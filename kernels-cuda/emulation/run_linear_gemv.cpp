@@ -21,6 +21,24 @@
 using namespace attn_kernels;
 using namespace attn_kernels::cuda::linear;
 
+namespace {
+
+using Kernel = void (*)(LinearProblem);
+
+// The candidate config.txt names: the tensor-core kernel (simt_rows 0) or the SIMT one.
+template <typename T, int BITS>
+Kernel kernel_for(int simt_rows) {
+  switch (simt_rows) {
+    case 0: return &linear_gemv<T, BITS>;
+    case 1: return &linear_gemv_simt<T, BITS, 1>;
+    case 2: return &linear_gemv_simt<T, BITS, 2>;
+    case 4: return &linear_gemv_simt<T, BITS, 4>;
+    default: return &linear_gemv_simt<T, BITS, 8>;
+  }
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   const std::string dir = emu::runner_folder(argc, argv);
   std::ifstream config(dir + "/config.txt");
@@ -48,21 +66,10 @@ int main(int argc, char** argv) {
   p.weight = w.data(), p.scales = scales.data(), p.biases = biases.data();
   p.bias = has_bias ? bias.data() : nullptr;
   p.out = out.data();
-  using Kernel = void (*)(LinearProblem);
-  auto of_bits = [&]<typename T>() -> Kernel {
-    auto simt = [&]<int BITS>() -> Kernel {
-      switch (simt_rows) {
-        case 1: return &linear_gemv_simt<T, BITS, 1>;
-        case 2: return &linear_gemv_simt<T, BITS, 2>;
-        case 4: return &linear_gemv_simt<T, BITS, 4>;
-        default: return &linear_gemv_simt<T, BITS, 8>;
-      }
-    };
-    if (simt_rows) return bits == 4 ? simt.template operator()<4>() : simt.template operator()<8>();
-    return bits == 4 ? &linear_gemv<T, 4> : &linear_gemv<T, 8>;
-  };
-  const Kernel kernel = dtype == 0 ? of_bits.template operator()<__nv_bfloat16>()
-                                   : of_bits.template operator()<__half>();
+  const Kernel kernel = dtype == 0 ? (bits == 4 ? kernel_for<__nv_bfloat16, 4>(simt_rows)
+                                                : kernel_for<__nv_bfloat16, 8>(simt_rows))
+                                   : (bits == 4 ? kernel_for<__half, 4>(simt_rows)
+                                                : kernel_for<__half, 8>(simt_rows));
   if (simt_rows) {
     emu::launch((N + simt_rows - 1) / simt_rows, 1, 32 * warps, size_t(warps) * simt_rows,
                 [&] { kernel(p); });

@@ -13,6 +13,8 @@ more than 32 rows, strided and misaligned rows of x, the bias. What it cannot: n
 alignment faults, plan_linear_quantized() and speed: the GPU tests (test_linear.py on a CUDA
 device) and bench-linear cover those."""
 
+import subprocess
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -57,8 +59,6 @@ def write_inputs(tmp_path, m, n, k, bits, group, dtype, pad=0):
 
 def check_output(runner, tmp_path, inputs, m, n, k, bits, group, dtype, with_bias):
     """Runs the runner on tmp_path and compares out.bin with float64; returns the output."""
-    import subprocess
-
     x, codes, scales, biases, bias = inputs
     subprocess.run([str(runner), str(tmp_path)], check=True, capture_output=True, text=True)
     raw = np.frombuffer((tmp_path / "out.bin").read_bytes(), np.uint16).reshape(m, n)
