@@ -102,6 +102,11 @@ def decode_linear_quantized(
     mx.quantized_matmul.
     """
     _check_arrays(x=x, weight=weight, scales=scales, biases=biases, bias=bias, gate=gate)
+    return _quantized(x, weight, scales, biases, bias, group_size, bits, gate, stream)
+
+
+def _quantized(x, weight, scales, biases, bias, group_size, bits, gate, stream) -> mx.array:
+    """decode_linear_quantized past its type checks (guarded_linear's arrays are a layer's)."""
     on_cpu = _on_cpu(stream)
     if not on_cpu and _cuda_kernel(x):
         x = x if gate is None else _swiglu(gate, x)
@@ -132,14 +137,17 @@ def layer_weights(layer) -> LayerWeights | None:
     """The arrays of mlx.nn's Linear, QuantizedLinear (affine mode), Embedding or
     QuantizedEmbedding (an embedding as a linear layer: a tied LM head's as_linear); None for
     any other layer, subclasses included (their forward may differ)."""
+    # A module is a dict of its arrays: item access skips Module.__getattr__ (0.5 us a name on
+    # every wrapped call).
     kind = type(layer)
-    if kind in (nn.QuantizedLinear, nn.QuantizedEmbedding):
-        if layer.mode != "affine" or "biases" not in layer:
+    if kind is nn.QuantizedLinear or kind is nn.QuantizedEmbedding:
+        biases = layer.get("biases")
+        if layer.mode != "affine" or biases is None:
             return None
-        return (layer.weight, layer.scales, layer.biases, layer.get("bias"), layer.group_size,
+        return (layer["weight"], layer["scales"], biases, layer.get("bias"), layer.group_size,
                 layer.bits)  # fmt: skip
-    if kind in (nn.Linear, nn.Embedding):
-        return layer.weight, None, None, layer.get("bias"), 0, 0
+    if kind is nn.Linear or kind is nn.Embedding:
+        return layer["weight"], None, None, layer.get("bias"), 0, 0
     return None
 
 
@@ -150,7 +158,8 @@ def linear_rows_routed(x: mx.array) -> bool:
     runs from paying for the rest on every call (a one-row CUDA step, 250 linear calls)."""
     if x.ndim == 0 or not x.shape[-1]:
         return False
-    return guard.linear_min_rows() <= x.size // x.shape[-1] <= guard.linear_rows()
+    where = guard.backend()
+    return guard.LINEAR_MIN_ROWS[where] <= x.size // x.shape[-1] <= guard.LINEAR_LIMITS[where][0]
 
 
 def guarded_linear(
@@ -166,15 +175,14 @@ def guarded_linear(
     rows = x.size // x.shape[-1]
     if not guard.use_linear(rows, x.dtype, bits, group_size):
         return None
-    floats = (weight,) if not bits else (scales, biases)
-    others = tuple(a for a in (bias, gate) if a is not None)
-    if any(a.dtype != x.dtype for a in (*floats, *others)):
+    dtype = x.dtype
+    if (scales.dtype != dtype or biases.dtype != dtype) if bits else weight.dtype != dtype:
+        return None
+    if (bias is not None and bias.dtype != dtype) or (gate is not None and gate.dtype != dtype):
         return None
     try:
         if bits:
-            return decode_linear_quantized(
-                x, weight, scales, biases, bias, group_size=group_size, bits=bits, gate=gate
-            )
+            return _quantized(x, weight, scales, biases, bias, group_size, bits, gate, None)
         return decode_linear(x, weight, bias, gate=gate)
     except ValueError:
         return None  # a layout the op does not take (a width or packing it rejects)
