@@ -42,6 +42,17 @@ def test_host_cost_mlx_lm_attention(tmp_path):
     assert warm["mlx-lm"] is None and warm["mlx-lm+kernel"]["fused_step"] > 0
 
 
+def test_host_cost_mlx_lm_linear(tmp_path):
+    out = tmp_path / "linear.json"
+    host_cost.main(["--device", "cpu", "--level", "mlx-lm-linear", "--linear-shape", "40x192",
+                    "--rounds", "2", "--calls", "5", "--json-output", str(out)])  # fmt: skip
+    r = json.loads(out.read_text())
+    assert r["kind"] == "mlx-lm-linear-host-cost" and r["config"]["shape"] == [40, 192]
+    assert all(len(r["results"][v]["samples_us"]) == 2 for v in ("mlx-lm", "mlx-lm+kernel"))
+    warm = r["config"]["warmup_calls"]
+    assert warm["mlx-lm"] is None and warm["mlx-lm+kernel"]["linear"] > 0
+
+
 @pytest.mark.parametrize(
     "argv, named",
     [
@@ -49,6 +60,8 @@ def test_host_cost_mlx_lm_attention(tmp_path):
         (["--heads", "6", "--gqa-ratio", "4"], "--heads"),
         (["--level", "mlx-lm-attention", "--context", "5", "--context", "6"], "--context"),
         (["--level", "mlx-lm-attention", "--old-wrapper", "HEAD"], "--old-wrapper"),
+        (["--level", "mlx-lm-linear", "--linear-shape", "40x100"], "--linear-shape"),
+        (["--level", "mlx-lm-linear", "--linear-shape", "forty"], "--linear-shape"),
     ],
 )
 def test_host_cost_bad_arguments(argv, named, capsys):

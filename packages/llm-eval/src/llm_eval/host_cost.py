@@ -22,11 +22,17 @@ fused step) (docs/mlx-lm.md). One Qwen3-4B-shaped layer (hidden 2560, 32 query h
 heads, D=128, bf16), one token at offset --context in a KVCache whose buffers are evaluated; a
 sample is the mean over --calls calls (the cache's buffers and offset reset outside the timing).
 
-Both: rounds rotate the order (every variant in every position equally often); every sample is
+--level mlx-lm-linear: the host time to build one call of a 4-bit nn.QuantizedLinear (group 64,
+--linear-shape NxK, default Phi-3-mini's q/k/v 9216x3072) on one row of bf16 x, nothing
+evaluated: MLX's own forward against enable()'s wrapped one, which a one-row step pays on each of
+its ~130-250 linear calls.
+
+All: rounds rotate the order (every variant in every position equally often); every sample is
 kept, medians and p10/p90 printed, and written with --json-output.
 
     bench-host-cost [--context 1 --context 128] [--rounds 40] [--old-wrapper REV]
     bench-host-cost --level mlx-lm-attention [--context 1000] [--rounds 20]
+    bench-host-cost --level mlx-lm-linear [--linear-shape 9216x3072] [--rounds 20]
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ from pathlib import Path
 
 import attn_kernels.mlx_lm as kernel
 import mlx.core as mx
+import mlx.nn as nn
 import qwen3_model
 from attn_kernels import _ext, decode_attention_custom
 from mlx_lm.models import qwen3
@@ -239,10 +246,65 @@ def run_mlx_lm_attention(args) -> dict:
     }
 
 
-LEVELS = {"op": run_op, "mlx-lm-attention": run_mlx_lm_attention}
+LINEAR_VARIANTS = {
+    "mlx-lm": contextlib.nullcontext,
+    "mlx-lm+kernel": lambda: kernel.enabled(linear=True),
+}
+
+
+def run_mlx_lm_linear(args) -> dict:
+    """Host time to build one call of a 4-bit nn.QuantizedLinear (group 64) on one row of bf16
+    x, the layer mlx-lm's quantized models call ~130-250 times a decode step: MLX's own forward
+    against enable()'s wrapped one (the guard's questions, the layer's arrays, our op)."""
+    n, k = args.linear_shape
+    layer = nn.QuantizedLinear(k, n, bias=False, group_size=64, bits=4)
+    layer.set_dtype(mx.bfloat16)
+    x = mx.random.normal((1, 1, k)).astype(mx.bfloat16)
+    mx.eval(layer.parameters(), x)
+    samples = {v: [] for v in LINEAR_VARIANTS}
+    orders = implementation_orders(list(LINEAR_VARIANTS))
+    execution, warmup_calls = [], {}
+    for name, variant in LINEAR_VARIANTS.items():  # warm-up, and the proof each took its path
+        with variant():
+            mx.eval(layer(x))
+            op_build_sample(layer, (x,), args.calls)
+            calls = kernel.calls() if name != "mlx-lm" else None
+        if calls is not None and not calls["linear"]:
+            raise SystemExit(f"{name} did not route the layer (calls {calls}): outside the guard?")
+        warmup_calls[name] = calls
+    for r in range(args.rounds):
+        order = list(orders[r % len(orders)])
+        execution.append({"round": r, "order": order})
+        for name in order:
+            with LINEAR_VARIANTS[name]():
+                samples[name].append(op_build_sample(layer, (x,), args.calls))
+    results = {}
+    for name, s in samples.items():
+        results[name] = {**summary(s), "samples_us": s}
+        t = results[name]
+        print(
+            f"{name:14} build median {t['median_us']:6.2f} us per {n}x{k} layer call "
+            f"(p10 {t['p10_us']:.2f}, p90 {t['p90_us']:.2f}, n {t['n']})"
+        )
+    config = {"shape": [n, k], "bits": 4, "group_size": 64, "dtype": "bfloat16", "rows": 1,
+              "warmup_calls": warmup_calls}  # fmt: skip
+    return {
+        "kind": "mlx-lm-linear-host-cost",
+        "config": config,
+        "execution_order": execution,
+        "results": results,
+    }
+
+
+LEVELS = {
+    "op": run_op,
+    "mlx-lm-attention": run_mlx_lm_attention,
+    "mlx-lm-linear": run_mlx_lm_linear,
+}
 DEFAULTS = {  # per level: contexts, rounds, calls per build sample
     "op": ([1, 128], 40, 200),
     "mlx-lm-attention": ([1000], 20, 100),
+    "mlx-lm-linear": ([1], 20, 1000),
 }
 
 
@@ -258,14 +320,22 @@ def parse_args(argv=None):
         action="append",
         help="S (repeatable; op: default 1 and 128; mlx-lm-attention: one, default 1000)",
     )
-    p.add_argument("--rounds", type=int, help="rotated rounds (op: default 40, module 20)")
-    p.add_argument("--calls", type=int, help="calls per build sample (op: 200, module 100)")
+    p.add_argument("--rounds", type=int, help="rotated rounds (op: default 40, mlx-lm-*: 20)")
+    p.add_argument(
+        "--calls", type=int, help="calls per build sample (op: 200, attention 100, linear 1000)"
+    )
     p.add_argument(
         "--evals", type=int, default=3, help="op: dispatch and eval samples per round (default 3)"
     )
     p.add_argument("--heads", type=int, default=32, help="op: query heads (default 32)")
     p.add_argument("--gqa-ratio", type=int, default=4, help="op: query heads per KV head")
     p.add_argument("--head-dim", type=int, default=128, help="op: D (default 128)")
+    p.add_argument(
+        "--linear-shape",
+        default="9216x3072",
+        metavar="NxK",
+        help="mlx-lm-linear: the layer's outputs x inputs (default 9216x3072, K a multiple of 64)",
+    )
     p.add_argument(
         "--old-wrapper",
         metavar="REV",
@@ -279,11 +349,16 @@ def parse_args(argv=None):
     args.calls = args.calls if args.calls is not None else calls
     if min(args.context) < 1 or args.rounds < 1 or args.calls < 1 or args.evals < 1:
         p.error("--context, --rounds, --calls and --evals must be >= 1")
-    if args.level == "mlx-lm-attention":
-        if len(args.context) != 1:
-            p.error("--level mlx-lm-attention takes one --context")
-        if args.old_wrapper:
-            p.error("--old-wrapper: only with --level op")
+    if args.level == "mlx-lm-attention" and len(args.context) != 1:
+        p.error("--level mlx-lm-attention takes one --context")
+    if args.level != "op" and args.old_wrapper:
+        p.error("--old-wrapper: only with --level op")
+    try:
+        args.linear_shape = tuple(int(v) for v in args.linear_shape.lower().split("x"))
+    except ValueError:
+        p.error(f"--linear-shape {args.linear_shape!r}: expected NxK, e.g. 9216x3072")
+    if len(args.linear_shape) != 2 or min(args.linear_shape) < 1 or args.linear_shape[1] % 64:
+        p.error(f"--linear-shape {args.linear_shape}: N >= 1 and K a positive multiple of 64")
     if args.heads < 1 or args.gqa_ratio < 1 or args.heads % args.gqa_ratio:
         p.error(f"--heads {args.heads} must be a positive multiple of --gqa-ratio {args.gqa_ratio}")
     refuse_overwrite(p, args.json_output, args.force)
