@@ -97,7 +97,7 @@ def check_parity(variant, checkpoint, prompt_len, monkeypatch):
         lambda self, x, **k: fused_calls.append(1) or fused_call(self, x, **k),
     )
     linear_calls = []
-    for name in ("decode_linear", "decode_linear_quantized"):
+    for name in ("decode_linear", "_quantized"):  # _quantized: every quantized call's path
         kernel = getattr(attn_kernels.linear, name)
         monkeypatch.setattr(
             attn_kernels.linear,

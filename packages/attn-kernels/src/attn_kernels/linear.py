@@ -102,10 +102,10 @@ def decode_linear_quantized(
     mx.quantized_matmul.
     """
     _check_arrays(x=x, weight=weight, scales=scales, biases=biases, bias=bias, gate=gate)
-    return _quantized(x, weight, scales, biases, bias, group_size, bits, gate, stream)
+    return _quantized(x, weight, scales, biases, bias, group_size, bits, gate=gate, stream=stream)
 
 
-def _quantized(x, weight, scales, biases, bias, group_size, bits, gate, stream) -> mx.array:
+def _quantized(x, weight, scales, biases, bias, group_size, bits, *, gate, stream) -> mx.array:
     """decode_linear_quantized past its type checks (guarded_linear's arrays are a layer's)."""
     on_cpu = _on_cpu(stream)
     if not on_cpu and _cuda_kernel(x):
@@ -182,7 +182,9 @@ def guarded_linear(
         return None
     try:
         if bits:
-            return _quantized(x, weight, scales, biases, bias, group_size, bits, gate, None)
+            return _quantized(
+                x, weight, scales, biases, bias, group_size, bits, gate=gate, stream=None
+            )
         return decode_linear(x, weight, bias, gate=gate)
     except ValueError:
         return None  # a layout the op does not take (a width or packing it rejects)
