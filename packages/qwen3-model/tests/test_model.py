@@ -97,13 +97,17 @@ def check_parity(variant, checkpoint, prompt_len, monkeypatch):
         lambda self, x, **k: fused_calls.append(1) or fused_call(self, x, **k),
     )
     linear_calls = []
-    for name in ("decode_linear", "_quantized"):  # _quantized: every quantized call's path
-        kernel = getattr(attn_kernels.linear, name)
-        monkeypatch.setattr(
-            attn_kernels.linear,
-            name,
-            lambda *a, f=kernel, **k: linear_calls.append(k.get("gate") is not None) or f(*a, **k),
-        )
+    kernel, quantized = attn_kernels.linear.decode_linear, attn_kernels.linear._quantized
+    monkeypatch.setattr(
+        attn_kernels.linear,
+        "decode_linear",
+        lambda *a, **k: linear_calls.append(k.get("gate") is not None) or kernel(*a, **k),
+    )
+    monkeypatch.setattr(  # every quantized call's path; its gate the 8th argument
+        attn_kernels.linear,
+        "_quantized",
+        lambda *a: linear_calls.append(a[7] is not None) or quantized(*a),
+    )
     prompt = mx.random.randint(10, 990, (1, prompt_len), key=mx.random.key(7))
     ours, our_logits = greedy(model, prompt, 16, make_cache(model), lambda m, t, c: m(t, c))
     layers = model.args.num_hidden_layers

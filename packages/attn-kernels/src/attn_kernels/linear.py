@@ -102,12 +102,13 @@ def decode_linear_quantized(
     mx.quantized_matmul.
     """
     _check_arrays(x=x, weight=weight, scales=scales, biases=biases, bias=bias, gate=gate)
-    return _quantized(x, weight, scales, biases, bias, group_size, bits, gate=gate, stream=stream)
-
-
-def _quantized(x, weight, scales, biases, bias, group_size, bits, *, gate, stream) -> mx.array:
-    """decode_linear_quantized past its type checks (guarded_linear's arrays are a layer's)."""
     on_cpu = _on_cpu(stream)
+    return _quantized(x, weight, scales, biases, bias, group_size, bits, gate, stream, on_cpu)
+
+
+def _quantized(x, weight, scales, biases, bias, group_size, bits, gate, stream, on_cpu):
+    """decode_linear_quantized past its type checks (guarded_linear's arrays are a layer's, its
+    device the backend the guard was asked about)."""
     if not on_cpu and _cuda_kernel(x):
         x = x if gate is None else _swiglu(gate, x)
         return _ext.decode_linear(
@@ -156,10 +157,11 @@ def linear_rows_routed(x: mx.array) -> bool:
     the default device's backend (guard.linear_min_rows to guard.linear_rows): the cheap question
     before the full one (the layer's arrays, their formats). Asked first, it keeps the rows MLX
     runs from paying for the rest on every call (a one-row CUDA step, 250 linear calls)."""
-    if x.ndim == 0 or not x.shape[-1]:
+    shape = x.shape
+    if not shape or not shape[-1]:
         return False
     where = guard.backend()
-    return guard.LINEAR_MIN_ROWS[where] <= x.size // x.shape[-1] <= guard.LINEAR_LIMITS[where][0]
+    return guard.LINEAR_MIN_ROWS[where] <= x.size // shape[-1] <= guard.LINEAR_LIMITS[where][0]
 
 
 def guarded_linear(
@@ -169,22 +171,21 @@ def guarded_linear(
     decode_linear_quantized where attn_kernels.guard has measured them to beat MLX's matmul
     (use_linear: the rows of x, their dtype, the format and group size, the default device's
     backend) and the arrays share x's dtype; None elsewhere (the caller runs MLX's own)."""
-    if weights is None or x.ndim == 0 or x.shape[-1] == 0:
+    shape = x.shape
+    if weights is None or not shape or not shape[-1]:
         return None
     weight, scales, biases, bias, group_size, bits = weights
-    rows = x.size // x.shape[-1]
-    if not guard.use_linear(rows, x.dtype, bits, group_size):
+    dtype, where = x.dtype, guard.backend()
+    if not guard.use_linear(x.size // shape[-1], dtype, bits, group_size, where):
         return None
-    dtype = x.dtype
     if (scales.dtype != dtype or biases.dtype != dtype) if bits else weight.dtype != dtype:
         return None
     if (bias is not None and bias.dtype != dtype) or (gate is not None and gate.dtype != dtype):
         return None
     try:
         if bits:
-            return _quantized(
-                x, weight, scales, biases, bias, group_size, bits, gate=gate, stream=None
-            )
+            on_cpu = where == "cpu"
+            return _quantized(x, weight, scales, biases, bias, group_size, bits, gate, None, on_cpu)
         return decode_linear(x, weight, bias, gate=gate)
     except ValueError:
         return None  # a layout the op does not take (a width or packing it rejects)
