@@ -48,7 +48,10 @@
 #               row-tile A/B at 16 and 32 rows; PART bench: the two bench-linear records alone;
 #               PART candidates (alone, ~1 min after the build): kernels-cuda/dev/
 #               bench_linear.cu, the one-row candidates against the plan (bf16 4/8 bits, f16):
-#               bench-linear-*.txt
+#               bench-linear-*.txt; PART one-row (alone, after `git revert 0d6b051` puts the
+#               one-row kernel into the plan and the guard): its GPU tests, the candidates,
+#               bench-host-cost --level mlx-lm-linear, mlx-lm-decode on Phi-3-mini and
+#               Llama-3.2-1B (8192+65) and bench-linear at one row over issue 40's layer shapes
 #   models      issue 40's shapes through mlx-lm's own generate with and without enable():
 #               Llama-3.2-1B, Phi-3-mini, Gemma-3-4B, 4-bit, 8192+65; and Qwen3-4B decoding
 #               speculatively (its own weights as the draft); PART one-graph: each also with a
@@ -267,7 +270,25 @@ serve() {
   fi
 }
 
+# Issue 40's one-row layer shapes: Phi-3-mini's q/k/v, o, gate/up, down, LM head; Llama-3.2-1B's
+# q and o, k/v, gate/up, down, LM head; Gemma-3-4B's q, k/v, o, gate/up, down, LM head.
+ONE_ROW_SHAPES=(9216x3072 3072x3072 16384x3072 3072x8192 32064x3072 2048x2048 512x2048 8192x2048
+  2048x8192 128256x2048 2048x2560 1024x2560 2560x2048 10240x2560 2560x10240 262144x2560)
+
 linear() {
+  if [ "$1" = one-row ]; then  # not in all: the one-row kernel's judgement, ~8 min on an H100
+    python3 -m pytest -q -p no:cacheprovider --timeout 100 packages/attn-kernels/tests/test_linear.py \
+      -k cuda_kernel_gpu 2>&1 | tail -15 | tee "$OUT/linear-tests.txt"
+    linear candidates
+    python3 -m llm_eval.host_cost --level mlx-lm-linear --rounds 20 --force \
+      --json-output "$R/$G-phi-3-mini-qkv-4bit-mlx-lm-linear-host-cost-$V.json" 2>&1 | tail -3
+    python3 -m llm_eval.mlx_lm_decode --model phi-3-mini --model llama-3.2-1b --quantize 4bit \
+      --workload 8192+65 --rounds "${ROUNDS:-3}" --output "$R" 2>&1 | quiet
+    python3 -m llm_eval.linear --device gpu $(printf -- "--shape %s " "${ONE_ROW_SHAPES[@]}") \
+      --format q4 --rows 1 --iterations 6 --force \
+      --output "$R/$G-linear-gpu-one-row-phi-3-llama-3.2-gemma-3-$V.json" 2>&1 | quiet
+    return
+  fi
   if [ "$1" = candidates ]; then
     nvcc -std=c++20 -arch=sm_90 --use_fast_math -O3 -I packages/attn-kernels/csrc -I kernels-cuda \
       kernels-cuda/dev/bench_linear.cu -o /tmp/bench_linear -lcuda || return 1
@@ -363,7 +384,7 @@ for target in "$@"; do
     cpu-host) cpu_host "$part" ;;
     *) echo "tools/gpu.sh: unknown target $target (tests, operators[:kernels|grid|short|long]," \
       "coverage[:D,D...], ragged, model, models[:one-graph|trace], step, quantized," \
-      "linear[:bench|candidates]," \
+      "linear[:bench|candidates|one-row]," \
       "serve[:rates|anatomy|trace]," \
       "cpu-host[:kernels|model])" >&2 ;;
   esac
