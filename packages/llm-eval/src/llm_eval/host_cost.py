@@ -161,6 +161,33 @@ def module_build_sample(attn, x, cache, buffers, context: int, calls: int) -> fl
     return total / calls
 
 
+def rotated_rounds(variants: dict, sample, rounds: int) -> tuple[dict, list]:
+    """`sample()` (µs) of every variant, each inside its context, over `rounds` rounds in rotated
+    orders; the samples per variant and the order each round ran in."""
+    samples = {name: [] for name in variants}
+    orders = implementation_orders(list(variants))
+    execution = []
+    for r in range(rounds):
+        order = list(orders[r % len(orders)])
+        execution.append({"round": r, "order": order})
+        for name in order:
+            with variants[name]():
+                samples[name].append(sample())
+    return samples, execution
+
+
+def summarized(samples: dict, width: int, per: str) -> dict:
+    """Each variant's summary and samples, printed a line each."""
+    results = {}
+    for name, s in samples.items():
+        results[name] = t = {**summary(s), "samples_us": s}
+        print(
+            f"{name:{width}} build median {t['median_us']:7.2f} us per {per} "
+            f"(p10 {t['p10_us']:.2f}, p90 {t['p90_us']:.2f}, n {t['n']})"
+        )
+    return results
+
+
 def run_op(args) -> dict:
     scale = 1.0 / math.sqrt(args.head_dim)
     fns = implementations(scale, args.old_wrapper)
@@ -210,9 +237,7 @@ def run_mlx_lm_attention(args) -> dict:
     cache.update_and_fetch(zeros, zeros)
     buffers = (cache.keys, cache.values)
     mx.eval(attn.parameters(), x, *buffers)
-    samples = {v: [] for v in MODULE_VARIANTS}
-    orders = implementation_orders(list(MODULE_VARIANTS))
-    execution, warmup_calls = [], {}
+    warmup_calls = {}
     for name, variant in MODULE_VARIANTS.items():  # warm-up, and the proof each took its path
         with variant():
             module_build_sample(attn, x, cache, buffers, context, args.calls)
@@ -222,21 +247,12 @@ def run_mlx_lm_attention(args) -> dict:
         if path and not calls[path]:
             raise SystemExit(f"{name} did not take its path (calls {calls}): outside the guard?")
         warmup_calls[name] = calls
-    for r in range(args.rounds):
-        order = list(orders[r % len(orders)])
-        execution.append({"round": r, "order": order})
-        for name in order:
-            with MODULE_VARIANTS[name]():
-                sample = module_build_sample(attn, x, cache, buffers, context, args.calls)
-                samples[name].append(sample * 1e6)
-    results = {}
-    for name, s in samples.items():
-        results[name] = {**summary(s), "samples_us": s}
-        t = results[name]
-        print(
-            f"{name:28} build median {t['median_us']:7.2f} us per attention call "
-            f"(p10 {t['p10_us']:.2f}, p90 {t['p90_us']:.2f}, n {t['n']})"
-        )
+    samples, execution = rotated_rounds(
+        MODULE_VARIANTS,
+        lambda: module_build_sample(attn, x, cache, buffers, context, args.calls) * 1e6,
+        args.rounds,
+    )
+    results = summarized(samples, 28, "attention call")
     config = {"layer": QWEN3_4B_LAYER, "dtype": "bfloat16", "L": 1, "warmup_calls": warmup_calls}
     return {
         "kind": "mlx-lm-step-host-cost",
@@ -261,9 +277,7 @@ def run_mlx_lm_linear(args) -> dict:
     layer.set_dtype(mx.bfloat16)
     x = mx.random.normal((1, 1, k)).astype(mx.bfloat16)
     mx.eval(layer.parameters(), x)
-    samples = {v: [] for v in LINEAR_VARIANTS}
-    orders = implementation_orders(list(LINEAR_VARIANTS))
-    execution, warmup_calls = [], {}
+    warmup_calls = {}
     for name, variant in LINEAR_VARIANTS.items():  # warm-up, and the proof each took its path
         with variant():
             mx.eval(layer(x))
@@ -272,20 +286,10 @@ def run_mlx_lm_linear(args) -> dict:
         if calls is not None and not calls["linear"]:
             raise SystemExit(f"{name} did not route the layer (calls {calls}): outside the guard?")
         warmup_calls[name] = calls
-    for r in range(args.rounds):
-        order = list(orders[r % len(orders)])
-        execution.append({"round": r, "order": order})
-        for name in order:
-            with LINEAR_VARIANTS[name]():
-                samples[name].append(op_build_sample(layer, (x,), args.calls))
-    results = {}
-    for name, s in samples.items():
-        results[name] = {**summary(s), "samples_us": s}
-        t = results[name]
-        print(
-            f"{name:14} build median {t['median_us']:6.2f} us per {n}x{k} layer call "
-            f"(p10 {t['p10_us']:.2f}, p90 {t['p90_us']:.2f}, n {t['n']})"
-        )
+    samples, execution = rotated_rounds(
+        LINEAR_VARIANTS, lambda: op_build_sample(layer, (x,), args.calls), args.rounds
+    )
+    results = summarized(samples, 14, f"{n}x{k} layer call")
     config = {"shape": [n, k], "bits": 4, "group_size": 64, "dtype": "bfloat16", "rows": 1,
               "warmup_calls": warmup_calls}  # fmt: skip
     return {
