@@ -51,7 +51,8 @@
 #               bench-linear-*.txt; PART one-row (alone, after `git revert 0d6b051` puts the
 #               one-row kernel into the plan and the guard): its GPU tests, the candidates,
 #               bench-host-cost --level mlx-lm-linear, mlx-lm-decode on Phi-3-mini and
-#               Llama-3.2-1B (8192+65) and bench-linear at one row over issue 40's layer shapes
+#               Llama-3.2-1B (8192+65) and bench-linear at one row over issue 40's layer shapes;
+#               if the tensor-core form fails its GPU tests, all of it with the SIMT form
 #   models      issue 40's shapes through mlx-lm's own generate with and without enable():
 #               Llama-3.2-1B, Phi-3-mini, Gemma-3-4B, 4-bit, 8192+65; and Qwen3-4B decoding
 #               speculatively (its own weights as the draft); PART one-graph: each also with a
@@ -277,8 +278,20 @@ ONE_ROW_SHAPES=(9216x3072 3072x3072 16384x3072 3072x8192 32064x3072 2048x2048 51
 
 linear() {
   if [ "$1" = one-row ]; then  # not in all: the one-row kernel's judgement, ~8 min on an H100
-    python3 -m pytest -q -p no:cacheprovider --timeout 100 packages/attn-kernels/tests/test_linear.py \
-      -k cuda_kernel_gpu 2>&1 | tail -15 | tee "$OUT/linear-tests.txt"
+    local run=(python3 -m pytest -q -p no:cacheprovider --timeout 100
+      packages/attn-kernels/tests/test_linear.py -k cuda_kernel_gpu)
+    if ! "${run[@]}" > "$OUT/linear-tests.txt" 2>&1; then
+      # The tensor-core form failed on the GPU: judge the SIMT form in this call instead (the
+      # plan's A/B switch; each process reads it once).
+      tail -15 "$OUT/linear-tests.txt"
+      export ATTN_LINEAR_ONE_ROW=simt
+      if ! "${run[@]}" > "$OUT/linear-tests-simt.txt" 2>&1; then
+        tail -15 "$OUT/linear-tests-simt.txt"
+        unset ATTN_LINEAR_ONE_ROW
+        return 1
+      fi
+    fi
+    tail -3 "$OUT"/linear-tests*.txt
     linear candidates
     python3 -m llm_eval.host_cost --level mlx-lm-linear --rounds 20 --force \
       --json-output "$R/$G-phi-3-mini-qkv-4bit-mlx-lm-linear-host-cost-$V.json" 2>&1 | tail -3
@@ -287,6 +300,7 @@ linear() {
     python3 -m llm_eval.linear --device gpu $(printf -- "--shape %s " "${ONE_ROW_SHAPES[@]}") \
       --format q4 --rows 1 --iterations 6 --force \
       --output "$R/$G-linear-gpu-one-row-phi-3-llama-3.2-gemma-3-$V.json" 2>&1 | quiet
+    unset ATTN_LINEAR_ONE_ROW
     return
   fi
   if [ "$1" = candidates ]; then
