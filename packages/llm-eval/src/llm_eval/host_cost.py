@@ -55,6 +55,7 @@ from attn_kernels import _ext, decode_attention_custom
 from mlx_lm.models import qwen3
 from mlx_lm.models.cache import KVCache
 
+from llm_eval.linear import layer_shape
 from llm_eval.operators import implementation_orders
 from llm_eval.record import (
     SCHEMA_VERSION,
@@ -358,11 +359,11 @@ def parse_args(argv=None):
     if args.level != "op" and args.old_wrapper:
         p.error("--old-wrapper: only with --level op")
     try:
-        args.linear_shape = tuple(int(v) for v in args.linear_shape.lower().split("x"))
-    except ValueError:
-        p.error(f"--linear-shape {args.linear_shape!r}: expected NxK, e.g. 9216x3072")
-    if len(args.linear_shape) != 2 or min(args.linear_shape) < 1 or args.linear_shape[1] % 64:
-        p.error(f"--linear-shape {args.linear_shape}: N >= 1 and K a positive multiple of 64")
+        args.linear_shape = layer_shape(args.linear_shape)
+    except ValueError as e:
+        p.error(f"--linear-shape {args.linear_shape!r}: {e}")
+    if args.linear_shape[1] % 64:
+        p.error(f"--linear-shape {args.linear_shape}: K must be a multiple of 64 (the group)")
     if args.heads < 1 or args.gqa_ratio < 1 or args.heads % args.gqa_ratio:
         p.error(f"--heads {args.heads} must be a positive multiple of --gqa-ratio {args.gqa_ratio}")
     refuse_overwrite(p, args.json_output, args.force)

@@ -72,6 +72,17 @@ def model_shapes(name: str) -> dict[str, tuple[int, int]]:
     }
 
 
+def layer_shape(text: str) -> tuple[int, int]:
+    """A layer's "NxK" (outputs x inputs) as (N, K); ValueError saying what is wrong."""
+    try:
+        n, k = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise ValueError("expected NxK, e.g. 6144x1024") from None
+    if n < 1 or k < 1:
+        raise ValueError("N and K must be positive")
+    return n, k
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="bench-linear",
@@ -112,11 +123,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     shapes = {}
     for text in args.shape or []:
         try:
-            n, k = (int(v) for v in text.lower().split("x"))
-        except ValueError:
-            p.error(f"--shape {text!r}: expected NxK, e.g. 6144x1024")
-        if n < 1 or k < 1:
-            p.error(f"--shape {text!r}: N and K must be positive")
+            n, k = layer_shape(text)
+        except ValueError as e:
+            p.error(f"--shape {text!r}: {e}")
         shapes[f"{n}x{k}"] = (n, k)
     args.shapes = shapes or model_shapes(args.model or "qwen3-0.6b")
     gpu = args.device == "gpu"
