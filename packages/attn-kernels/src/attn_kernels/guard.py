@@ -256,14 +256,7 @@ LINEAR_LIMITS: dict[str, tuple[int, tuple[tuple[mx.Dtype, int], ...]]] = {
     "cuda": (32, ((mx.bfloat16, 4), (mx.bfloat16, 8))),
     "metal": (0, ()),
 }
-LINEAR_MIN_ROWS: dict[str, int] = {"cpu": 1, "cuda": 1, "metal": 1}
-# The group sizes a one-row call runs for: on CUDA the one-row kernel's (linear_gemv.cuh reads
-# 64-input chunks of one group); group 32 keeps MLX's qmv, which ties the many-row kernel there.
-LINEAR_ONE_ROW_GROUP_SIZES: dict[str, tuple[int, ...]] = {
-    "cpu": (32, 64, 128),
-    "cuda": (64, 128),
-    "metal": (),
-}
+LINEAR_MIN_ROWS: dict[str, int] = {"cpu": 1, "cuda": 2, "metal": 1}
 
 # CUDA graph limits (kernels, "MB" of inputs) of the stream batched decode steps run on
 # (attn_kernels.graph_limits): a whole step as one graph. Qwen3-4B 4-bit, 32 slots, H100: with
@@ -410,7 +403,7 @@ def linear_rows(backend: str | None = None) -> int:
 
 def linear_min_rows(backend: str | None = None) -> int:
     """The fewest rows of x decode_linear runs for on `backend` (default: the default device's):
-    1 (CUDA's one row in groups of 64 and 128 only: LINEAR_ONE_ROW_GROUP_SIZES)."""
+    1 on the CPU; 2 on CUDA, where MLX's qmv ties with ours at one row."""
     return LINEAR_MIN_ROWS[_default_backend() if backend is None else backend]
 
 
@@ -424,15 +417,12 @@ def use_linear(
     """True where decode_linear (bits 0) or decode_linear_quantized (bits 4, 8) was measured to
     beat MLX's own matmul on `backend`: `rows` rows of x (a decode step's tokens), weights in
     the measured (dtype, bits) formats, a quantized layer's group size as
-    QUANTIZED_GROUP_SIZES (one row: LINEAR_ONE_ROW_GROUP_SIZES); rows from LINEAR_MIN_ROWS to
-    the limit's."""
+    QUANTIZED_GROUP_SIZES; rows from LINEAR_MIN_ROWS to the limit's."""
     where = _default_backend() if backend is None else backend
     if where not in LINEAR_LIMITS:
         raise ValueError(f"unknown backend {where!r}: use one of {', '.join(LINEAR_LIMITS)}")
     max_rows, formats = LINEAR_LIMITS[where]
     if bits and group_size not in QUANTIZED_GROUP_SIZES[where]:
-        return False
-    if bits and rows == 1 and group_size not in LINEAR_ONE_ROW_GROUP_SIZES[where]:
         return False
     return LINEAR_MIN_ROWS[where] <= rows <= max_rows and (dtype, bits) in formats
 
