@@ -48,7 +48,7 @@
 #               row-tile A/B at 16 and 32 rows; PART bench: the two bench-linear records alone;
 #               PART candidates (alone, ~1 min after the build): kernels-cuda/dev/
 #               bench_linear.cu, the one-row candidates against the plan (bf16 4/8 bits, f16):
-#               bench-linear-*.txt; PART one-row (alone, after `git revert 0d6b051` puts the
+#               bench-linear-*.txt; PART one-row (alone, after `git revert f07f26b` puts the
 #               one-row kernel into the plan and the guard): its GPU tests, the candidates,
 #               bench-host-cost --level mlx-lm-linear, mlx-lm-decode on Phi-3-mini and
 #               Llama-3.2-1B (8192+65) and bench-linear at one row over issue 40's layer shapes;
@@ -277,7 +277,7 @@ ONE_ROW_SHAPES=(9216x3072 3072x3072 16384x3072 3072x8192 32064x3072 2048x2048 51
   2048x8192 128256x2048 2048x2560 1024x2560 2560x2048 10240x2560 2560x10240 262144x2560)
 
 linear() {
-  if [ "$1" = one-row ]; then  # not in all: the one-row kernel's judgement, ~8 min on an H100
+  if [ "$1" = one-row ]; then  # not in all: the one-row kernel's judgement (tests ~200 s, H100)
     local run=(python3 -m pytest -q -p no:cacheprovider --timeout 100
       packages/attn-kernels/tests/test_linear.py -k cuda_kernel_gpu)
     if ! "${run[@]}" > "$OUT/linear-tests.txt" 2>&1; then
