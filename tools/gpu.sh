@@ -295,8 +295,10 @@ linear() {
     linear candidates
     python3 -m llm_eval.host_cost --level mlx-lm-linear --rounds 20 --force \
       --json-output "$R/$G-phi-3-mini-qkv-4bit-mlx-lm-linear-host-cost-$V.json" 2>&1 | tail -3
+    # enable() routing one-row layers against enable(linear="batches") (one row on MLX's qmv, as
+    # the guard had it) in one rotation: the host moved separate runs apart (serving-cuda.md)
     python3 -m llm_eval.mlx_lm_decode --model phi-3-mini --model llama-3.2-1b --quantize 4bit \
-      --workload 8192+65 --rounds "${ROUNDS:-3}" --output "$R" 2>&1 | quiet
+      --workload 8192+65 --linear-routing batches --rounds "${ROUNDS:-3}" --output "$R" 2>&1 | quiet
     python3 -m llm_eval.linear --device gpu $(printf -- "--shape %s " "${ONE_ROW_SHAPES[@]}") \
       --format q4 --rows 1 --iterations 6 --force \
       --output "$R/$G-linear-gpu-one-row-phi-3-llama-3.2-gemma-3-$V.json" 2>&1 | quiet

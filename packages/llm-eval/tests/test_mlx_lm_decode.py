@@ -162,6 +162,30 @@ def test_one_graph_a_step_variants(tmp_path, monkeypatch):
     assert "vs_mlx_lm" in record["results"]["medians"]["mlx-lm+kernel+one-graph"]
 
 
+def test_linear_routing_variants(tmp_path, monkeypatch, capsys):
+    """--linear-routing off and batches: two more kernel variants rotated with the plain two;
+    on the CPU (whose default routing is all) off and batches leave every linear layer to MLX,
+    mlx-lm+kernel routes them; every variant's steps fused, its tokens compared."""
+    monkeypatch.setitem(mlx_lm_decode.MODELS, "tiny-qwen3", TINY_QWEN3)
+    argv = ["--model", "tiny-qwen3", "--quantize", "none", "--device", "cpu", "--rounds", "2"]
+    argv += ["--bandwidth-gbs", "10", "--output", str(tmp_path), "--workload", "12+5"]
+    mlx_lm_decode.main([*argv, "--linear-routing", "off", "--linear-routing", "batches"])
+    (path,) = tmp_path.glob("cpu-*core-tiny-qwen3-bf16-mlx-lm-decode-12+5-*.json")
+    record = json.loads(path.read_text())
+    validate(record)
+    off, batches = "mlx-lm+kernel+linear-off", "mlx-lm+kernel+linear-batches"
+    assert record["config"]["variants"] == ["mlx-lm", "mlx-lm+kernel", off, batches]
+    samples = record["results"]["samples"]
+    linear = {v: {s["attention_calls"]["linear"] for s in samples[v]} for v in samples if "+" in v}
+    assert linear == {"mlx-lm+kernel": {6 * (7 * 2 + 1)}, off: {0}, batches: {0}}
+    assert all(s["attention_calls"]["fused_step"] == 12 for v in (off, batches) for s in samples[v])
+    assert record["results"]["first_divergence_linear"] == {"off": None, "batches": None}
+    assert "vs_mlx_lm" in record["results"]["medians"][off]
+    out = capsys.readouterr().out
+    assert f"{off}: calls per request (attention, linear layers): fused 0" in out
+    assert "linear 0; greedy tokens identical to mlx-lm's" in out
+
+
 def test_speculative_decoding(tmp_path, monkeypatch, capsys):
     """--draft-layers 1: both variants decode speculatively with the model's first layer as the
     draft; the kernel variant's verify steps (L = 4) run fused; the same tokens; the record names
@@ -199,7 +223,8 @@ def test_every_qwen3_config_and_8_bits():
 
 def test_kernel_trace_arguments(capsys):
     for argv, named in ((["--kernel-trace", "0"], "must be >= 1 steps"),
-                        (["--kernel-trace", "2", "--device", "cpu"], "needs MLX's CUDA backend")):  # fmt: skip
+                        (["--kernel-trace", "2", "--device", "cpu"], "needs MLX's CUDA backend"),
+                        (["--kernel-trace", "2", "--linear-routing", "off"], "not with --linear")):  # fmt: skip
         with pytest.raises(SystemExit):
             mlx_lm_decode.parse_args(argv)
         assert named in capsys.readouterr().err

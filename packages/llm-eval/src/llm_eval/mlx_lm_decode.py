@@ -15,7 +15,11 @@ steps of mlx-lm's llama (mistral), qwen2, qwen3, qwen3_moe, gemma3_text and phi3
 one attention_step each (q/k norm where the model has it, RoPE, cache write, attention; other
 architectures: the attention call alone). --attention-only adds a third,
 mlx-lm+kernel-attention-only: enable(fused_step=False), the attention call alone through the fused
-op (what enable() did before the fused step became its default). --one-graph-a-step adds
+op (what enable() did before the fused step became its default). --linear-routing ROUTING
+(repeatable) adds mlx-lm+kernel+linear-ROUTING: enable(linear=ROUTING), the linear layers' routing
+set apart from the backend's default (all: every call asks the guard, batches: only batched
+steps' calls, off: MLX's matmuls), so that a routing's effect is timed in the same rotation as
+the default's. --one-graph-a-step adds
 mlx-lm+one-graph and mlx-lm+kernel+one-graph: the same two with MLX's CUDA graph limits on
 mlx-lm's generation stream raised for the request (attn_kernels.graph_limits,
 guard.BATCH_GRAPH_LIMITS: a decode step as one graph, as serving's batch_stream() runs) and
@@ -63,6 +67,7 @@ from llm_eval.record import SCHEMA_VERSION, collect_metadata, positive_float, wr
 BASELINE, KERNEL, ATTENTION_ONLY = "mlx-lm", "mlx-lm+kernel", "mlx-lm+kernel-attention-only"
 VARIANTS = [BASELINE, KERNEL]
 ONE_GRAPH = "+one-graph"  # suffix: the variant with a decode step as one CUDA graph
+LINEAR = "+linear-"  # KERNEL + LINEAR + routing: enable(linear=routing)
 # mlx-lm config.json values of the published checkpoints (random weights here).
 MODELS = {
     **{name: config.to_dict() for name, config in qwen3_model.CONFIGS.items()},
@@ -183,6 +188,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         "the cache write of the architectures it knows into one attention_step)",
     )
     p.add_argument(
+        "--linear-routing",
+        choices=["all", "batches", "off"],
+        action="append",
+        help=f"another variant each, {KERNEL}{LINEAR}ROUTING: enable(linear=ROUTING) (repeatable; "
+        "the default's routing is the backend's: all on the CPU, batches on CUDA)",
+    )
+    p.add_argument(
         "--one-graph-a-step",
         action="store_true",
         help=f"two more variants, {BASELINE}{ONE_GRAPH} and {KERNEL}{ONE_GRAPH}: MLX's CUDA graph "
@@ -213,6 +225,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--trace-child", nargs=2, metavar=("VARIANT", "FILE"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.variants = [*VARIANTS, ATTENTION_ONLY] if args.attention_only else list(VARIANTS)
+    args.variants += [KERNEL + LINEAR + r for r in dict.fromkeys(args.linear_routing or [])]
     if args.one_graph_a_step:
         args.variants += [v + ONE_GRAPH for v in VARIANTS]
     args.model = list(dict.fromkeys(args.model or ["qwen3-4b"]))
@@ -230,6 +243,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.kernel_trace is not None:
         if args.kernel_trace < 1:
             p.error(f"--kernel-trace: must be >= 1 steps, got {args.kernel_trace}")
+        if args.linear_routing:
+            p.error("--kernel-trace: not with --linear-routing (it traces mlx-lm and enable())")
         if args.device != "gpu" or not mx.cuda.is_available():
             p.error("--kernel-trace: needs MLX's CUDA backend (Nsight Compute times its kernels)")
         if any(generated < 2 * args.kernel_trace + 2 for _, generated in args.workload):
@@ -303,9 +318,10 @@ def request(
     from mlx_lm.generate import generation_stream, stream_generate
 
     kernel = variant.startswith(KERNEL)
+    routing = variant.split(LINEAR)[1] if LINEAR in variant else None
     mx.reset_peak_memory()
     context = (
-        attention.enabled(fused_step=variant != ATTENTION_ONLY)
+        attention.enabled(fused_step=variant != ATTENTION_ONLY, linear=routing)
         if kernel
         else contextlib.nullcontext()
     )
@@ -369,6 +385,9 @@ def run_workload(args, name, model, tokenizer, w, progress: Progress, draft=None
     results = {}
     if ATTENTION_ONLY in divergence:
         results["first_divergence_attention_only"] = divergence[ATTENTION_ONLY]
+    linear = {v.split(LINEAR)[1]: d for v, d in divergence.items() if LINEAR in v}
+    if linear:  # --linear-routing's variants, by routing
+        results["first_divergence_linear"] = linear
     return {
         "schema_version": SCHEMA_VERSION,
         "kind": "mlx-lm-decode",
@@ -396,8 +415,8 @@ def run_workload(args, name, model, tokenizer, w, progress: Progress, draft=None
             "kv_bytes_per_position": kv_per_position,
             "samples": samples,
             "medians": bench.summarise(samples),
-            # Greedy tokens of the first round, mlx-lm against mlx-lm+kernel (and, with
-            # --attention-only, against mlx-lm+kernel-attention-only): the attention paths round
+            # Greedy tokens of the first round, mlx-lm against mlx-lm+kernel (and against
+            # --attention-only's and --linear-routing's variants): the attention paths round
             # differently in bf16, so a near-tie can flip on random weights.
             "first_divergence": divergence[KERNEL],
             **results,
@@ -544,6 +563,8 @@ def format_table(record: dict) -> str:
     divergences = {KERNEL: res["first_divergence"]}
     if "first_divergence_attention_only" in res:
         divergences[ATTENTION_ONLY] = res["first_divergence_attention_only"]
+    for routing, divergence in res.get("first_divergence_linear", {}).items():
+        divergences[KERNEL + LINEAR + routing] = divergence
     for v, divergence in divergences.items():
         calls = {tuple(s["attention_calls"].items()) for s in res["samples"][v]}
         lines.append(
