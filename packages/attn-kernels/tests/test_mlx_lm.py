@@ -104,8 +104,8 @@ def tiny_model(arch: str, dtype=mx.float32, seed: int = 1):
     return model
 
 
-def greedy(model, prompt, steps):
-    cache = make_prompt_cache(model)
+def greedy(model, prompt, steps, cache=None):
+    cache = make_prompt_cache(model) if cache is None else cache
     logits = [model(prompt, cache=cache)[:, -1]]
     tokens = []
     for _ in range(steps):
@@ -308,6 +308,24 @@ def test_architectures_decode_fused_under_the_guards_own_table(case, monkeypatch
     else:
         assert_same_until_a_near_tie(ours, theirs, their_logits)
     assert counts["fused"] + counts["fused_step"] == LAYERS * steps
+    assert counts["mlx_lm"] == LAYERS  # the prefill
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_phi3_quantized_cache_under_the_guards_own_table(bits):
+    """Phi-3 (D 96, no GQA, bf16) with a QuantizedKVCache of group 32 (the only group that
+    divides 96), the guard as recorded: each decode step's attention through the quantized op on
+    the cache's codes (the quantized step takes head dims that are multiples of 64). Its tokens
+    are test_quantized_cache_greedy_tokens_match_mlx_lm's (float32: mlx-lm's quantized path
+    rounds its scaled queries and scores to bf16, which parts bf16 tokens far from a tie)."""
+    if guard.backend() != "cpu":
+        pytest.skip("D 96 over a quantized cache is measured on the CPU only")
+    model = tiny_model("phi3", mx.bfloat16)
+    with kernel.enabled():
+        tokens, _, _ = greedy(model, prompt_ids(12), 10, make_quantized_cache(bits))
+        counts = kernel.calls()
+    assert len(tokens) == 10
+    assert counts["fused_quantized"] == LAYERS * 10 and counts["fused_step"] == 0
     assert counts["mlx_lm"] == LAYERS  # the prefill
 
 
@@ -599,16 +617,23 @@ def test_quantized_cache_decode_through_the_quantized_op(bits, length, monkeypat
     assert mx.allclose(out, expected, atol=0.1, rtol=0.05).item()
 
 
+def make_quantized_cache(bits: int) -> list:
+    """A QuantizedKVCache of group 32 (every test head dim's) a layer."""
+    return [QuantizedKVCache(group_size=32, bits=bits) for _ in range(LAYERS)]
+
+
 @pytest.mark.usefixtures("any_head_dim_and_dtype")
-def test_quantized_cache_greedy_tokens_match_mlx_lm():
-    """mlx-lm's qwen3 with an 8-bit QuantizedKVCache: the same greedy tokens with and without
-    the kernel, the decode steps through the quantized op (the attention function's path:
-    fused_step=False; with the fused step they take attention_step_quantized, test_mlx_lm_step)."""
-    model = tiny_model("qwen3")
+@pytest.mark.parametrize("arch, bits", [("qwen3", 8), ("phi3", 8), ("phi3", 4)])
+def test_quantized_cache_greedy_tokens_match_mlx_lm(arch, bits):
+    """mlx-lm's qwen3 (D 128) and phi3 (D 96, no GQA) with a QuantizedKVCache: the same greedy
+    tokens with and without the kernel, the decode steps through the quantized op (the attention
+    function's path: fused_step=False; with the fused step qwen3's take attention_step_quantized,
+    test_mlx_lm_step)."""
+    model = tiny_model(arch)
     prompt, steps = prompt_ids(12), 8
 
     def run():
-        cache = [QuantizedKVCache(group_size=32, bits=8) for _ in range(LAYERS)]
+        cache = make_quantized_cache(bits)
         token, tokens = model(prompt, cache=cache)[:, -1].argmax(-1), []
         for _ in range(steps):
             tokens.append(token.item())

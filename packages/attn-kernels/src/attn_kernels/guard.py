@@ -51,8 +51,12 @@ cpu: cpu-2core-qwen3-4b-attention-quantized-{8,4}-bit-mlx-0.32.4.json: L=1, S = 
     256 (QUANTIZED_FURTHER_HEAD_DIMS), on a 2-vCPU Xeon with AVX-512, through its AVX-512 and
     its AVX2 path: cpu-2core-{avx512,avx2}-attention-quantized-D{64,256}-{4,8}-bit-mlx-0.32.4.json,
     bf16, group 64, L = 1 and 8 causal at S = 1024, 8192, 32768: every pass won against mx.fast on
-    bf16 K/V, D 64 10.2-28.8x (AVX2 path 9.05-22.9x), D 256 19.9-40.9x (17.0-32.9x); 80 and 96
-    take no group 64, mlx-lm's default, and were not timed.
+    bf16 K/V, D 64 10.2-28.8x (AVX2 path 9.05-22.9x), D 256 19.9-40.9x (17.0-32.9x). D 96 in
+    group 32 (the one group that divides it; 80 takes none), a 2-vCPU EPYC with AVX-512, the same
+    passes: cpu-2core-{avx512,avx2}-attention-quantized-D96-group-32-{4,8}-bit-mlx-0.32.4.json,
+    every pass won, 11.1-32.4x (AVX2 path 8.6-27.0x), without GQA (Phi-3's heads, 4 bits)
+    cpu-2core-avx512-attention-quantized-D96-G1-group-32-4-bit-mlx-0.32.4.json 5.7-24.5x; mlx-lm's
+    quantized path 55-244x slower than ours (the 4-bit AVX-512 record).
 cuda: benchmark_results/raw/h200-quantized-merge-split.txt (c139b75, the default kernel mmat4
     with the context split for two blocks per SM): L=1, group 64, 8 / 4 bits, S = 4096, 32768, 131072:
     16.0 / 16.1, 32.0 / 26.3, 83.1 / 56.8 µs against 32-48 (4096, 32768) and 136 for mx.fast on
@@ -225,9 +229,10 @@ LIMITS: dict[str, Limits] = {
 # Over a quantized cache: (max query length, max context); (0, 0) means never. Mask None or
 # "causal" only.
 # Head dims the quantized kernels were timed at beyond the reference shape's (LIMITS' head_dims,
-# D 128; bf16, LIMITS' dtypes): 64 and 256 on the CPU (the records above).
+# D 128; bf16, LIMITS' dtypes): 64, 96 (group 32, the one that divides it) and 256 on the CPU
+# (the records above).
 QUANTIZED_FURTHER_HEAD_DIMS: dict[str, tuple[int, ...]] = {
-    "cpu": (64, 256),
+    "cpu": (64, 96, 256),
     "cuda": (),
     "metal": (),
 }
