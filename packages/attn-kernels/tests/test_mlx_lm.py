@@ -115,6 +115,11 @@ def greedy(model, prompt, steps, cache=None):
     return tokens, logits, cache
 
 
+def make_quantized_cache(bits: int) -> list:
+    """A QuantizedKVCache of group 32 (every test head dim's) a layer."""
+    return [QuantizedKVCache(group_size=32, bits=bits) for _ in range(LAYERS)]
+
+
 @pytest.fixture
 def fused_calls(monkeypatch):
     """Shapes (L, S) of every call the fused op computed."""
@@ -615,11 +620,6 @@ def test_quantized_cache_decode_through_the_quantized_op(bits, length, monkeypat
     assert [(s["group_size"], s["bits"]) for s in seen] == [(32, bits)]
     assert out.dtype == mx.bfloat16
     assert mx.allclose(out, expected, atol=0.1, rtol=0.05).item()
-
-
-def make_quantized_cache(bits: int) -> list:
-    """A QuantizedKVCache of group 32 (every test head dim's) a layer."""
-    return [QuantizedKVCache(group_size=32, bits=bits) for _ in range(LAYERS)]
 
 
 @pytest.mark.usefixtures("any_head_dim_and_dtype")
