@@ -346,9 +346,12 @@ std::vector<mx::array> attention_step_quantized(
   const mx::Shape& codes = k_cache[0].shape();
   const int head_dim = check_step(op, q, k, v, q_norm_weight, k_norm_weight, codes,
                                   codes[3] * 32 / bits, offset, eps);
-  if (head_dim % 64 != 0 || head_dim % group_size != 0) {
-    fail("head_dim must be a multiple of 64 and of group_size " + std::to_string(group_size) +
-         ", got " + std::to_string(head_dim));
+  // The GPU step kernels are planned for multiples of 64; the CPU's quantizes group by group.
+  const auto stream = mx::to_stream(s);
+  const bool on_cpu = stream.device == mx::Device::cpu;
+  if (head_dim % group_size != 0 || (!on_cpu && head_dim % 64 != 0)) {
+    fail("head_dim must be a multiple of group_size " + std::to_string(group_size) +
+         (on_cpu ? "" : " and, on a GPU, of 64") + ", got " + std::to_string(head_dim));
   }
   if (codes[3] * 32 != head_dim * bits) {
     fail("the codes hold " + std::to_string(codes[3]) + " words per row; head_dim " +
@@ -375,7 +378,6 @@ std::vector<mx::array> attention_step_quantized(
     inputs.push_back(*q_norm_weight);
     inputs.push_back(*k_norm_weight);
   }
-  const auto stream = mx::to_stream(s);
   check_rope(op, rope_base, rope_freqs, head_dim, stream);
   const int row_ranges =
       add_step_ranges(op, inputs, starts, offsets, q.shape(0), offset, stream);

@@ -245,6 +245,24 @@ def test_head_dim_256_and_batch(device):
     check_step(inputs, 300, device, 4, 128, "D=256 B=2")
 
 
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("heads_,length,offset", [((32, 32), 1, 100), ((8, 2), 3, 254)])
+def test_head_dim_96_on_the_cpu(bits, heads_, length, offset):
+    """D 96 (Phi-3's, Mistral-7B's; group 32, the one that divides it) on the CPU, without GQA
+    and across position 256: the new positions as mx.quantize's, attention as float64's
+    and the unfused chain's."""
+    hq, hkv = heads_
+    inputs = make_step(13 + bits, 1, hq, hkv, length, 96, 512, mx.bfloat16, bits, 32)
+    check_step(inputs, offset, mx.cpu, bits, 32, f"D=96 bits {bits} Hq={hq} Hkv={hkv}")
+
+
+@pytest.mark.skipif(not _cuda_available(), reason="no CUDA GPU")
+def test_head_dim_96_refused_on_a_gpu():
+    inputs = make_step(3, 1, 8, 2, 1, 96, 256, mx.bfloat16, 8, 32)
+    with pytest.raises(ValueError, match="on a GPU, of 64, got 96"):
+        run_step(inputs, 0, mx.gpu, 8, 32)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_rope_periods(device):
     """rope_freqs (each pair's period) set to the base's own periods gives what rope_base gives

@@ -166,13 +166,14 @@ def test_quantized_group_sizes():
 
 def test_quantized_head_dims():
     """The quantized kernel at the head dims its records time: 64, 96 (group 32), 128 and 256 on
-    the CPU, 128 on CUDA; bf16 only (the dtype the records quantize from). The quantized step
-    takes multiples of 64: D 96 runs the attention op alone."""
+    the CPU, 128 on CUDA; bf16 only (the dtype the records quantize from); the quantized step
+    wherever the op runs on the CPU, multiples of 64 on GPUs."""
     for d in (64, 128, 256):
         assert guard.use_fused_quantized(1, 4096, None, "cpu", head_dim=d, dtype=mx.bfloat16)
         assert guard.use_step_quantized(8, 4096, d, "causal", "cpu", dtype=mx.bfloat16)
     assert guard.use_fused_quantized(8, 32768, "causal", "cpu", head_dim=96, group_size=32)
-    assert not guard.use_step_quantized(1, 4096, 96, None, "cpu", group_size=32)
+    assert guard.use_step_quantized(1, 4096, 96, None, "cpu", group_size=32)
+    assert not guard.use_step_quantized(1, 4096, 96, None, "cuda", group_size=32)
     assert not guard.use_fused_quantized(1, 4096, None, "cpu", head_dim=80)
     assert not guard.use_fused_quantized(1, 4096, None, "cuda", head_dim=96)
     assert not guard.use_fused_quantized(1, 4096, None, "cpu", head_dim=64, dtype=mx.float16)

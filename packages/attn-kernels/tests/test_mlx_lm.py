@@ -319,10 +319,10 @@ def test_architectures_decode_fused_under_the_guards_own_table(case, monkeypatch
 @pytest.mark.parametrize("bits", [4, 8])
 def test_phi3_quantized_cache_under_the_guards_own_table(bits):
     """Phi-3 (D 96, no GQA, bf16) with a QuantizedKVCache of group 32 (the only group that
-    divides 96), the guard as recorded: each decode step's attention through the quantized op on
-    the cache's codes (the quantized step takes head dims that are multiples of 64). Its tokens
-    are test_quantized_cache_greedy_tokens_match_mlx_lm's (float32: mlx-lm's quantized path
-    rounds its scaled queries and scores to bf16, which parts bf16 tokens far from a tie)."""
+    divides 96), the guard as recorded: each decode step through attention_step_quantized on the
+    cache's codes. Its tokens are test_quantized_cache_greedy_tokens_match_mlx_lm's (float32:
+    mlx-lm's quantized path rounds its scaled queries and scores to bf16, which parts bf16 tokens
+    far from a tie) and test_mlx_lm_step's."""
     if guard.backend() != "cpu":
         pytest.skip("D 96 over a quantized cache is measured on the CPU only")
     model = tiny_model("phi3", mx.bfloat16)
@@ -330,7 +330,7 @@ def test_phi3_quantized_cache_under_the_guards_own_table(bits):
         tokens, _, _ = greedy(model, prompt_ids(12), 10, make_quantized_cache(bits))
         counts = kernel.calls()
     assert len(tokens) == 10
-    assert counts["fused_quantized"] == LAYERS * 10 and counts["fused_step"] == 0
+    assert counts["fused_step"] == LAYERS * 10 and counts["fused_quantized"] == 0
     assert counts["mlx_lm"] == LAYERS  # the prefill
 
 

@@ -340,10 +340,6 @@ FALLBACKS = {
         arch_model("llama", rope_traditional=True),
         make_prompt_cache,
     ),
-    "mistral: quantized cache, D 96 (the quantized step takes multiples of 64)": lambda: (
-        arch_model("mistral"),
-        lambda _: [QuantizedKVCache(group_size=32, bits=8) for _ in range(LAYERS)],
-    ),
 }
 
 
@@ -608,6 +604,9 @@ QUANTIZED_STEP_CASES = {
     "qwen3-D128-g32-8bit": ("qwen3", 32, 8),
     "qwen3-D128-g64-4bit": ("qwen3", 64, 4),
     "llama-D64-g64-4bit": ("llama", 64, 4),
+    # D 96 takes group 32 only; the CPU's step takes it (the GPUs' take multiples of 64)
+    "mistral-D96-g32-8bit": ("mistral", 32, 8),
+    "phi3-D96-g32-4bit": ("phi3", 32, 4),
 }
 
 

@@ -121,7 +121,7 @@ def test_quantized_guard(calls):
 
 @pytest.mark.parametrize("bits", [4, 8])
 def test_quantized_step_parity_with_mlx_lm(bits, monkeypatch):
-    """Head dim 64 (a multiple of 64, as the quantized step takes): decode steps go through
+    """Head dim 64 (a multiple of 64, as the GPUs' quantized step takes): decode steps go through
     attention_step_quantized (one per layer and step), greedy decoding gives mlx-lm's tokens with
     its QuantizedKVCache, and the logits stay within a few bf16 roundings of our unfused path
     (mx.quantize and decode_attention_quantized) on the same weights; against mlx-lm both paths

@@ -232,7 +232,8 @@ def attention_step_quantized(
             scale, owned_caches: as in `attention_step`.
         k_cache, v_cache: (codes, scales, biases) as `mx.quantize` gives them: codes uint32
             (B, Hkv, capacity, D·bits/32), scales and biases (B, Hkv, capacity, D/group_size) in
-            q's dtype, positions [0, offset) written. D must be a multiple of 64 and of group_size.
+            q's dtype, positions [0, offset) written. D must be a multiple of group_size (and
+            of 64 on a GPU).
         group_size: 32, 64 or 128. bits: 4 or 8.
 
     The new keys (normalised, rotated, rounded to q's dtype) and values are quantized as

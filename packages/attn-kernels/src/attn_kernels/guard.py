@@ -386,14 +386,14 @@ def use_step_quantized(
 ) -> bool:
     """True where a decode step with a quantized cache goes through `attention_step_quantized`
     (q/k norm, RoPE, the quantized cache write and attention in one op): inside
-    use_fused_quantized's region, causal as use_step, head_dim a multiple of 64, on a backend in
-    QUANTIZED_STEP_BACKENDS."""
+    use_fused_quantized's region, causal as use_step, on a backend in QUANTIZED_STEP_BACKENDS;
+    head_dim a multiple of 64 on a GPU (the CPU's step takes any multiple of the group)."""
     where = _default_backend() if backend is None else backend
     causal = (isinstance(mask, str) and mask == "causal") or (mask is None and query_len == 1)
     return (
         causal
         and where in QUANTIZED_STEP_BACKENDS
-        and head_dim % 64 == 0
+        and (head_dim % 64 == 0 or where == "cpu")
         and use_fused_quantized(
             query_len, context, mask, where, head_dim=head_dim, dtype=dtype, group_size=group_size
         )

@@ -26,7 +26,7 @@ qwen3_moe, gemma3_text and phi3 modules (step.STEP_MODELS): decode steps the gua
 (guard.use_step) with a plain KVCache (or a RotatingKVCache: one token, at its ring's slot) and a
 RoPE the op takes (plain, position-scaled or Llama 3's frequencies) run q/k norm (Qwen3, Gemma 3),
 RoPE, the cache write and attention as one `attention_step` on the cache's buffers (step.py), and
-with a QuantizedKVCache (guard.use_step_quantized: head dim a multiple of 64) one
+with a QuantizedKVCache (guard.use_step_quantized: on a GPU head dims that are multiples of 64) one
 `attention_step_quantized` on its triples; everything else runs mlx-lm's method.
 enable(fused_step=False) leaves those methods alone: only the attention function is replaced.
 
