@@ -95,6 +95,7 @@ def calls(monkeypatch):
 def step(prefix, length, checkpoint="decode-attention"):
     args = CONFIGS["qwen3-tiny"]
     layer = Attention(args, checkpoint)
+    layer.fused_step = False  # the attention op's guard (the step's: test_quantized_step_*)
     cache = QuantizedKVCache(GROUP, 4)
     if prefix:
         shape = (1, args.num_key_value_heads, prefix, args.head_dim)
