@@ -62,6 +62,7 @@ def test_host_cost_mlx_lm_linear(tmp_path):
         (["--level", "mlx-lm-attention", "--old-wrapper", "HEAD"], "--old-wrapper"),
         (["--level", "mlx-lm-linear", "--linear-shape", "40x100"], "--linear-shape"),
         (["--level", "mlx-lm-linear", "--linear-shape", "forty"], "--linear-shape"),
+        (["--linear-shape", "40x192"], "--linear-shape: only with"),
     ],
 )
 def test_host_cost_bad_arguments(argv, named, capsys):

@@ -161,7 +161,7 @@ def linear_rows_routed(x: mx.array) -> bool:
     if not shape or not shape[-1]:
         return False
     where = guard.backend()
-    return guard.LINEAR_MIN_ROWS[where] <= x.size // shape[-1] <= guard.LINEAR_LIMITS[where][0]
+    return guard.linear_min_rows(where) <= x.size // shape[-1] <= guard.linear_rows(where)
 
 
 def guarded_linear(

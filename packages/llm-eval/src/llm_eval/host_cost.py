@@ -337,7 +337,6 @@ def parse_args(argv=None):
     p.add_argument("--head-dim", type=int, default=128, help="op: D (default 128)")
     p.add_argument(
         "--linear-shape",
-        default="9216x3072",
         metavar="NxK",
         help="mlx-lm-linear: the layer's outputs x inputs (default 9216x3072, K a multiple of 64)",
     )
@@ -358,8 +357,10 @@ def parse_args(argv=None):
         p.error("--level mlx-lm-attention takes one --context")
     if args.level != "op" and args.old_wrapper:
         p.error("--old-wrapper: only with --level op")
+    if args.level != "mlx-lm-linear" and args.linear_shape:
+        p.error("--linear-shape: only with --level mlx-lm-linear")
     try:
-        args.linear_shape = layer_shape(args.linear_shape)
+        args.linear_shape = layer_shape(args.linear_shape or "9216x3072")
     except ValueError as e:
         p.error(f"--linear-shape {args.linear_shape!r}: {e}")
     if args.linear_shape[1] % 64:
