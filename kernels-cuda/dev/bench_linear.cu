@@ -1,19 +1,18 @@
 // Stand-alone timing of DecodeLinear's CUDA kernels for one row of x (a single request's decode
-// step), without MLX: the library's plan (plan_linear_quantized: one row runs linear_gemv.cuh,
-// or what ATTN_LINEAR_ONE_ROW names), the many-row kernel it replaced at one row
-// (linear_quantized.cuh, 'tiles'), linear_gemv_simt.cuh at 2, 4 and 8 rows a block and
-// linear_gemv.cuh at several warp and stage counts, next to a plain read of the same bytes, over
-// the linear layers of Phi-3-mini and Qwen3-4B. Each graph of calls rotates over weight copies
-// that together pass L2 (50 MB), so the timed bytes come from HBM. Build and run on the GPU
-// machine:
+// step), without MLX: the library's plan (plan_linear_quantized: the many-row kernel of
+// linear_quantized.cuh) and the one-row candidates here (linear_gemv_simt.cuh at 2, 4 and 8
+// rows a block; linear_gemv.cuh at several warp and stage counts), next to a plain read of the
+// same bytes, over the linear layers of Phi-3-mini and Qwen3-4B. Each graph of calls rotates over
+// weight copies that together pass L2 (50 MB), so the timed bytes come from HBM. Build and run
+// on the GPU machine:
 //
 //   nvcc -std=c++20 -arch=sm_90 --use_fast_math -O3 -I packages/attn-kernels/csrc -I kernels-cuda \
 //        kernels-cuda/dev/bench_linear.cu -o /tmp/bench_linear -lcuda && /tmp/bench_linear
 //
-// Prints one row per (layer, variant: plan, tiles, simt R rows a block, mma W warps S stages,
-// plain read): µs per call (median of replays, and the spread), GB/s of the codes, scales and
-// biases, the fraction of the copy rate measured in the same run, and the worst error against
-// float64 over 64 checked rows (relative to sum |x w|).
+// Prints one row per (layer, variant: plan, simt R rows a block, mma W warps S stages, plain
+// read): µs per call (median of replays, and the spread), GB/s of the codes, scales and biases,
+// the fraction of the copy rate measured in the same run, and the worst error against float64
+// over 64 checked rows (relative to sum |x w|).
 //
 // Environment: BENCH_BITS=4,8 (default 4); BENCH_F16=1 (f16 instead of bf16); BENCH_ROUNDS=2
 // (the variants in rotated order each round); BENCH_LAYER=phi3 (layers whose name holds it).
@@ -29,8 +28,8 @@
 #include <string>
 #include <vector>
 
-#include "../linear_gemv.cuh"
-#include "../linear_gemv_simt.cuh"
+#include "linear_gemv.cuh"
+#include "linear_gemv_simt.cuh"
 #include "../linear_quantized.cu"
 #include "bench_common.h"
 
@@ -110,11 +109,8 @@ void launch_simt(const LinearProblem& p, cudaStream_t stream) {
       <<<(p.outputs + R - 1) / R, threads, threads / 32 * R * sizeof(float), stream>>>(p);
 }
 
-// A plan's kernel as the library launches it: the library's one-row plan, or the many-row kernel
-// (linear_quantized.cuh) that one row ran before it.
-template <ak::LinearPlan (*PLAN)(const LinearProblem&)>
 void launch_plan(const LinearProblem& p, cudaStream_t stream) {
-  const ak::LinearPlan plan = PLAN(p);
+  const ak::LinearPlan plan = ak::plan_linear_quantized(p);
   LinearProblem arg = p;
   void* args[] = {&arg};
   if (cuLaunchKernel(plan.kernel, plan.grid[0], plan.grid[1], 1, plan.threads, 1, 1, plan.smem,
@@ -126,8 +122,7 @@ void launch_plan(const LinearProblem& p, cudaStream_t stream) {
 
 template <typename T, int BITS>
 std::vector<std::pair<std::string, Launch>> variants() {
-  return {{"plan", launch_plan<ak::plan_linear_quantized>},
-          {"tiles", launch_plan<ak::plan_tiles>},  // the many-row kernel at one row
+  return {{"plan", launch_plan},  // the many-row kernel at one row
           {"simt R2", launch_simt<T, BITS, 2>},
           {"simt R4", launch_simt<T, BITS, 4>},
           {"simt R8", launch_simt<T, BITS, 8>},

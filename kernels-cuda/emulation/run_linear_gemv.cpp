@@ -15,8 +15,8 @@
 
 #include "cuda_emu.h"
 // The kernel source itself, unchanged.
-#include "../linear_gemv.cuh"
-#include "../linear_gemv_simt.cuh"
+#include "../dev/linear_gemv.cuh"
+#include "../dev/linear_gemv_simt.cuh"
 
 using namespace attn_kernels;
 using namespace attn_kernels::cuda::linear;

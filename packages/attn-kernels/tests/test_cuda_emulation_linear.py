@@ -141,7 +141,7 @@ GEMV_CASES = [
 )
 @pytest.mark.parametrize("with_bias", [True, False])
 def test_one_row_kernels_under_emulation(gemv_emulator, tmp_path, case, with_bias):
-    """The one-row kernels (linear_gemv.cuh, linear_gemv_simt.cuh)."""
+    """kernels-cuda/dev/'s one-row candidates (linear_gemv.cuh, linear_gemv_simt.cuh)."""
     n, k, bits, group, dtype, warps, simt_rows = case
     inputs = write_inputs(tmp_path, 1, n, k, bits, group, dtype)
     code = 0 if dtype == mx.bfloat16 else 1

@@ -246,27 +246,6 @@ def test_what_the_guard_leaves_keeps_mlx_matmuls(monkeypatch):
         assert kernel.calls()["linear"] == 2 and len(calls) == 2
 
 
-def test_one_row_routes_the_layers_wide_enough(monkeypatch):
-    """A one-row limit on the layer's weights (CUDA's LINEAR_ONE_ROW, set here on the CPU): a
-    one-row call runs decode_linear for a layer of at least that many weights N x K, MLX's
-    matmul for a narrower one; two rows run decode_linear for both; results equal either way."""
-    groups = guard.LINEAR_ONE_ROW["cpu"][0]
-    monkeypatch.setitem(guard.LINEAR_ONE_ROW, "cpu", (groups, 96 * 64))
-    wide, narrow = (nn.QuantizedLinear(64, n, group_size=64, bits=4) for n in (96, 95))
-    x1, x2 = mx.random.normal((1, 64)).astype(mx.bfloat16), mx.zeros((2, 64), mx.bfloat16)
-    for layer in (wide, narrow):
-        layer.set_dtype(mx.bfloat16)
-    theirs = [wide(x1), narrow(x1)]
-    with kernel.enabled(linear=True):
-        ours = [wide(x1), narrow(x1)]
-        mx.eval(ours)
-        assert kernel.calls()["linear"] == 1  # the wide layer's
-        mx.eval(wide(x2), narrow(x2))
-        assert kernel.calls()["linear"] == 3
-    assert mx.array_equal(ours[1], theirs[1])  # MLX's own matmul
-    assert mx.allclose(ours[0], theirs[0], atol=0.05, rtol=0.05)
-
-
 def test_rows_the_backend_leaves_skip_the_guard_s_question(monkeypatch):
     """With limits of 2-4 rows (CUDA's shape, set here on the CPU), a wrapped layer's call of 1 or
     5 rows goes to MLX's matmul without the full question (the layer's arrays, the formats); 2

@@ -261,17 +261,7 @@ LINEAR_LIMITS: dict[str, tuple[int, tuple[tuple[mx.Dtype, int], ...]]] = {
     "cuda": (32, ((mx.bfloat16, 4), (mx.bfloat16, 8))),
     "metal": (0, ()),
 }
-LINEAR_MIN_ROWS: dict[str, int] = {"cpu": 1, "cuda": 1, "metal": 1}
-# A one-row call's layers: (group sizes, fewest weights N x K). On CUDA the one-row kernel's
-# groups (it reads 64-input chunks of one group; group 32 keeps MLX's qmv, which ties the
-# many-row kernel there) and layers of 2^24 weights and more: a routed call costs the host ~2.6
-# µs more than MLX's (bench-host-cost), which the narrow layers' kernel time does not win back
-# (h100-linear-gpu-one-row-phi-3-llama-3.2-gemma-3-mlx-0.32.4.json: 0.5-0.9x below 8192 x 2048).
-LINEAR_ONE_ROW: dict[str, tuple[tuple[int, ...], int]] = {
-    "cpu": ((32, 64, 128), 0),
-    "cuda": ((64, 128), 1 << 24),
-    "metal": ((), 0),
-}
+LINEAR_MIN_ROWS: dict[str, int] = {"cpu": 1, "cuda": 2, "metal": 1}
 
 # CUDA graph limits (kernels, "MB" of inputs) of the stream batched decode steps run on
 # (attn_kernels.graph_limits): a whole step as one graph. Qwen3-4B 4-bit, 32 slots, H100: with
@@ -418,7 +408,7 @@ def linear_rows(backend: str | None = None) -> int:
 
 def linear_min_rows(backend: str | None = None) -> int:
     """The fewest rows of x decode_linear runs for on `backend` (default: the default device's):
-    1 (CUDA's one row for the layers LINEAR_ONE_ROW names only)."""
+    1 on the CPU; 2 on CUDA, where MLX's qmv ties with ours at one row."""
     return LINEAR_MIN_ROWS[_default_backend() if backend is None else backend]
 
 
@@ -428,23 +418,17 @@ def use_linear(
     bits: int = 0,
     group_size: int | None = None,
     backend: str | None = None,
-    weights: int = 0,
 ) -> bool:
     """True where decode_linear (bits 0) or decode_linear_quantized (bits 4, 8) was measured to
     beat MLX's own matmul on `backend`: `rows` rows of x (a decode step's tokens), weights in
     the measured (dtype, bits) formats, a quantized layer's group size as
-    QUANTIZED_GROUP_SIZES; rows from LINEAR_MIN_ROWS to the limit's; one row only for the
-    layers LINEAR_ONE_ROW names (its group sizes, `weights` = N x K at least its fewest)."""
+    QUANTIZED_GROUP_SIZES; rows from LINEAR_MIN_ROWS to the limit's."""
     where = _default_backend() if backend is None else backend
     if where not in LINEAR_LIMITS:
         raise ValueError(f"unknown backend {where!r}: use one of {', '.join(LINEAR_LIMITS)}")
     max_rows, formats = LINEAR_LIMITS[where]
     if bits and group_size not in QUANTIZED_GROUP_SIZES[where]:
         return False
-    if rows == 1:
-        one_row_groups, fewest_weights = LINEAR_ONE_ROW[where]
-        if weights < fewest_weights or (bits and group_size not in one_row_groups):
-            return False
     return LINEAR_MIN_ROWS[where] <= rows <= max_rows and (dtype, bits) in formats
 
 

@@ -176,8 +176,7 @@ def guarded_linear(
         return None
     weight, scales, biases, bias, group_size, bits = weights
     dtype, where = x.dtype, guard.backend()
-    layer_size = weight.shape[0] * shape[-1]
-    if not guard.use_linear(x.size // shape[-1], dtype, bits, group_size, where, layer_size):
+    if not guard.use_linear(x.size // shape[-1], dtype, bits, group_size, where):
         return None
     if (scales.dtype != dtype or biases.dtype != dtype) if bits else weight.dtype != dtype:
         return None

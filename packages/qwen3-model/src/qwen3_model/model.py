@@ -112,9 +112,9 @@ def linear(layer, x: mx.array, decode: bool, gate: mx.array | None = None) -> mx
     """layer(x) for a linear layer (or an embedding as the LM head: its as_linear); with a gate,
     layer(swiglu(gate, x)). In a decode step (`decode`: the decode-attention checkpoint,
     decode-sized x) decode_linear reads the weights where attn_kernels.guard measured it to beat
-    MLX's matmul (the CPU; CUDA at 2-32 rows of 4- and 8-bit codes and one row of wide layers),
-    on the CPU with the SwiGLU inside it: MLX's own op there runs its exp lane by lane
-    (docs/cpu-linear.md, "The SwiGLU inside the down projection")."""
+    MLX's matmul (the CPU; CUDA at 2-32 rows of 4- and 8-bit codes), on the CPU with the SwiGLU
+    inside it: MLX's own op there runs its exp lane by lane (docs/cpu-linear.md, "The SwiGLU
+    inside the down projection")."""
     # The rows first, the full question (the layer's arrays, the formats) only where the backend
     # runs decode_linear for that many rows: asked on every call of a one-row step on CUDA, it
     # added 8-20% to a 28-layer step's graph building (this CPU).

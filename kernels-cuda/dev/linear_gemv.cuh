@@ -32,7 +32,7 @@
 
 #include <cstdint>
 
-#include "linear_quantized.cuh"
+#include "../linear_quantized.cuh"
 
 namespace attn_kernels::cuda::linear {
 

@@ -23,13 +23,12 @@
 #include <cmath>
 #include <cstdint>
 
-#include "linear_quantized.cuh"
+#include "../linear_quantized.cuh"
 
 namespace attn_kernels::cuda::linear {
 
 constexpr int kPieceInputs = 32;  // inputs of a row a thread reads per step
 constexpr int kSimtMaxThreads = 256;
-constexpr int kSimtRows = 4;  // rows a block in the plan (R 4: within 10% of the best R per layer)
 constexpr int kScaleExp = 64;  // x held as x * 2^(64 - p): no overflow below |x| = 2^64
 
 // a * b + c keeping subnormal operands (the codes read as floats are subnormal).
