@@ -48,11 +48,11 @@
 #               row-tile A/B at 16 and 32 rows; PART bench: the two bench-linear records alone;
 #               PART candidates (alone, ~1 min after the build): kernels-cuda/dev/
 #               bench_linear.cu, the one-row candidates against the plan (bf16 4/8 bits, f16):
-#               bench-linear-*.txt; PART one-row (alone, after `git revert f07f26b` puts the
+#               bench-linear-*.txt; PART one-row (alone, after `git revert fa75489` puts the
 #               one-row kernel into the plan and the guard): its GPU tests, the candidates,
 #               bench-host-cost --level mlx-lm-linear, mlx-lm-decode on Phi-3-mini and
 #               Llama-3.2-1B (8192+65) and bench-linear at one row over issue 40's layer shapes;
-#               if the tensor-core form fails its GPU tests, all of it with the SIMT form
+#               if the default (SIMT) form fails its GPU tests, all of it with the tensor-core one
 #   models      issue 40's shapes through mlx-lm's own generate with and without enable():
 #               Llama-3.2-1B, Phi-3-mini, Gemma-3-4B, 4-bit, 8192+65; and Qwen3-4B decoding
 #               speculatively (its own weights as the draft); PART one-graph: each also with a
@@ -281,12 +281,12 @@ linear() {
     local run=(python3 -m pytest -q -p no:cacheprovider --timeout 100
       packages/attn-kernels/tests/test_linear.py -k cuda_kernel_gpu)
     if ! "${run[@]}" > "$OUT/linear-tests.txt" 2>&1; then
-      # The tensor-core form failed on the GPU: judge the SIMT form in this call instead (the
-      # plan's A/B switch; each process reads it once).
+      # The default form (SIMT since b645f9d) failed on the GPU: judge the tensor-core form in
+      # this call instead (the plan's A/B switch; each process reads it once).
       tail -15 "$OUT/linear-tests.txt"
-      export ATTN_LINEAR_ONE_ROW=simt
-      if ! "${run[@]}" > "$OUT/linear-tests-simt.txt" 2>&1; then
-        tail -15 "$OUT/linear-tests-simt.txt"
+      export ATTN_LINEAR_ONE_ROW=mma
+      if ! "${run[@]}" > "$OUT/linear-tests-mma.txt" 2>&1; then
+        tail -15 "$OUT/linear-tests-mma.txt"
         unset ATTN_LINEAR_ONE_ROW
         return 1
       fi
