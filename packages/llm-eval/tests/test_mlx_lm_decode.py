@@ -205,6 +205,48 @@ def test_speculative_decoding(tmp_path, monkeypatch, capsys):
     assert "speculative (1-layer draft, 3 tokens a step)" in capsys.readouterr().out
 
 
+def test_quantized_cache(tmp_path, monkeypatch, capsys):
+    """--kv-bits 8 --kv-group-size 32: both variants decode over mlx-lm's QuantizedKVCache from
+    the first token; the kernel variant's decode steps run attention_step_quantized (counted
+    here), the prompt mlx-lm's path; the record names the cache, its reads count the codes."""
+    from attn_kernels.mlx_lm import step
+
+    monkeypatch.setitem(mlx_lm_decode.MODELS, "tiny", TINY)
+    quantized_steps, op = [], step.attention_step_quantized
+    monkeypatch.setattr(
+        step, "attention_step_quantized", lambda *a, **k: quantized_steps.append(1) or op(*a, **k)
+    )
+    argv = ["--model", "tiny", "--quantize", "none", "--device", "cpu", "--rounds", "2"]
+    argv += ["--bandwidth-gbs", "10", "--output", str(tmp_path), "--workload", "12+5"]
+    mlx_lm_decode.main([*argv, "--kv-bits", "8", "--kv-group-size", "32"])
+    (path,) = tmp_path.glob("cpu-*core-tiny-bf16-mlx-lm-decode-kv8-group-32-12+5-*.json")
+    record = json.loads(path.read_text())
+    validate(record)
+    assert (record["config"]["kv_bits"], record["config"]["kv_group_size"]) == (8, 32)
+    # Per layer and head: 128 one-byte codes and a bf16 scale and bias for each of 4 groups.
+    assert record["results"]["kv_bytes_per_position"] == 2 * 2 * 2 * (128 + 4 * 4)
+    # Per layer the last prompt token and 5 + 1 generated ones (warm-up: 2 + 1), 2 layers.
+    assert len(quantized_steps) == 2 * 6 * 2 + 2 * 3
+    calls = {
+        tuple(s["attention_calls"].items()) for s in record["results"]["samples"]["mlx-lm+kernel"]
+    }
+    assert calls == {
+        (("fused", 0), ("fused_quantized", 0), ("fused_step", 12), ("mlx_lm", 2), ("linear", 90))
+    }
+    assert "a 8-bit cache (group 32)" in capsys.readouterr().out
+
+
+def test_quantized_cache_arguments(capsys):
+    with pytest.raises(SystemExit):
+        mlx_lm_decode.parse_args(["--model", "phi-3-mini", "--kv-bits", "4"])
+    assert "--kv-group-size 64 does not divide phi-3-mini's head dim 96" in capsys.readouterr().err
+    assert mlx_lm_decode.parse_args(["--model", "phi-3-mini", "--kv-bits", "4",
+                                     "--kv-group-size", "32"]).kv_group_size == 32  # fmt: skip
+    with pytest.raises(SystemExit):
+        mlx_lm_decode.parse_args(["--kv-bits", "3"])
+    assert "--kv-bits: invalid choice" in capsys.readouterr().err
+
+
 def test_draft_arguments(capsys):
     for argv, named in ((["--draft-layers", "0"], "--draft-layers"),
                         (["--draft-layers", "29", "--model", "qwen3-0.6b"], "28 layers"),

@@ -31,6 +31,10 @@ with the model on nearly every token, and one of all its layers agree on every o
 --num-draft-tokens tokens a step that the model verifies in one call of that many + 1 positions
 (causal); the record counts the tokens the draft proposed.
 
+--kv-bits BITS (with --kv-group-size, default 64) decodes every variant over mlx-lm's own
+QuantizedKVCache from the first token (stream_generate's kv_bits, quantized_kv_start 0): mlx-lm's
+quantized attention against enable()'s quantized kernels and step where the guard admits them.
+
 --kernel-trace STEPS replaces the timing (a GPU with Nsight Compute): per model, workload and
 variant a child process under ncu decodes one request and profiles STEPS decode steps from its
 middle kernel by kernel (llm_eval.kernel_trace): each kernel's device time, their sum per step
@@ -214,6 +218,20 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="tokens the draft proposes a step (default 3; mlx_lm.generate's default is 2)",
     )
     p.add_argument(
+        "--kv-bits",
+        type=int,
+        choices=[4, 8],
+        help="every variant decodes over mlx-lm's QuantizedKVCache of these bits, from the first "
+        "token (mlx_lm.generate's --kv-bits with --quantized-kv-start 0)",
+    )
+    p.add_argument(
+        "--kv-group-size",
+        type=int,
+        choices=[32, 64, 128],
+        default=64,
+        help="the quantized cache's group size (default 64, mlx-lm's; it must divide the head dim)",
+    )
+    p.add_argument(
         "--kernel-trace",
         type=int,
         metavar="STEPS",
@@ -240,6 +258,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                     f"{MODELS[name]['num_hidden_layers']} layers")  # fmt: skip
     if args.num_draft_tokens < 1:
         p.error("--num-draft-tokens must be >= 1")
+    for name in args.model if args.kv_bits else ():
+        head_dim = config_head_dim(MODELS[name])
+        if head_dim % args.kv_group_size:
+            p.error(f"--kv-group-size {args.kv_group_size} does not divide {name}'s head dim "
+                    f"{head_dim} (mlx-lm's QuantizedKVCache needs it to)")  # fmt: skip
     if args.kernel_trace is not None:
         if args.kernel_trace < 1:
             p.error(f"--kernel-trace: must be >= 1 steps, got {args.kernel_trace}")
@@ -252,6 +275,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                     f"{2 * args.kernel_trace + 2} generated tokens (the steps from its middle)")  # fmt: skip
         if args.draft_layers is not None:
             p.error("--kernel-trace: not with --draft-layers")
+        if args.kv_bits is not None:
+            p.error("--kernel-trace: not with --kv-bits")
         args.ncu = args.ncu or kernel_trace.ncu_path()
         if not args.trace_child and not args.ncu:
             p.error("--kernel-trace: no ncu on PATH or under /opt/nvidia; pass --ncu PATH")
@@ -295,10 +320,18 @@ def word_tokenizer(vocab_size: int):
     return TokenizerWrapper(PreTrainedTokenizerFast(tokenizer_object=words))
 
 
-def kv_bytes_per_position(config: dict) -> int:
-    """Keys and values of one position, all layers, in bf16 (the activations' dtype)."""
-    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
-    return 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * head_dim * 2
+def config_head_dim(config: dict) -> int:
+    return config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+
+
+def kv_bytes_per_position(config: dict, kv_bits: int | None = None, group_size: int = 64) -> int:
+    """Keys and values of one position, all layers, in bf16 (the activations' dtype), or
+    quantized: packed codes plus a bf16 scale and bias per group."""
+    head_dim = config_head_dim(config)
+    per_head = head_dim * 2
+    if kv_bits:
+        per_head = head_dim * kv_bits // 8 + 2 * (head_dim // group_size) * 2
+    return 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * per_head
 
 
 def noting_drafts(responses, proposed: list):
@@ -310,10 +343,17 @@ def noting_drafts(responses, proposed: list):
 
 
 def request(
-    model, tokenizer, prompt: mx.array, generated: int, variant: str, draft=None, drafts: int = 3
+    model,
+    tokenizer,
+    prompt: mx.array,
+    generated: int,
+    variant: str,
+    draft=None,
+    drafts: int = 3,
+    kv: dict | None = None,
 ) -> dict:
-    """One stream_generate request (speculative with a `draft` model), timed as bench times its
-    loops."""
+    """One stream_generate request (speculative with a `draft` model; `kv`: generate_step's
+    kv_bits, kv_group_size and quantized_kv_start), timed as bench times its loops."""
     import attn_kernels.mlx_lm as attention
     from mlx_lm.generate import generation_stream, stream_generate
 
@@ -329,7 +369,9 @@ def request(
     speculative = {"draft_model": draft, "num_draft_tokens": drafts} if draft is not None else {}
     proposed = []
     with context, graphs or contextlib.nullcontext():
-        responses = stream_generate(model, tokenizer, prompt, max_tokens=generated, **speculative)
+        responses = stream_generate(
+            model, tokenizer, prompt, max_tokens=generated, **speculative, **(kv or {})
+        )
         sample = bench.timed(noting_drafts(responses, proposed), prompt.size, generated,
                              (generation_stream,))  # fmt: skip
         if draft is not None:
@@ -357,11 +399,15 @@ def one_graph_a_step(stream):
 
 def run_workload(args, name, model, tokenizer, w, progress: Progress, draft=None) -> dict:
     prompt_len, generated = w
-    options = {"draft": draft, "drafts": args.num_draft_tokens}
+    kv = None
+    if args.kv_bits:
+        kv = {"kv_bits": args.kv_bits, "kv_group_size": args.kv_group_size}
+        kv["quantized_kv_start"] = 0
+    options = {"draft": draft, "drafts": args.num_draft_tokens, "kv": kv}
     prompt = bench.prompt_ids(model.args.vocab_size, prompt_len, mx.random.key(args.seed))
     config = MODELS[name]
     weight_bytes = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
-    kv_per_position = kv_bytes_per_position(config)
+    kv_per_position = kv_bytes_per_position(config, args.kv_bits, args.kv_group_size)
     variants = args.variants
     progress.restart(len(variants))
     for v in variants:  # compilation, allocator: the prompt and one decode step
@@ -408,6 +454,8 @@ def run_workload(args, name, model, tokenizer, w, progress: Progress, draft=None
             "loop": "mlx_lm.stream_generate (greedy; tokenizer: word-level, no EOS)",
             "draft_layers": args.draft_layers,
             "num_draft_tokens": args.num_draft_tokens if draft is not None else None,
+            "kv_bits": args.kv_bits,
+            "kv_group_size": args.kv_group_size if args.kv_bits else None,
         },
         "execution_order": order_log,
         "results": {
@@ -546,6 +594,7 @@ def format_table(record: dict) -> str:
             if c.get("draft_layers")
             else ""
         )
+        + (f", a {c['kv_bits']}-bit cache (group {c['kv_group_size']})" if c.get("kv_bits") else "")
         + f": medians of {c['rounds']} rounds (min–max)",
         "| variant | decode tok/s | vs mlx-lm (rounds ≥) | median step ms | weight+KV GB/s |",
         "|---|---|---|---|---|",
@@ -580,12 +629,18 @@ def format_table(record: dict) -> str:
     return "\n".join(lines)
 
 
+def kv_tag(config: dict) -> str:
+    """-kv4 / -kv8 (and the group where it is not 64) in a quantized cache's record name."""
+    bits, group = config.get("kv_bits"), config.get("kv_group_size")
+    return f"-kv{bits}{'' if group == 64 else f'-group-{group}'}" if bits else ""
+
+
 def record_path(args, record: dict) -> Path:
     c = record["config"]
     kind = "-kernel-trace" if record["kind"].endswith("kernel-trace") else ""
     stem = (
         f"{bench.machine_tag(args.device)}-{c['model']}-{c['quantize'].replace('none', 'bf16')}-"
-        f"mlx-lm-decode{'-speculative' if c.get('draft_layers') else ''}{kind}-"
+        f"mlx-lm-decode{'-speculative' if c.get('draft_layers') else ''}{kind}{kv_tag(c)}-"
         f"{c['input_len']}+{c['output_len']}-mlx-{mx.__version__}"
     )
     return bench.unique_path(args.output or bench.find_results_dir(), stem)
