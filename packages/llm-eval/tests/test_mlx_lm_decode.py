@@ -219,7 +219,7 @@ def test_quantized_cache(tmp_path, monkeypatch, capsys):
     argv = ["--model", "tiny", "--quantize", "none", "--device", "cpu", "--rounds", "2"]
     argv += ["--bandwidth-gbs", "10", "--output", str(tmp_path), "--workload", "12+5"]
     mlx_lm_decode.main([*argv, "--kv-bits", "8", "--kv-group-size", "32"])
-    (path,) = tmp_path.glob("cpu-*core-tiny-bf16-mlx-lm-decode-kv8-group-32-12+5-*.json")
+    (path,) = tmp_path.glob("cpu-*core-tiny-bf16-kv8-group-32-mlx-lm-decode-12+5-*.json")
     record = json.loads(path.read_text())
     validate(record)
     assert (record["config"]["kv_bits"], record["config"]["kv_group_size"]) == (8, 32)

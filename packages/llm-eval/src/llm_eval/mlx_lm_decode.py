@@ -639,8 +639,8 @@ def record_path(args, record: dict) -> Path:
     c = record["config"]
     kind = "-kernel-trace" if record["kind"].endswith("kernel-trace") else ""
     stem = (
-        f"{bench.machine_tag(args.device)}-{c['model']}-{c['quantize'].replace('none', 'bf16')}-"
-        f"mlx-lm-decode{'-speculative' if c.get('draft_layers') else ''}{kind}{kv_tag(c)}-"
+        f"{bench.machine_tag(args.device)}-{c['model']}-{c['quantize'].replace('none', 'bf16')}"
+        f"{kv_tag(c)}-mlx-lm-decode{'-speculative' if c.get('draft_layers') else ''}{kind}-"
         f"{c['input_len']}+{c['output_len']}-mlx-{mx.__version__}"
     )
     return bench.unique_path(args.output or bench.find_results_dir(), stem)
