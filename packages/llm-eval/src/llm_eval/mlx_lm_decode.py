@@ -399,10 +399,11 @@ def one_graph_a_step(stream):
 
 def run_workload(args, name, model, tokenizer, w, progress: Progress, draft=None) -> dict:
     prompt_len, generated = w
-    kv = None
-    if args.kv_bits:
-        kv = {"kv_bits": args.kv_bits, "kv_group_size": args.kv_group_size}
-        kv["quantized_kv_start"] = 0
+    kv = (
+        {"kv_bits": args.kv_bits, "kv_group_size": args.kv_group_size, "quantized_kv_start": 0}
+        if args.kv_bits
+        else None
+    )
     options = {"draft": draft, "drafts": args.num_draft_tokens, "kv": kv}
     prompt = bench.prompt_ids(model.args.vocab_size, prompt_len, mx.random.key(args.seed))
     config = MODELS[name]
