@@ -32,7 +32,9 @@
 #               (Qwen3-4B and a Llama-3-8B-shaped config, 4-bit, 32+97 and 8192+65)
 #   quantized   the quantized-cache op (4 and 8 bits, independent and chained calls), its GPU
 #               tests, bench-accuracy, and ab-decode with a 4-bit cache at 32768+65 against
-#               mlx-lm's kv_bits=4
+#               mlx-lm's kv_bits=4; PART head-dims (alone, ~4 min after the build): the op at
+#               head dims 64, 96 (group 32; also without GQA) and 256, chained, against mx.fast
+#               on bf16 K/V and mlx-lm's quantized path, its GPU tests at those head dims
 #   serve       bench-serve: Qwen3-4B 4-bit, 32 requests of 256-2048 prompt tokens + 64 each,
 #               slots 8 and 32: mlx-lm's BatchGenerator, with enable(), and ours (--anatomy;
 #               PART rates: without it, with enable(linear=False) (attention alone) and
@@ -220,6 +222,25 @@ step() {
 
 quantized() {
   local f="$R/$G-qwen3-4b-attention-quantized"
+  if [ "$1" = head-dims ]; then  # the guard keeps D 128 on CUDA until these are timed
+    python3 -m pytest -q -p no:cacheprovider packages/attn-kernels/tests/test_quantized.py \
+      -k "gpu and head_dims" 2>&1 | tail -3 | tee "$OUT/quantized-head-dim-tests.txt"
+    local d g bits gqa
+    for bits in 4 8; do
+      for d in 64 96 256; do
+        g=$([ $d = 96 ] && echo 32 || echo 64)
+        for gqa in 4 1; do
+          [ $gqa = 1 ] && { [ $d = 96 ] && [ $bits = 4 ] || continue; }  # Phi-3's heads
+          ops --head-dim $d --kv-group-size $g --kv-bits $bits --gqa-ratio $gqa \
+            --implementations mlx,custom-quantized,mlx-lm-quantized --context 4096 \
+            --context 32768 --context 131072 --chain --context-repeats 2 --json-output \
+            "$R/$G-attention-quantized-chained-D$d$([ $gqa = 1 ] && echo -G1)$([ $g = 64 ] ||
+              echo -group-$g)-$bits-bit-$V.json"
+        done
+      done
+    done
+    return
+  fi
   python3 -m pytest -q -p no:cacheprovider packages/attn-kernels/tests/test_quantized.py -k gpu \
     2>&1 | tail -5 | tee "$OUT/quantized-tests.txt"
   for bits in 8 4; do
@@ -396,10 +417,11 @@ for target in "$@"; do
   echo "== $target $(date -u +%T)"
   case "$name" in
     operators | serve | linear | coverage | models) "$name" "$part" ;;
-    tests | ragged | model | step | quantized) "$name" ;;
+    tests | ragged | model | step) "$name" ;;
+    quantized) quantized "$part" ;;
     cpu-host) cpu_host "$part" ;;
     *) echo "tools/gpu.sh: unknown target $target (tests, operators[:kernels|grid|short|long]," \
-      "coverage[:D,D...], ragged, model, models[:one-graph|trace], step, quantized," \
+      "coverage[:D,D...], ragged, model, models[:one-graph|trace], step, quantized[:head-dims]," \
       "linear[:bench|candidates|one-row]," \
       "serve[:rates|anatomy|trace]," \
       "cpu-host[:kernels|model])" >&2 ;;
