@@ -213,13 +213,19 @@ class Models:
 
 def kv_bytes_per_position(model, kv_bits=None, kv_group_size: int = 64) -> int:
     """Keys and values of one position, all layers, in the cache's dtype (the activations'), or
-    quantized: packed codes plus a scale and a bias per group."""
+    quantized (kv_bytes)."""
     a = model.args
     itemsize = model.model.norm.weight.dtype.size
-    per_head = a.head_dim * itemsize
+    head = kv_bytes(a.head_dim, itemsize, kv_bits, kv_group_size)
+    return 2 * a.num_hidden_layers * a.num_key_value_heads * head
+
+
+def kv_bytes(head_dim: int, itemsize: int, kv_bits=None, kv_group_size: int = 64) -> int:
+    """One head's key (or value) at one position: head_dim values of `itemsize` bytes, or
+    quantized: packed codes plus a scale and a bias of `itemsize` bytes per group."""
     if kv_bits:
-        per_head = a.head_dim * kv_bits // 8 + 2 * (a.head_dim // kv_group_size) * itemsize
-    return 2 * a.num_hidden_layers * a.num_key_value_heads * per_head
+        return head_dim * kv_bits // 8 + 2 * (head_dim // kv_group_size) * itemsize
+    return head_dim * itemsize
 
 
 def add_reads(sample: dict, weight_bytes: int, kv_per_position: int, bandwidth_gbs) -> None:

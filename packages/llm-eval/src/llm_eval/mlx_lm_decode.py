@@ -258,9 +258,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                     f"{MODELS[name]['num_hidden_layers']} layers")  # fmt: skip
     if args.num_draft_tokens < 1:
         p.error("--num-draft-tokens must be >= 1")
-    for name in args.model if args.kv_bits else ():
+    for name in args.model:
         head_dim = config_head_dim(MODELS[name])
-        if head_dim % args.kv_group_size:
+        if args.kv_bits and head_dim % args.kv_group_size:
             p.error(f"--kv-group-size {args.kv_group_size} does not divide {name}'s head dim "
                     f"{head_dim} (mlx-lm's QuantizedKVCache needs it to)")  # fmt: skip
     if args.kernel_trace is not None:
@@ -326,12 +326,9 @@ def config_head_dim(config: dict) -> int:
 
 def kv_bytes_per_position(config: dict, kv_bits: int | None = None, group_size: int = 64) -> int:
     """Keys and values of one position, all layers, in bf16 (the activations' dtype), or
-    quantized: packed codes plus a bf16 scale and bias per group."""
-    head_dim = config_head_dim(config)
-    per_head = head_dim * 2
-    if kv_bits:
-        per_head = head_dim * kv_bits // 8 + 2 * (head_dim // group_size) * 2
-    return 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * per_head
+    quantized (bench.kv_bytes)."""
+    head = bench.kv_bytes(config_head_dim(config), 2, kv_bits, group_size)
+    return 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * head
 
 
 def noting_drafts(responses, proposed: list):
