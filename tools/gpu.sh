@@ -225,19 +225,16 @@ quantized() {
   if [ "$1" = head-dims ]; then  # the guard keeps D 128 on CUDA until these are timed
     python3 -m pytest -q -p no:cacheprovider packages/attn-kernels/tests/test_quantized.py \
       -k "gpu and head_dims" 2>&1 | tail -3 | tee "$OUT/quantized-head-dim-tests.txt"
-    local d g bits gqa
-    for bits in 4 8; do
-      for d in 64 96 256; do
-        g=$([ $d = 96 ] && echo 32 || echo 64)
-        for gqa in 4 1; do
-          [ $gqa = 1 ] && { [ $d = 96 ] && [ $bits = 4 ] || continue; }  # Phi-3's heads
-          ops --head-dim $d --kv-group-size $g --kv-bits $bits --gqa-ratio $gqa \
-            --implementations mlx,custom-quantized,mlx-lm-quantized --context 4096 \
-            --context 32768 --context 131072 --chain --context-repeats 2 --json-output \
-            "$R/$G-attention-quantized-chained-D$d$([ $gqa = 1 ] && echo -G1)$([ $g = 64 ] ||
-              echo -group-$g)-$bits-bit-$V.json"
-        done
-      done
+    local case d g gqa bits shape
+    # D, group (32: the one that divides 96), GQA (1: Phi-3's heads), bits
+    for case in "64 64 4 4" "96 32 4 4" "96 32 1 4" "256 64 4 4" "64 64 4 8" "96 32 4 8" \
+      "256 64 4 8"; do
+      read -r d g gqa bits <<< "$case"
+      shape="D$d$([ $gqa = 1 ] && echo -G1)$([ $g = 64 ] || echo -group-$g)-$bits-bit"
+      ops --head-dim $d --kv-group-size $g --kv-bits $bits --gqa-ratio $gqa \
+        --implementations mlx,custom-quantized,mlx-lm-quantized --context 4096 --context 32768 \
+        --context 131072 --chain --context-repeats 2 \
+        --json-output "$R/$G-attention-quantized-chained-$shape-$V.json"
     done
     return
   fi
@@ -416,9 +413,8 @@ for target in "$@"; do
   [ "$name" = "$target" ] || part="${target#*:}"
   echo "== $target $(date -u +%T)"
   case "$name" in
-    operators | serve | linear | coverage | models) "$name" "$part" ;;
+    operators | serve | linear | coverage | models | quantized) "$name" "$part" ;;
     tests | ragged | model | step) "$name" ;;
-    quantized) quantized "$part" ;;
     cpu-host) cpu_host "$part" ;;
     *) echo "tools/gpu.sh: unknown target $target (tests, operators[:kernels|grid|short|long]," \
       "coverage[:D,D...], ragged, model, models[:one-graph|trace], step, quantized[:head-dims]," \
